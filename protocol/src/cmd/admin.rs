@@ -1,0 +1,305 @@
+//! Connection and server commands, enough for redis-cli and
+//! redis-benchmark: `PING`, `ECHO`, `HELLO`, `AUTH`, `INFO`, `CLIENT`,
+//! `COMMAND`, `CONFIG GET`.
+
+use bytes::Bytes;
+
+use super::{Args, num, word};
+use crate::error::CommandError;
+use crate::frame::Frame;
+
+/// `PING [message]`
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Ping {
+    /// Echoed back as a bulk string when present; otherwise `+PONG`.
+    pub message: Option<Bytes>,
+}
+
+impl Ping {
+    pub(crate) fn parse(args: &mut Args) -> Result<Self, CommandError> {
+        let p = Ping {
+            message: args.next(),
+        };
+        args.finish_ref()?;
+        Ok(p)
+    }
+
+    pub(crate) fn write_args(&self, out: &mut Vec<Frame>) {
+        out.push(word("PING"));
+        if let Some(m) = &self.message {
+            out.push(Frame::Bulk(m.clone()));
+        }
+    }
+}
+
+/// `ECHO message`
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Echo {
+    /// The message to return.
+    pub message: Bytes,
+}
+
+impl Echo {
+    pub(crate) fn parse(args: &mut Args) -> Result<Self, CommandError> {
+        let e = Echo {
+            message: args.required()?,
+        };
+        args.finish_ref()?;
+        Ok(e)
+    }
+
+    pub(crate) fn write_args(&self, out: &mut Vec<Frame>) {
+        out.extend([word("ECHO"), Frame::Bulk(self.message.clone())]);
+    }
+}
+
+/// `HELLO [protover [AUTH username password] [SETNAME clientname]]`
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Hello {
+    /// Protocol version asked for (2 or 3); `None` keeps the current one.
+    pub version: Option<u64>,
+    /// Credentials, `(username, password)`.
+    pub auth: Option<(Bytes, Bytes)>,
+    /// A connection name to set.
+    pub setname: Option<Bytes>,
+}
+
+impl Hello {
+    pub(crate) fn parse(args: &mut Args) -> Result<Self, CommandError> {
+        let mut h = Hello::default();
+        let Some(v) = args.next() else {
+            return Ok(h);
+        };
+        h.version = Some(
+            crate::frame::parse_u64(&v).ok_or(CommandError::NotAnInteger("protocol version"))?,
+        );
+        while let Some(opt) = args.next() {
+            if opt.eq_ignore_ascii_case(b"AUTH") {
+                let user = args.option_value("AUTH", h.auth.is_some())?;
+                let pass = args.required()?;
+                h.auth = Some((user, pass));
+            } else if opt.eq_ignore_ascii_case(b"SETNAME") {
+                h.setname = Some(args.option_value("SETNAME", h.setname.is_some())?);
+            } else {
+                return Err(CommandError::UnknownOption {
+                    command: args.cmd(),
+                    option: opt,
+                });
+            }
+        }
+        Ok(h)
+    }
+
+    pub(crate) fn write_args(&self, out: &mut Vec<Frame>) {
+        out.push(word("HELLO"));
+        if let Some(v) = self.version {
+            out.push(num(v));
+            if let Some((u, p)) = &self.auth {
+                out.extend([word("AUTH"), Frame::Bulk(u.clone()), Frame::Bulk(p.clone())]);
+            }
+            if let Some(n) = &self.setname {
+                out.extend([word("SETNAME"), Frame::Bulk(n.clone())]);
+            }
+        }
+    }
+}
+
+/// `AUTH [username] password`
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Auth {
+    /// The user; `None` means the default user.
+    pub username: Option<Bytes>,
+    /// The password.
+    pub password: Bytes,
+}
+
+impl Auth {
+    pub(crate) fn parse(args: &mut Args) -> Result<Self, CommandError> {
+        let first = args.required()?;
+        let a = match args.next() {
+            Some(password) => Auth {
+                username: Some(first),
+                password,
+            },
+            None => Auth {
+                username: None,
+                password: first,
+            },
+        };
+        args.finish_ref()?;
+        Ok(a)
+    }
+
+    pub(crate) fn write_args(&self, out: &mut Vec<Frame>) {
+        out.push(word("AUTH"));
+        if let Some(u) = &self.username {
+            out.push(Frame::Bulk(u.clone()));
+        }
+        out.push(Frame::Bulk(self.password.clone()));
+    }
+}
+
+/// `INFO [section ...]`
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Info {
+    /// Sections asked for; empty means the default set.
+    pub sections: Vec<Bytes>,
+}
+
+impl Info {
+    pub(crate) fn parse(args: &mut Args) -> Result<Self, CommandError> {
+        Ok(Info {
+            sections: args.rest(),
+        })
+    }
+
+    pub(crate) fn write_args(&self, out: &mut Vec<Frame>) {
+        out.push(word("INFO"));
+        out.extend(self.sections.iter().cloned().map(Frame::Bulk));
+    }
+}
+
+/// `CLIENT` subcommands.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ClientCmd {
+    /// `CLIENT ID`
+    Id,
+    /// `CLIENT SETNAME name`
+    SetName(Bytes),
+    /// `CLIENT GETNAME`
+    GetName,
+    /// `CLIENT LIST`
+    List,
+    /// `CLIENT INFO`
+    Info,
+}
+
+impl ClientCmd {
+    pub(crate) fn parse(args: &mut Args) -> Result<Self, CommandError> {
+        let sub = args.required()?;
+        let c = if sub.eq_ignore_ascii_case(b"ID") {
+            ClientCmd::Id
+        } else if sub.eq_ignore_ascii_case(b"SETNAME") {
+            let name = args.required()?;
+            if name.iter().any(|&b| b <= b' ' || b > b'~') {
+                return Err(CommandError::Syntax(
+                    "client names cannot contain spaces, newlines or special characters",
+                ));
+            }
+            ClientCmd::SetName(name)
+        } else if sub.eq_ignore_ascii_case(b"GETNAME") {
+            ClientCmd::GetName
+        } else if sub.eq_ignore_ascii_case(b"LIST") {
+            ClientCmd::List
+        } else if sub.eq_ignore_ascii_case(b"INFO") {
+            ClientCmd::Info
+        } else {
+            return Err(CommandError::UnknownSubcommand {
+                command: "client",
+                sub,
+            });
+        };
+        args.finish_ref()?;
+        Ok(c)
+    }
+
+    pub(crate) fn write_args(&self, out: &mut Vec<Frame>) {
+        out.push(word("CLIENT"));
+        match self {
+            ClientCmd::Id => out.push(word("ID")),
+            ClientCmd::SetName(n) => out.extend([word("SETNAME"), Frame::Bulk(n.clone())]),
+            ClientCmd::GetName => out.push(word("GETNAME")),
+            ClientCmd::List => out.push(word("LIST")),
+            ClientCmd::Info => out.push(word("INFO")),
+        }
+    }
+}
+
+/// `COMMAND` and its subcommands.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum CommandCmd {
+    /// `COMMAND` — every command's description.
+    All,
+    /// `COMMAND COUNT`
+    Count,
+    /// `COMMAND DOCS [name ...]`
+    Docs(Vec<Bytes>),
+    /// `COMMAND INFO [name ...]`
+    Info(Vec<Bytes>),
+}
+
+impl CommandCmd {
+    pub(crate) fn parse(args: &mut Args) -> Result<Self, CommandError> {
+        let Some(sub) = args.next() else {
+            return Ok(CommandCmd::All);
+        };
+        if sub.eq_ignore_ascii_case(b"COUNT") {
+            args.finish_ref()?;
+            Ok(CommandCmd::Count)
+        } else if sub.eq_ignore_ascii_case(b"DOCS") {
+            Ok(CommandCmd::Docs(args.rest()))
+        } else if sub.eq_ignore_ascii_case(b"INFO") {
+            Ok(CommandCmd::Info(args.rest()))
+        } else {
+            Err(CommandError::UnknownSubcommand {
+                command: "command",
+                sub,
+            })
+        }
+    }
+
+    pub(crate) fn write_args(&self, out: &mut Vec<Frame>) {
+        out.push(word("COMMAND"));
+        match self {
+            CommandCmd::All => {}
+            CommandCmd::Count => out.push(word("COUNT")),
+            CommandCmd::Docs(n) => {
+                out.push(word("DOCS"));
+                out.extend(n.iter().cloned().map(Frame::Bulk));
+            }
+            CommandCmd::Info(n) => {
+                out.push(word("INFO"));
+                out.extend(n.iter().cloned().map(Frame::Bulk));
+            }
+        }
+    }
+}
+
+/// `CONFIG GET pattern [pattern ...]` (the only subcommand: the server's
+/// configuration is read-only at run time).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ConfigCmd {
+    /// `CONFIG GET` with glob patterns.
+    Get(Vec<Bytes>),
+}
+
+impl ConfigCmd {
+    pub(crate) fn parse(args: &mut Args) -> Result<Self, CommandError> {
+        let sub = args.required()?;
+        if sub.eq_ignore_ascii_case(b"GET") {
+            let patterns = args.rest();
+            if patterns.is_empty() {
+                return Err(CommandError::WrongArity("config|get"));
+            }
+            Ok(ConfigCmd::Get(patterns))
+        } else {
+            Err(CommandError::UnknownSubcommand {
+                command: "config",
+                sub,
+            })
+        }
+    }
+
+    pub(crate) fn write_args(&self, out: &mut Vec<Frame>) {
+        out.push(word("CONFIG"));
+        match self {
+            ConfigCmd::Get(p) => {
+                out.push(word("GET"));
+                out.extend(p.iter().cloned().map(Frame::Bulk));
+            }
+        }
+    }
+}

@@ -1,0 +1,201 @@
+use bytes::{Bytes, BytesMut};
+
+use super::*;
+use crate::frame::{Limits, Version, decode, encode};
+
+fn b(s: &str) -> Bytes {
+    Bytes::copy_from_slice(s.as_bytes())
+}
+
+fn parse(s: &str) -> Result<Command, CommandError> {
+    Command::from_args(s.split(' ').map(b).collect())
+}
+
+/// Every command survives command -> frame -> wire -> frame -> command.
+pub(crate) fn all_commands() -> Vec<Command> {
+    vec![
+        Command::Claim(Claim::new("k")),
+        Command::Claim(Claim {
+            key: b("order-1"),
+            lease_ms: Some(5000),
+            retain_ms: Some(86_400_000),
+            wait_ms: Some(0),
+            fingerprint: Some(Bytes::from_static(b"\x00\xff\r\n")),
+            on_expire: Some(OnExpire::Recover),
+            attempt: Some(b("a-1")),
+        }),
+        Command::Settle(Settle {
+            key: b("k"),
+            wait_ms: None,
+        }),
+        Command::Settle(Settle {
+            key: b("k"),
+            wait_ms: Some(100),
+        }),
+        Command::Complete(Complete {
+            key: b("k"),
+            fence: 7,
+            value: b(""),
+            retain_ms: None,
+            error: false,
+        }),
+        Command::Complete(Complete {
+            key: b("k"),
+            fence: 7,
+            value: b("v"),
+            retain_ms: Some(9),
+            error: true,
+        }),
+        Command::Renew(Renew {
+            key: b("k"),
+            fence: 1,
+            lease_ms: 10,
+        }),
+        Command::Journal(Journal {
+            key: b("k"),
+            fence: 1,
+            journal: b("step 2"),
+        }),
+        Command::Release(Release {
+            key: b("k"),
+            fence: u64::MAX,
+        }),
+        Command::Abandon(Abandon {
+            key: b("k"),
+            fence: 3,
+        }),
+        Command::Inspect(Inspect { key: b("k") }),
+        Command::Forget(Forget { key: b("k") }),
+        Command::Ping(Ping { message: None }),
+        Command::Ping(Ping {
+            message: Some(b("hi")),
+        }),
+        Command::Echo(Echo { message: b("hi") }),
+        Command::Hello(Hello::default()),
+        Command::Hello(Hello {
+            version: Some(3),
+            auth: Some((b("u"), b("p"))),
+            setname: Some(b("n")),
+        }),
+        Command::Auth(Auth {
+            username: None,
+            password: b("p"),
+        }),
+        Command::Auth(Auth {
+            username: Some(b("u")),
+            password: b("p"),
+        }),
+        Command::Quit,
+        Command::Info(Info { sections: vec![] }),
+        Command::Info(Info {
+            sections: vec![b("server"), b("stats")],
+        }),
+        Command::DbSize,
+        Command::Client(ClientCmd::Id),
+        Command::Client(ClientCmd::SetName(b("worker-1"))),
+        Command::Client(ClientCmd::GetName),
+        Command::Client(ClientCmd::List),
+        Command::Client(ClientCmd::Info),
+        Command::Command(CommandCmd::All),
+        Command::Command(CommandCmd::Count),
+        Command::Command(CommandCmd::Docs(vec![])),
+        Command::Command(CommandCmd::Info(vec![b("claim")])),
+        Command::Config(ConfigCmd::Get(vec![b("max*")])),
+    ]
+}
+
+#[test]
+fn every_command_round_trips() {
+    for cmd in all_commands() {
+        for version in [Version::Resp2, Version::Resp3] {
+            let mut wire = BytesMut::new();
+            encode(&cmd.to_frame(), version, &mut wire);
+            let frame = decode(&mut wire, &Limits::default()).unwrap().unwrap();
+            assert!(wire.is_empty());
+            assert_eq!(Command::from_frame(frame).unwrap(), cmd);
+        }
+    }
+}
+
+#[test]
+fn names_and_options_are_case_insensitive_and_unordered() {
+    let a = parse("claim k onexpire recover Lease 5 fp x").unwrap();
+    let b = parse("CLAIM k FP x LEASE 5 ONEXPIRE RECOVER").unwrap();
+    assert_eq!(a, b);
+    assert_eq!(
+        parse("complete k 1 v error retain 5").unwrap(),
+        parse("COMPLETE k 1 v RETAIN 5 ERROR").unwrap()
+    );
+}
+
+#[test]
+fn bad_commands_get_clear_errors() {
+    use CommandError as E;
+    assert_eq!(parse("NOPE x"), Err(E::Unknown(b("NOPE"))));
+    assert_eq!(parse("CLAIM"), Err(E::WrongArity("claim")));
+    assert_eq!(parse("CLAIM k LEASE"), Err(E::MissingValue("LEASE")));
+    assert_eq!(parse("CLAIM k LEASE -1"), Err(E::NotAnInteger("LEASE")));
+    assert_eq!(parse("CLAIM k LEASE 1x"), Err(E::NotAnInteger("LEASE")));
+    assert_eq!(
+        parse("CLAIM k LEASE 1 LEASE 2"),
+        Err(E::DuplicateOption("LEASE"))
+    );
+    assert_eq!(
+        parse("CLAIM k COLOR red"),
+        Err(E::UnknownOption {
+            command: "claim",
+            option: b("COLOR")
+        })
+    );
+    assert!(matches!(
+        parse("CLAIM k ONEXPIRE LATER"),
+        Err(E::BadValue { .. })
+    ));
+    assert_eq!(parse("COMPLETE k 0 v"), Err(E::NotAnInteger("fence")));
+    assert_eq!(parse("COMPLETE k x v"), Err(E::NotAnInteger("fence")));
+    assert_eq!(parse("COMPLETE k 1"), Err(E::WrongArity("complete")));
+    assert_eq!(
+        parse("COMPLETE k 1 v ERROR ERROR"),
+        Err(E::DuplicateOption("ERROR"))
+    );
+    assert_eq!(
+        parse("RENEW k 1 5"),
+        Err(E::Syntax("RENEW key fence LEASE ms"))
+    );
+    assert_eq!(parse("RENEW k 1 LEASE 5 6"), Err(E::WrongArity("renew")));
+    assert_eq!(parse("RELEASE k"), Err(E::WrongArity("release")));
+    assert_eq!(parse("INSPECT k x"), Err(E::WrongArity("inspect")));
+    assert_eq!(parse("SETTLE k WAIT"), Err(E::MissingValue("WAIT")));
+    assert!(matches!(
+        parse("CLIENT KILL x"),
+        Err(E::UnknownSubcommand { .. })
+    ));
+    assert!(matches!(
+        parse("CONFIG SET a b"),
+        Err(E::UnknownSubcommand { .. })
+    ));
+    assert_eq!(parse("CONFIG GET"), Err(E::WrongArity("config|get")));
+    assert!(Command::from_args(vec![]).is_err());
+    assert_eq!(
+        Command::from_frame(crate::Frame::Integer(1)),
+        Err(E::NotAnArray)
+    );
+    assert_eq!(
+        Command::from_frame(crate::Frame::Array(vec![crate::Frame::Integer(1)])),
+        Err(E::NotAnArray)
+    );
+}
+
+#[test]
+fn error_messages_read_well_and_stay_on_one_line() {
+    let e = parse("NOPE\r\nx").unwrap_err().to_string();
+    assert_eq!(e, "unknown command 'NOPE\\x0d\\x0ax'");
+    assert_eq!(
+        parse("CLAIM").unwrap_err().to_string(),
+        "wrong number of arguments for 'claim' command"
+    );
+    assert_eq!(
+        parse("CLAIM k LEASE x").unwrap_err().to_string(),
+        "LEASE is not an integer or out of range"
+    );
+}

@@ -1,0 +1,51 @@
+//! The wire protocol of Idem, a shared idempotency server.
+//!
+//! Idem speaks RESP (the Redis protocol): RESP2 by default, RESP3 after
+//! `HELLO 3`, and inline commands for telnet. This crate has no runtime; the
+//! server and the client share it.
+//!
+//! # Layout
+//!
+//! - [`frame`]: the [`Frame`] type, a two-pass decoder (completeness check,
+//!   then a zero-copy parse into `Bytes` slices of the read buffer) bounded
+//!   by [`Limits`], and an encoder for both versions.
+//! - [`codec`]: a tokio-util codec over the two.
+//! - [`cmd`]: the typed [`Command`] enum, one file per command.
+//! - [`reply`]: typed replies ([`ClaimReply`], [`SettleReply`],
+//!   [`RecordInfo`], [`ServerError`]).
+//! - [`error`]: frame and command errors.
+//!
+//! # Example
+//!
+//! ```
+//! use bytes::BytesMut;
+//! use idem_protocol::{decode, Command, Limits};
+//!
+//! let mut buf = BytesMut::from(&b"*4\r\n$5\r\nCLAIM\r\n$7\r\norder-1\r\n$5\r\nLEASE\r\n$4\r\n5000\r\n"[..]);
+//! let frame = decode(&mut buf, &Limits::default()).unwrap().unwrap();
+//! let Command::Claim(claim) = Command::from_frame(frame).unwrap() else { unreachable!() };
+//! assert_eq!(&claim.key[..], b"order-1");
+//! assert_eq!(claim.lease_ms, Some(5000));
+//! ```
+//!
+//! The whole protocol, with an example exchange per command, is in
+//! `protocol/PROTOCOL.md`.
+
+pub mod cmd;
+pub mod codec;
+pub mod error;
+pub mod frame;
+pub mod reply;
+
+pub use cmd::{Command, OnExpire};
+pub use codec::RespCodec;
+pub use error::{CommandError, FrameError, ReplyError};
+pub use frame::{Frame, Limits, Version, decode, encode};
+pub use reply::{
+    ClaimReply, ErrorCode, Outcome, RecordInfo, RecordState, Reply, ServerError, SettleReply,
+};
+
+#[cfg(test)]
+mod proptests;
+#[cfg(test)]
+mod reply_tests;

@@ -1,0 +1,141 @@
+//! Round trips of every typed reply through both protocol versions.
+
+use bytes::{Bytes, BytesMut};
+
+use crate::frame::{Frame, Limits, Version, decode, encode};
+use crate::reply::*;
+
+fn wire(frame: &Frame, v: Version) -> Frame {
+    let mut buf = BytesMut::new();
+    encode(frame, v, &mut buf);
+    let f = decode(&mut buf, &Limits::for_replies()).unwrap().unwrap();
+    assert!(buf.is_empty());
+    f
+}
+
+#[test]
+fn claim_replies_round_trip() {
+    let replies = [
+        ClaimReply::Acquired { fence: 1 },
+        ClaimReply::Completed {
+            outcome: Outcome::Ok,
+            value: Bytes::from_static(b"\x00bin\r\n"),
+        },
+        ClaimReply::Completed {
+            outcome: Outcome::Err,
+            value: Bytes::new(),
+        },
+        ClaimReply::InFlight { remaining_ms: 5 },
+        ClaimReply::Recover {
+            fence: u64::MAX >> 1,
+            journal: Bytes::from_static(b"j"),
+        },
+    ];
+    for r in replies {
+        for v in [Version::Resp2, Version::Resp3] {
+            assert_eq!(
+                ClaimReply::from_frame(wire(&Reply::Claim(r.clone()).to_frame(), v)).unwrap(),
+                r
+            );
+        }
+    }
+}
+
+#[test]
+fn settle_replies_round_trip() {
+    let replies = [
+        SettleReply::Completed {
+            outcome: Outcome::Err,
+            value: Bytes::from_static(b"declined"),
+        },
+        SettleReply::Absent,
+        SettleReply::Abandoned {
+            journal: Bytes::from_static(b"step-2"),
+        },
+        SettleReply::InFlight { remaining_ms: 0 },
+    ];
+    for r in replies {
+        for v in [Version::Resp2, Version::Resp3] {
+            assert_eq!(
+                SettleReply::from_frame(wire(&Reply::Settle(r.clone()).to_frame(), v)).unwrap(),
+                r
+            );
+        }
+    }
+}
+
+#[test]
+fn inspect_replies_round_trip() {
+    let full = RecordInfo {
+        state: RecordState::Completed,
+        fence: 9,
+        lease_ms: None,
+        retain_ms: Some(100),
+        outcome: Some(Outcome::Ok),
+        value: Some(Bytes::from_static(b"v")),
+        fingerprint: Some(Bytes::from_static(b"fp")),
+        journal: None,
+        attempt: None,
+    };
+    let flying = RecordInfo {
+        state: RecordState::InFlight,
+        fence: 2,
+        lease_ms: Some(30),
+        retain_ms: None,
+        outcome: None,
+        value: None,
+        fingerprint: None,
+        journal: Some(Bytes::new()),
+        attempt: Some(Bytes::from_static(b"a")),
+    };
+    for r in [Some(full), Some(flying), None] {
+        for v in [Version::Resp2, Version::Resp3] {
+            assert_eq!(
+                RecordInfo::from_frame(wire(&Reply::Inspect(r.clone()).to_frame(), v)).unwrap(),
+                r
+            );
+        }
+    }
+}
+
+#[test]
+fn errors_round_trip_with_their_codes() {
+    let errors = [
+        ServerError::new(ErrorCode::Err, "syntax error"),
+        ServerError::new(ErrorCode::Mismatch, "fingerprint differs"),
+        ServerError::new(ErrorCode::Fenced, "not the owner"),
+        ServerError::new(ErrorCode::TooBig, "value over 1048576 bytes"),
+        ServerError::new(ErrorCode::Oom, "at max_memory"),
+        ServerError::new(ErrorCode::NoAuth, "authentication required"),
+        ServerError::new(ErrorCode::NoPerm, "no"),
+        ServerError::new(ErrorCode::WrongPass, "invalid"),
+        ServerError::new(ErrorCode::NotLeader, "10.0.0.2:7379"),
+        ServerError::new(ErrorCode::TryAgain, "no leader"),
+        ServerError::new(ErrorCode::NoProto, "unsupported protocol version"),
+    ];
+    for e in errors {
+        let f = wire(&Reply::Error(e.clone()).to_frame(), Version::Resp2);
+        let Frame::Error(text) = &f else {
+            panic!("not an error frame")
+        };
+        assert_eq!(ServerError::parse(text), e);
+        assert_eq!(ClaimReply::from_frame(f), Err(Ok(e)));
+    }
+    assert_eq!(ServerError::parse(b"WEIRD thing").code, ErrorCode::Err);
+}
+
+#[test]
+fn malformed_replies_are_errors_not_panics() {
+    assert!(ClaimReply::from_frame(Frame::Array(vec![])).is_err());
+    assert!(ClaimReply::from_frame(Frame::Array(vec![Frame::simple("ACQUIRED")])).is_err());
+    assert!(
+        ClaimReply::from_frame(Frame::Array(vec![
+            Frame::simple("ACQUIRED"),
+            Frame::Integer(-1)
+        ]))
+        .is_err()
+    );
+    assert!(SettleReply::from_frame(Frame::Integer(3)).is_err());
+    assert!(RecordInfo::from_frame(Frame::Array(vec![Frame::Null])).is_err());
+    assert!(RecordInfo::from_frame(Frame::Map(vec![])).is_err());
+}
