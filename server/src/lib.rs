@@ -1,1 +1,3 @@
-
+//! idemd, the Idem idempotency server.
+#![allow(missing_docs)]
+pub mod store;
