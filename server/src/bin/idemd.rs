@@ -1,1 +1,71 @@
-fn main() {}
+//! `idemd`: run the Idem idempotency server.
+//!
+//! With no arguments it serves on 127.0.0.1:7379 with the in-memory engine
+//! and default limits. Configuration: `--config FILE` (TOML, see
+//! `config/idem.toml`), then `IDEM_*` environment variables, then flags.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::Parser;
+use idem_server::config::RawConfig;
+use idem_server::server::Server;
+use tracing_subscriber::EnvFilter;
+
+/// The Idem idempotency server.
+#[derive(Parser, Debug)]
+#[command(name = "idemd", version, about)]
+struct Args {
+    /// Address to listen on, HOST:PORT (default 127.0.0.1:7379).
+    #[arg(long, value_name = "HOST:PORT")]
+    listen: Option<String>,
+    /// Storage engine (default and only engine for now: memory).
+    #[arg(long, value_name = "ENGINE")]
+    engine: Option<String>,
+    /// Configuration file (TOML); `IDEM_CONFIG` also names one.
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let path = args.config.or_else(|| std::env::var_os("IDEM_CONFIG").map(PathBuf::from));
+    let mut raw = match &path {
+        Some(p) => RawConfig::from_file(p)?,
+        None => RawConfig::default(),
+    };
+    raw.apply_env(std::env::vars().filter(|(k, _)| k != "IDEM_CONFIG"))?;
+    if let Some(l) = args.listen {
+        raw.listen = l;
+    }
+    if let Some(e) = args.engine {
+        raw.engine = e;
+    }
+    let config = raw.validate()?;
+    let filter = EnvFilter::try_from_default_env().or_else(|_| EnvFilter::try_new(&config.log)).context("invalid log filter")?;
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("cannot start the runtime")?;
+    runtime.block_on(async move {
+        let listen = config.listen;
+        let server = Server::bind(config).await.with_context(|| format!("cannot listen on {listen}"))?;
+        // Tests and scripts started with port 0 read the bound address here.
+        println!("idemd listening on {}", server.local_addr());
+        server.run(shutdown_signal()).await.context("server failed")
+    })
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = match signal(SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+            return;
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+}

@@ -1,0 +1,409 @@
+//! Configuration: a raw, serde-friendly form with defaults, validated into
+//! [`Config`], the only form the server accepts.
+//!
+//! Precedence: command-line flags, then `IDEM_*` environment variables,
+//! then the config file, then defaults. Every key is listed with its
+//! default and meaning in `config/idem.toml`.
+
+use std::net::SocketAddr;
+use std::path::Path;
+
+use serde::Deserialize;
+
+use crate::store::StoreConfig;
+
+/// The storage engine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EngineKind {
+    /// In memory; nothing survives a restart.
+    Memory,
+}
+
+impl std::str::FromStr for EngineKind {
+    type Err = ConfigError;
+
+    fn from_str(s: &str) -> Result<Self, ConfigError> {
+        match s {
+            "memory" => Ok(EngineKind::Memory),
+            _ => Err(ConfigError::Invalid { key: "engine", reason: format!("unknown engine '{s}' (available: memory)") }),
+        }
+    }
+}
+
+/// Configuration as read from a file or the environment, before checks.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RawConfig {
+    /// Address to listen on.
+    pub listen: String,
+    /// Storage engine.
+    pub engine: String,
+    /// Number of store shards (a power of two; 0 picks one from the CPU count).
+    pub shards: usize,
+    /// Lease when CLAIM gives none, ms.
+    pub default_lease_ms: u64,
+    /// Longest lease, ms.
+    pub max_lease_ms: u64,
+    /// Retention when neither CLAIM nor COMPLETE gives one, ms.
+    pub default_retain_ms: u64,
+    /// Longest retention, ms.
+    pub max_retain_ms: u64,
+    /// Longest WAIT, ms.
+    pub max_wait_ms: u64,
+    /// Largest key, bytes.
+    pub max_key_bytes: usize,
+    /// Largest value, bytes.
+    pub max_value_bytes: usize,
+    /// Largest journal, bytes.
+    pub max_journal_bytes: usize,
+    /// Largest fingerprint, bytes.
+    pub max_fingerprint_bytes: usize,
+    /// Largest attempt id, bytes.
+    pub max_attempt_bytes: usize,
+    /// Largest request frame, bytes.
+    pub max_frame_bytes: usize,
+    /// Most arguments in one request.
+    pub max_args: usize,
+    /// Longest inline command line, bytes.
+    pub max_inline_bytes: usize,
+    /// Most client connections at once.
+    pub max_connections: usize,
+    /// Accounted record bytes at which new claims are refused with OOM.
+    pub max_memory_bytes: usize,
+    /// Most reply bytes held for one client before it is disconnected.
+    pub max_output_buffer_bytes: usize,
+    /// Close connections idle this long, ms (0: never).
+    pub idle_timeout_ms: u64,
+    /// Interval of the active expiry sweep, ms.
+    pub sweep_interval_ms: u64,
+    /// Most expiry entries examined per shard per sweep tick.
+    pub sweep_batch: usize,
+    /// Log filter (tracing `EnvFilter` syntax); `RUST_LOG` overrides it.
+    pub log: String,
+}
+
+impl Default for RawConfig {
+    fn default() -> Self {
+        RawConfig {
+            listen: "127.0.0.1:7379".into(),
+            engine: "memory".into(),
+            shards: 0,
+            default_lease_ms: 30_000,
+            max_lease_ms: 3_600_000,
+            default_retain_ms: 86_400_000,
+            max_retain_ms: 30 * 86_400_000,
+            max_wait_ms: 300_000,
+            max_key_bytes: 1024,
+            max_value_bytes: 1024 * 1024,
+            max_journal_bytes: 4096,
+            max_fingerprint_bytes: 256,
+            max_attempt_bytes: 128,
+            max_frame_bytes: 2 * 1024 * 1024,
+            max_args: 1024,
+            max_inline_bytes: 64 * 1024,
+            max_connections: 10_000,
+            max_memory_bytes: 1 << 30,
+            max_output_buffer_bytes: 32 * 1024 * 1024,
+            idle_timeout_ms: 0,
+            sweep_interval_ms: 100,
+            sweep_batch: 2000,
+            log: "info".into(),
+        }
+    }
+}
+
+/// A configuration that failed to load or validate.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        /// The path.
+        path: String,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// The file is not valid TOML for this schema.
+    #[error("invalid config file {path}: {message}")]
+    Parse {
+        /// The path.
+        path: String,
+        /// The parser's message.
+        message: String,
+    },
+    /// A key has a value out of range or malformed.
+    #[error("invalid value for {key}: {reason}")]
+    Invalid {
+        /// The key.
+        key: &'static str,
+        /// Why.
+        reason: String,
+    },
+}
+
+/// A validated configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Address to listen on.
+    pub listen: SocketAddr,
+    /// Storage engine.
+    pub engine: EngineKind,
+    /// What the store needs.
+    pub store: StoreConfig,
+    /// Request limits.
+    pub limits: RequestLimits,
+    /// Most client connections at once.
+    pub max_connections: usize,
+    /// Most reply bytes held for one client.
+    pub max_output_buffer_bytes: usize,
+    /// Idle timeout, ms (0: off).
+    pub idle_timeout_ms: u64,
+    /// Sweep interval, ms.
+    pub sweep_interval_ms: u64,
+    /// Sweep batch per shard.
+    pub sweep_batch: usize,
+    /// Log filter.
+    pub log: String,
+    /// The raw form, for `CONFIG GET`.
+    pub raw: RawConfig,
+}
+
+/// Limits on what one request may carry.
+#[derive(Debug, Clone, Copy)]
+pub struct RequestLimits {
+    /// Longest lease, ms.
+    pub max_lease_ms: u64,
+    /// Longest retention, ms.
+    pub max_retain_ms: u64,
+    /// Longest wait, ms.
+    pub max_wait_ms: u64,
+    /// Largest key.
+    pub max_key_bytes: usize,
+    /// Largest value.
+    pub max_value_bytes: usize,
+    /// Largest journal.
+    pub max_journal_bytes: usize,
+    /// Largest fingerprint.
+    pub max_fingerprint_bytes: usize,
+    /// Largest attempt id.
+    pub max_attempt_bytes: usize,
+    /// Frame decoding limits.
+    pub frame: idem_protocol::Limits,
+}
+
+fn invalid(key: &'static str, reason: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid { key, reason: reason.into() }
+}
+
+impl RawConfig {
+    /// Reads a TOML file over the defaults.
+    pub fn from_file(path: &Path) -> Result<RawConfig, ConfigError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|source| ConfigError::Read { path: path.display().to_string(), source })?;
+        toml::from_str(&text).map_err(|e| ConfigError::Parse { path: path.display().to_string(), message: e.to_string() })
+    }
+
+    /// Applies `IDEM_<KEY>` variables from `vars` (e.g. `IDEM_MAX_WAIT_MS`).
+    pub fn apply_env(&mut self, vars: impl IntoIterator<Item = (String, String)>) -> Result<(), ConfigError> {
+        for (name, value) in vars {
+            let Some(key) = name.strip_prefix("IDEM_") else { continue };
+            self.set(&key.to_ascii_lowercase(), &value)?;
+        }
+        Ok(())
+    }
+
+    /// Sets one key from its text form.
+    pub fn set(&mut self, key: &str, value: &str) -> Result<(), ConfigError> {
+        fn num<T: std::str::FromStr>(key: &'static str, v: &str) -> Result<T, ConfigError> {
+            v.trim().parse().map_err(|_| invalid(key, format!("'{v}' is not a non-negative integer")))
+        }
+        macro_rules! keys {
+            ($($name:ident),*) => {
+                match key {
+                    "listen" => self.listen = value.to_owned(),
+                    "engine" => self.engine = value.to_owned(),
+                    "log" => self.log = value.to_owned(),
+                    $(stringify!($name) => self.$name = num(stringify!($name), value)?,)*
+                    _ => return Err(invalid("environment", format!("unknown key IDEM_{}", key.to_ascii_uppercase()))),
+                }
+            };
+        }
+        keys!(
+            shards, default_lease_ms, max_lease_ms, default_retain_ms, max_retain_ms, max_wait_ms, max_key_bytes,
+            max_value_bytes, max_journal_bytes, max_fingerprint_bytes, max_attempt_bytes, max_frame_bytes, max_args,
+            max_inline_bytes, max_connections, max_memory_bytes, max_output_buffer_bytes, idle_timeout_ms,
+            sweep_interval_ms, sweep_batch
+        );
+        Ok(())
+    }
+
+    /// Every key and its value as text, in file order (for `CONFIG GET`).
+    pub fn entries(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("listen", self.listen.clone()),
+            ("engine", self.engine.clone()),
+            ("shards", self.shards.to_string()),
+            ("default_lease_ms", self.default_lease_ms.to_string()),
+            ("max_lease_ms", self.max_lease_ms.to_string()),
+            ("default_retain_ms", self.default_retain_ms.to_string()),
+            ("max_retain_ms", self.max_retain_ms.to_string()),
+            ("max_wait_ms", self.max_wait_ms.to_string()),
+            ("max_key_bytes", self.max_key_bytes.to_string()),
+            ("max_value_bytes", self.max_value_bytes.to_string()),
+            ("max_journal_bytes", self.max_journal_bytes.to_string()),
+            ("max_fingerprint_bytes", self.max_fingerprint_bytes.to_string()),
+            ("max_attempt_bytes", self.max_attempt_bytes.to_string()),
+            ("max_frame_bytes", self.max_frame_bytes.to_string()),
+            ("max_args", self.max_args.to_string()),
+            ("max_inline_bytes", self.max_inline_bytes.to_string()),
+            ("max_connections", self.max_connections.to_string()),
+            ("max_memory_bytes", self.max_memory_bytes.to_string()),
+            ("max_output_buffer_bytes", self.max_output_buffer_bytes.to_string()),
+            ("idle_timeout_ms", self.idle_timeout_ms.to_string()),
+            ("sweep_interval_ms", self.sweep_interval_ms.to_string()),
+            ("sweep_batch", self.sweep_batch.to_string()),
+            ("log", self.log.clone()),
+        ]
+    }
+
+    /// Checks every key and builds the [`Config`].
+    pub fn validate(self) -> Result<Config, ConfigError> {
+        let listen: SocketAddr =
+            self.listen.parse().map_err(|_| invalid("listen", format!("'{}' is not HOST:PORT (an IP address and a port)", self.listen)))?;
+        let engine: EngineKind = self.engine.parse()?;
+        let positive = |key: &'static str, v: u64| if v == 0 { Err(invalid(key, "must be at least 1")) } else { Ok(()) };
+        positive("max_lease_ms", self.max_lease_ms)?;
+        positive("max_retain_ms", self.max_retain_ms)?;
+        positive("default_lease_ms", self.default_lease_ms)?;
+        positive("default_retain_ms", self.default_retain_ms)?;
+        positive("max_key_bytes", self.max_key_bytes as u64)?;
+        positive("max_connections", self.max_connections as u64)?;
+        positive("sweep_interval_ms", self.sweep_interval_ms)?;
+        positive("sweep_batch", self.sweep_batch as u64)?;
+        if self.default_lease_ms > self.max_lease_ms {
+            return Err(invalid("default_lease_ms", format!("{} is over max_lease_ms ({})", self.default_lease_ms, self.max_lease_ms)));
+        }
+        if self.default_retain_ms > self.max_retain_ms {
+            return Err(invalid("default_retain_ms", format!("{} is over max_retain_ms ({})", self.default_retain_ms, self.max_retain_ms)));
+        }
+        let biggest_arg = self.max_value_bytes.max(self.max_journal_bytes).max(self.max_key_bytes);
+        let need = self.max_key_bytes + self.max_value_bytes + self.max_fingerprint_bytes + self.max_attempt_bytes + 512;
+        if self.max_frame_bytes < need {
+            return Err(invalid("max_frame_bytes", format!("must be at least {need} to carry the largest CLAIM and COMPLETE")));
+        }
+        if self.max_output_buffer_bytes < self.max_value_bytes + 1024 {
+            return Err(invalid("max_output_buffer_bytes", "must hold at least one largest reply (max_value_bytes + 1024)"));
+        }
+        if self.max_args < 16 {
+            return Err(invalid("max_args", "must be at least 16"));
+        }
+        if self.max_inline_bytes < 64 {
+            return Err(invalid("max_inline_bytes", "must be at least 64"));
+        }
+        let shards = match self.shards {
+            0 => (std::thread::available_parallelism().map_or(4, |n| n.get()) * 16).next_power_of_two().min(1024),
+            n if n.is_power_of_two() && n <= 65536 => n,
+            n => return Err(invalid("shards", format!("{n} is not a power of two up to 65536"))),
+        };
+        Ok(Config {
+            listen,
+            engine,
+            store: StoreConfig {
+                shards,
+                default_lease_ms: self.default_lease_ms,
+                default_retain_ms: self.default_retain_ms,
+                max_memory_bytes: self.max_memory_bytes,
+            },
+            limits: RequestLimits {
+                max_lease_ms: self.max_lease_ms,
+                max_retain_ms: self.max_retain_ms,
+                max_wait_ms: self.max_wait_ms,
+                max_key_bytes: self.max_key_bytes,
+                max_value_bytes: self.max_value_bytes,
+                max_journal_bytes: self.max_journal_bytes,
+                max_fingerprint_bytes: self.max_fingerprint_bytes,
+                max_attempt_bytes: self.max_attempt_bytes,
+                frame: idem_protocol::Limits {
+                    // A bulk string over every argument limit is refused while
+                    // its header is read; its payload is never buffered.
+                    max_bulk: biggest_arg.max(self.max_fingerprint_bytes).max(self.max_attempt_bytes),
+                    max_array: self.max_args,
+                    max_inline: self.max_inline_bytes,
+                    max_depth: 1,
+                    max_frame: self.max_frame_bytes,
+                    inline: true,
+                },
+            },
+            max_connections: self.max_connections,
+            max_output_buffer_bytes: self.max_output_buffer_bytes,
+            idle_timeout_ms: self.idle_timeout_ms,
+            sweep_interval_ms: self.sweep_interval_ms,
+            sweep_batch: self.sweep_batch,
+            log: self.log.clone(),
+            raw: self,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_validate() {
+        let c = RawConfig::default().validate().unwrap();
+        assert_eq!(c.listen.to_string(), "127.0.0.1:7379");
+        assert!(c.store.shards.is_power_of_two());
+        assert_eq!(c.limits.max_key_bytes, 1024);
+        assert_eq!(c.limits.frame.max_bulk, 1024 * 1024);
+    }
+
+    #[test]
+    fn env_overrides_and_errors() {
+        let mut raw = RawConfig::default();
+        raw.apply_env([("IDEM_MAX_WAIT_MS".into(), "5".into()), ("PATH".into(), "/bin".into())]).unwrap();
+        assert_eq!(raw.max_wait_ms, 5);
+        let e = raw.apply_env([("IDEM_MAX_WAIT_MS".into(), "soon".into())]).unwrap_err();
+        assert_eq!(e.to_string(), "invalid value for max_wait_ms: 'soon' is not a non-negative integer");
+        assert!(raw.apply_env([("IDEM_NOPE".into(), "1".into())]).is_err());
+    }
+
+    #[test]
+    fn bad_values_are_refused_with_the_key_named() {
+        let cases: Vec<(&str, &str, &str)> = vec![
+            ("listen", "localhost", "listen"),
+            ("engine", "raft", "engine"),
+            ("shards", "3", "shards"),
+            ("max_lease_ms", "0", "max_lease_ms"),
+            ("default_lease_ms", "7200000", "default_lease_ms"),
+            ("max_frame_bytes", "1000", "max_frame_bytes"),
+            ("max_output_buffer_bytes", "10", "max_output_buffer_bytes"),
+        ];
+        for (key, value, named) in cases {
+            let mut raw = RawConfig::default();
+            let r = raw.set(key, value).and_then(|_| raw.validate().map(|_| ()));
+            let e = r.unwrap_err().to_string();
+            assert!(e.contains(named), "{key}={value}: {e}");
+        }
+    }
+
+    #[test]
+    fn file_parses_and_rejects_unknown_keys() {
+        let dir = std::env::temp_dir().join(format!("idem-config-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let good = dir.join("good.toml");
+        std::fs::write(&good, "listen = \"127.0.0.1:9999\"\nmax_wait_ms = 7\n").unwrap();
+        let raw = RawConfig::from_file(&good).unwrap();
+        assert_eq!(raw.max_wait_ms, 7);
+        assert_eq!(raw.validate().unwrap().listen.port(), 9999);
+        let bad = dir.join("bad.toml");
+        std::fs::write(&bad, "max_wiat_ms = 7\n").unwrap();
+        assert!(matches!(RawConfig::from_file(&bad), Err(ConfigError::Parse { .. })));
+        // The shipped file lists every key with its default.
+        let shipped = RawConfig::from_file(Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../config/idem.toml"))).unwrap();
+        assert_eq!(format!("{:?}", shipped.entries()), format!("{:?}", RawConfig::default().entries()));
+        std::fs::remove_dir_all(&dir).ok();
+    }
+}
