@@ -31,6 +31,8 @@
 //! The whole protocol, with an example exchange per command, is in
 //! `protocol/PROTOCOL.md`.
 
+#![cfg_attr(test, allow(clippy::unwrap_used))]
+
 pub mod cmd;
 pub mod codec;
 pub mod error;

@@ -14,8 +14,13 @@ pub struct Clock {
 impl Clock {
     /// A clock reading the current time.
     pub fn new() -> Self {
-        let epoch_ms = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
-        Clock { start: Instant::now(), epoch_ms }
+        let epoch_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        Clock {
+            start: Instant::now(),
+            epoch_ms,
+        }
     }
 
     /// Milliseconds now.

@@ -26,7 +26,10 @@ impl std::str::FromStr for EngineKind {
     fn from_str(s: &str) -> Result<Self, ConfigError> {
         match s {
             "memory" => Ok(EngineKind::Memory),
-            _ => Err(ConfigError::Invalid { key: "engine", reason: format!("unknown engine '{s}' (available: memory)") }),
+            _ => Err(ConfigError::Invalid {
+                key: "engine",
+                reason: format!("unknown engine '{s}' (available: memory)"),
+            }),
         }
     }
 }
@@ -194,21 +197,34 @@ pub struct RequestLimits {
 }
 
 fn invalid(key: &'static str, reason: impl Into<String>) -> ConfigError {
-    ConfigError::Invalid { key, reason: reason.into() }
+    ConfigError::Invalid {
+        key,
+        reason: reason.into(),
+    }
 }
 
 impl RawConfig {
     /// Reads a TOML file over the defaults.
     pub fn from_file(path: &Path) -> Result<RawConfig, ConfigError> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|source| ConfigError::Read { path: path.display().to_string(), source })?;
-        toml::from_str(&text).map_err(|e| ConfigError::Parse { path: path.display().to_string(), message: e.to_string() })
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.display().to_string(),
+            source,
+        })?;
+        toml::from_str(&text).map_err(|e| ConfigError::Parse {
+            path: path.display().to_string(),
+            message: e.to_string(),
+        })
     }
 
     /// Applies `IDEM_<KEY>` variables from `vars` (e.g. `IDEM_MAX_WAIT_MS`).
-    pub fn apply_env(&mut self, vars: impl IntoIterator<Item = (String, String)>) -> Result<(), ConfigError> {
+    pub fn apply_env(
+        &mut self,
+        vars: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<(), ConfigError> {
         for (name, value) in vars {
-            let Some(key) = name.strip_prefix("IDEM_") else { continue };
+            let Some(key) = name.strip_prefix("IDEM_") else {
+                continue;
+            };
             self.set(&key.to_ascii_lowercase(), &value)?;
         }
         Ok(())
@@ -217,7 +233,9 @@ impl RawConfig {
     /// Sets one key from its text form.
     pub fn set(&mut self, key: &str, value: &str) -> Result<(), ConfigError> {
         fn num<T: std::str::FromStr>(key: &'static str, v: &str) -> Result<T, ConfigError> {
-            v.trim().parse().map_err(|_| invalid(key, format!("'{v}' is not a non-negative integer")))
+            v.trim()
+                .parse()
+                .map_err(|_| invalid(key, format!("'{v}' is not a non-negative integer")))
         }
         macro_rules! keys {
             ($($name:ident),*) => {
@@ -231,10 +249,26 @@ impl RawConfig {
             };
         }
         keys!(
-            shards, default_lease_ms, max_lease_ms, default_retain_ms, max_retain_ms, max_wait_ms, max_key_bytes,
-            max_value_bytes, max_journal_bytes, max_fingerprint_bytes, max_attempt_bytes, max_frame_bytes, max_args,
-            max_inline_bytes, max_connections, max_memory_bytes, max_output_buffer_bytes, idle_timeout_ms,
-            sweep_interval_ms, sweep_batch
+            shards,
+            default_lease_ms,
+            max_lease_ms,
+            default_retain_ms,
+            max_retain_ms,
+            max_wait_ms,
+            max_key_bytes,
+            max_value_bytes,
+            max_journal_bytes,
+            max_fingerprint_bytes,
+            max_attempt_bytes,
+            max_frame_bytes,
+            max_args,
+            max_inline_bytes,
+            max_connections,
+            max_memory_bytes,
+            max_output_buffer_bytes,
+            idle_timeout_ms,
+            sweep_interval_ms,
+            sweep_batch
         );
         Ok(())
     }
@@ -253,14 +287,20 @@ impl RawConfig {
             ("max_key_bytes", self.max_key_bytes.to_string()),
             ("max_value_bytes", self.max_value_bytes.to_string()),
             ("max_journal_bytes", self.max_journal_bytes.to_string()),
-            ("max_fingerprint_bytes", self.max_fingerprint_bytes.to_string()),
+            (
+                "max_fingerprint_bytes",
+                self.max_fingerprint_bytes.to_string(),
+            ),
             ("max_attempt_bytes", self.max_attempt_bytes.to_string()),
             ("max_frame_bytes", self.max_frame_bytes.to_string()),
             ("max_args", self.max_args.to_string()),
             ("max_inline_bytes", self.max_inline_bytes.to_string()),
             ("max_connections", self.max_connections.to_string()),
             ("max_memory_bytes", self.max_memory_bytes.to_string()),
-            ("max_output_buffer_bytes", self.max_output_buffer_bytes.to_string()),
+            (
+                "max_output_buffer_bytes",
+                self.max_output_buffer_bytes.to_string(),
+            ),
             ("idle_timeout_ms", self.idle_timeout_ms.to_string()),
             ("sweep_interval_ms", self.sweep_interval_ms.to_string()),
             ("sweep_batch", self.sweep_batch.to_string()),
@@ -270,10 +310,23 @@ impl RawConfig {
 
     /// Checks every key and builds the [`Config`].
     pub fn validate(self) -> Result<Config, ConfigError> {
-        let listen: SocketAddr =
-            self.listen.parse().map_err(|_| invalid("listen", format!("'{}' is not HOST:PORT (an IP address and a port)", self.listen)))?;
+        let listen: SocketAddr = self.listen.parse().map_err(|_| {
+            invalid(
+                "listen",
+                format!(
+                    "'{}' is not HOST:PORT (an IP address and a port)",
+                    self.listen
+                ),
+            )
+        })?;
         let engine: EngineKind = self.engine.parse()?;
-        let positive = |key: &'static str, v: u64| if v == 0 { Err(invalid(key, "must be at least 1")) } else { Ok(()) };
+        let positive = |key: &'static str, v: u64| {
+            if v == 0 {
+                Err(invalid(key, "must be at least 1"))
+            } else {
+                Ok(())
+            }
+        };
         positive("max_lease_ms", self.max_lease_ms)?;
         positive("max_retain_ms", self.max_retain_ms)?;
         positive("default_lease_ms", self.default_lease_ms)?;
@@ -283,18 +336,43 @@ impl RawConfig {
         positive("sweep_interval_ms", self.sweep_interval_ms)?;
         positive("sweep_batch", self.sweep_batch as u64)?;
         if self.default_lease_ms > self.max_lease_ms {
-            return Err(invalid("default_lease_ms", format!("{} is over max_lease_ms ({})", self.default_lease_ms, self.max_lease_ms)));
+            return Err(invalid(
+                "default_lease_ms",
+                format!(
+                    "{} is over max_lease_ms ({})",
+                    self.default_lease_ms, self.max_lease_ms
+                ),
+            ));
         }
         if self.default_retain_ms > self.max_retain_ms {
-            return Err(invalid("default_retain_ms", format!("{} is over max_retain_ms ({})", self.default_retain_ms, self.max_retain_ms)));
+            return Err(invalid(
+                "default_retain_ms",
+                format!(
+                    "{} is over max_retain_ms ({})",
+                    self.default_retain_ms, self.max_retain_ms
+                ),
+            ));
         }
-        let biggest_arg = self.max_value_bytes.max(self.max_journal_bytes).max(self.max_key_bytes);
-        let need = self.max_key_bytes + self.max_value_bytes + self.max_fingerprint_bytes + self.max_attempt_bytes + 512;
+        let biggest_arg = self
+            .max_value_bytes
+            .max(self.max_journal_bytes)
+            .max(self.max_key_bytes);
+        let need = self.max_key_bytes
+            + self.max_value_bytes
+            + self.max_fingerprint_bytes
+            + self.max_attempt_bytes
+            + 512;
         if self.max_frame_bytes < need {
-            return Err(invalid("max_frame_bytes", format!("must be at least {need} to carry the largest CLAIM and COMPLETE")));
+            return Err(invalid(
+                "max_frame_bytes",
+                format!("must be at least {need} to carry the largest CLAIM and COMPLETE"),
+            ));
         }
         if self.max_output_buffer_bytes < self.max_value_bytes + 1024 {
-            return Err(invalid("max_output_buffer_bytes", "must hold at least one largest reply (max_value_bytes + 1024)"));
+            return Err(invalid(
+                "max_output_buffer_bytes",
+                "must hold at least one largest reply (max_value_bytes + 1024)",
+            ));
         }
         if self.max_args < 16 {
             return Err(invalid("max_args", "must be at least 16"));
@@ -303,9 +381,16 @@ impl RawConfig {
             return Err(invalid("max_inline_bytes", "must be at least 64"));
         }
         let shards = match self.shards {
-            0 => (std::thread::available_parallelism().map_or(4, |n| n.get()) * 16).next_power_of_two().min(1024),
+            0 => (std::thread::available_parallelism().map_or(4, |n| n.get()) * 16)
+                .next_power_of_two()
+                .min(1024),
             n if n.is_power_of_two() && n <= 65536 => n,
-            n => return Err(invalid("shards", format!("{n} is not a power of two up to 65536"))),
+            n => {
+                return Err(invalid(
+                    "shards",
+                    format!("{n} is not a power of two up to 65536"),
+                ));
+            }
         };
         Ok(Config {
             listen,
@@ -328,7 +413,9 @@ impl RawConfig {
                 frame: idem_protocol::Limits {
                     // A bulk string over every argument limit is refused while
                     // its header is read; its payload is never buffered.
-                    max_bulk: biggest_arg.max(self.max_fingerprint_bytes).max(self.max_attempt_bytes),
+                    max_bulk: biggest_arg
+                        .max(self.max_fingerprint_bytes)
+                        .max(self.max_attempt_bytes),
                     max_array: self.max_args,
                     max_inline: self.max_inline_bytes,
                     max_depth: 1,
@@ -363,10 +450,19 @@ mod tests {
     #[test]
     fn env_overrides_and_errors() {
         let mut raw = RawConfig::default();
-        raw.apply_env([("IDEM_MAX_WAIT_MS".into(), "5".into()), ("PATH".into(), "/bin".into())]).unwrap();
+        raw.apply_env([
+            ("IDEM_MAX_WAIT_MS".into(), "5".into()),
+            ("PATH".into(), "/bin".into()),
+        ])
+        .unwrap();
         assert_eq!(raw.max_wait_ms, 5);
-        let e = raw.apply_env([("IDEM_MAX_WAIT_MS".into(), "soon".into())]).unwrap_err();
-        assert_eq!(e.to_string(), "invalid value for max_wait_ms: 'soon' is not a non-negative integer");
+        let e = raw
+            .apply_env([("IDEM_MAX_WAIT_MS".into(), "soon".into())])
+            .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "invalid value for max_wait_ms: 'soon' is not a non-negative integer"
+        );
         assert!(raw.apply_env([("IDEM_NOPE".into(), "1".into())]).is_err());
     }
 
@@ -400,10 +496,20 @@ mod tests {
         assert_eq!(raw.validate().unwrap().listen.port(), 9999);
         let bad = dir.join("bad.toml");
         std::fs::write(&bad, "max_wiat_ms = 7\n").unwrap();
-        assert!(matches!(RawConfig::from_file(&bad), Err(ConfigError::Parse { .. })));
+        assert!(matches!(
+            RawConfig::from_file(&bad),
+            Err(ConfigError::Parse { .. })
+        ));
         // The shipped file lists every key with its default.
-        let shipped = RawConfig::from_file(Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../config/idem.toml"))).unwrap();
-        assert_eq!(format!("{:?}", shipped.entries()), format!("{:?}", RawConfig::default().entries()));
+        let shipped = RawConfig::from_file(Path::new(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../config/idem.toml"
+        )))
+        .unwrap();
+        assert_eq!(
+            format!("{:?}", shipped.entries()),
+            format!("{:?}", RawConfig::default().entries())
+        );
         std::fs::remove_dir_all(&dir).ok();
     }
 }

@@ -9,19 +9,21 @@
 //! do; while parked, the connection still notices the client leaving.
 
 use std::net::SocketAddr;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use bytes::{Buf, BytesMut};
-use idem_protocol::{decode, encode, Command, ErrorCode, FrameError, Reply, ServerError, Version};
+use idem_protocol::{
+    Command, CommandError, ErrorCode, FrameError, Reply, ServerError, Version, decode, encode,
+};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::{debug, warn};
 
-use crate::dispatch::{dispatch, Action, Session};
+use crate::dispatch::{Action, Session, dispatch};
 use crate::server::Shared;
 use crate::waiters::WaitHandle;
 
@@ -29,11 +31,19 @@ use crate::waiters::WaitHandle;
 const PARKED_READ_AHEAD: usize = 64 * 1024;
 
 /// Serves a connection until it closes, the client leaves, or shutdown.
-pub async fn serve(shared: Arc<Shared>, socket: TcpStream, addr: SocketAddr, stop: watch::Receiver<bool>) {
+pub async fn serve(
+    shared: Arc<Shared>,
+    socket: TcpStream,
+    addr: SocketAddr,
+    stop: watch::Receiver<bool>,
+) {
     let laddr = socket.local_addr().unwrap_or(shared.local_addr);
     let info = shared.clients.register(addr, laddr);
     let id = info.id;
-    let session = Session { info, version: Version::Resp2 };
+    let session = Session {
+        info,
+        version: Version::Resp2,
+    };
     if let Err(e) = run(&shared, socket, session, stop).await {
         debug!(client = id, error = %e, "connection ended with an error");
     }
@@ -68,7 +78,8 @@ async fn run(
     let (mut rd, mut wr) = socket.split();
     let limits = shared.config.limits.frame;
     let max_out = shared.config.max_output_buffer_bytes;
-    let idle_for = (shared.config.idle_timeout_ms > 0).then(|| Duration::from_millis(shared.config.idle_timeout_ms));
+    let idle_for = (shared.config.idle_timeout_ms > 0)
+        .then(|| Duration::from_millis(shared.config.idle_timeout_ms));
     let mut inbuf = BytesMut::with_capacity(16 * 1024);
     let mut out = BytesMut::with_capacity(16 * 1024);
     let mut parked: Option<WaitHandle> = None;
@@ -87,7 +98,10 @@ async fn run(
                             ServerError::owned(ErrorCode::TooBig, e.to_string())
                         }
                         _ => {
-                            shared.metrics.protocol_errors.fetch_add(1, Ordering::Relaxed);
+                            shared
+                                .metrics
+                                .protocol_errors
+                                .fetch_add(1, Ordering::Relaxed);
                             ServerError::owned(ErrorCode::Err, e.to_string())
                         }
                     };
@@ -98,7 +112,25 @@ async fn run(
             };
             let action = match Command::from_frame(frame) {
                 Ok(cmd) => dispatch(shared, &mut session, cmd),
-                Err(e) => Action::Reply(Reply::Error(ServerError::owned(ErrorCode::Err, e.to_string()))),
+                Err(e) => {
+                    // A frame that is not an array of strings breaks the
+                    // protocol: answer and close, like a malformed frame.
+                    if e == CommandError::NotAnArray {
+                        shared
+                            .metrics
+                            .protocol_errors
+                            .fetch_add(1, Ordering::Relaxed);
+                        Action::Close(Reply::Error(ServerError::owned(
+                            ErrorCode::Err,
+                            e.to_string(),
+                        )))
+                    } else {
+                        Action::Reply(Reply::Error(ServerError::owned(
+                            ErrorCode::Err,
+                            e.to_string(),
+                        )))
+                    }
+                }
             };
             match action {
                 Action::Reply(reply) => push(&mut out, session.version, &reply),
@@ -113,8 +145,15 @@ async fn run(
             }
         }
         if out.len() > max_out {
-            shared.metrics.output_limit_disconnects.fetch_add(1, Ordering::Relaxed);
-            warn!(client = session.info.id, bytes = out.len(), "client output over max_output_buffer_bytes: disconnecting");
+            shared
+                .metrics
+                .output_limit_disconnects
+                .fetch_add(1, Ordering::Relaxed);
+            warn!(
+                client = session.info.id,
+                bytes = out.len(),
+                "client output over max_output_buffer_bytes: disconnecting"
+            );
             return Ok(());
         }
         if closing && parked.is_none() {

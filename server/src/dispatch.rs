@@ -3,8 +3,8 @@
 //! (and the waiters when they WAIT); connection and server commands are
 //! answered here.
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use bytes::Bytes;
 use idem_protocol::cmd::{ClientCmd, CommandCmd, ConfigCmd, Hello};
@@ -37,38 +37,38 @@ fn err(message: &'static str) -> Reply {
     Reply::Error(ServerError::new(ErrorCode::Err, message))
 }
 
-fn toobig(message: &'static str) -> Reply {
-    Reply::Error(ServerError::new(ErrorCode::TooBig, message))
+fn toobig(message: &'static str) -> ServerError {
+    ServerError::new(ErrorCode::TooBig, message)
 }
 
 /// Checks sizes and time bounds of a record command.
-fn validate(cmd: &Command, l: &RequestLimits) -> Result<(), Reply> {
+fn validate(cmd: &Command, l: &RequestLimits) -> Result<(), ServerError> {
     let key = cmd.key().map_or(0, Bytes::len);
     if key > l.max_key_bytes {
         return Err(toobig("key is over max_key_bytes"));
     }
     if key == 0 && cmd.key().is_some() {
-        return Err(err("key must not be empty"));
+        return Err(ServerError::new(ErrorCode::Err, "key must not be empty"));
     }
     let lease = |v: Option<u64>| match v {
-        Some(ms) if ms == 0 || ms > l.max_lease_ms => Err(Reply::Error(ServerError::owned(
+        Some(ms) if ms == 0 || ms > l.max_lease_ms => Err(ServerError::owned(
             ErrorCode::Err,
             format!("LEASE must be between 1 and {} ms", l.max_lease_ms),
-        ))),
+        )),
         _ => Ok(()),
     };
     let retain = |v: Option<u64>| match v {
-        Some(ms) if ms == 0 || ms > l.max_retain_ms => Err(Reply::Error(ServerError::owned(
+        Some(ms) if ms == 0 || ms > l.max_retain_ms => Err(ServerError::owned(
             ErrorCode::Err,
             format!("RETAIN must be between 1 and {} ms", l.max_retain_ms),
-        ))),
+        )),
         _ => Ok(()),
     };
     let wait = |v: Option<u64>| match v {
-        Some(ms) if ms > l.max_wait_ms => Err(Reply::Error(ServerError::owned(
+        Some(ms) if ms > l.max_wait_ms => Err(ServerError::owned(
             ErrorCode::Err,
             format!("WAIT must be between 0 and {} ms", l.max_wait_ms),
-        ))),
+        )),
         _ => Ok(()),
     };
     match cmd {
@@ -76,10 +76,16 @@ fn validate(cmd: &Command, l: &RequestLimits) -> Result<(), Reply> {
             lease(c.lease_ms)?;
             retain(c.retain_ms)?;
             wait(c.wait_ms)?;
-            if c.fingerprint.as_ref().is_some_and(|f| f.len() > l.max_fingerprint_bytes) {
+            if c.fingerprint
+                .as_ref()
+                .is_some_and(|f| f.len() > l.max_fingerprint_bytes)
+            {
                 return Err(toobig("fingerprint is over max_fingerprint_bytes"));
             }
-            if c.attempt.as_ref().is_some_and(|a| a.len() > l.max_attempt_bytes) {
+            if c.attempt
+                .as_ref()
+                .is_some_and(|a| a.len() > l.max_attempt_bytes)
+            {
                 return Err(toobig("attempt id is over max_attempt_bytes"));
             }
         }
@@ -91,10 +97,8 @@ fn validate(cmd: &Command, l: &RequestLimits) -> Result<(), Reply> {
             }
         }
         Command::Renew(r) => lease(Some(r.lease_ms))?,
-        Command::Journal(j) => {
-            if j.journal.len() > l.max_journal_bytes {
-                return Err(toobig("journal is over max_journal_bytes"));
-            }
+        Command::Journal(j) if j.journal.len() > l.max_journal_bytes => {
+            return Err(toobig("journal is over max_journal_bytes"));
         }
         _ => {}
     }
@@ -109,11 +113,11 @@ pub fn dispatch(shared: &Arc<Shared>, session: &mut Session, cmd: Command) -> Ac
         *last = (cmd.name(), session.info.since.elapsed().as_millis() as u64);
     }
     if cmd.key().is_some() {
-        if let Err(reply) = validate(&cmd, &shared.config.limits) {
-            if matches!(&reply, Reply::Error(e) if e.code == ErrorCode::TooBig) {
+        if let Err(e) = validate(&cmd, &shared.config.limits) {
+            if e.code == ErrorCode::TooBig {
                 shared.metrics.toobig.fetch_add(1, Ordering::Relaxed);
             }
-            return Action::Reply(reply);
+            return Action::Reply(Reply::Error(e));
         }
         let wait = match &cmd {
             Command::Claim(c) => c.wait_ms.unwrap_or(0),
@@ -127,10 +131,8 @@ pub fn dispatch(shared: &Arc<Shared>, session: &mut Session, cmd: Command) -> Ac
             };
         }
         let applied = shared.engine.apply(&cmd);
-        if applied.wake {
-            if let Some(key) = cmd.key() {
-                shared.waiters.wake(key);
-            }
+        if let Some(key) = cmd.key().filter(|_| applied.wake) {
+            shared.waiters.wake(key);
         }
         return Action::Reply(applied.reply);
     }
@@ -141,12 +143,19 @@ pub fn dispatch(shared: &Arc<Shared>, session: &mut Session, cmd: Command) -> Ac
         },
         Command::Echo(e) => Reply::Frame(Frame::Bulk(e.message)),
         Command::Hello(h) => hello(shared, session, h),
-        Command::Auth(_) => err("AUTH <password> called without any password configured for the default user"),
+        Command::Auth(_) => {
+            err("AUTH <password> called without any password configured for the default user")
+        }
         Command::Quit => return Action::Close(Reply::Ok),
         Command::Info(i) => {
-            let wanted: Vec<String> =
-                i.sections.iter().map(|s| String::from_utf8_lossy(s).to_ascii_lowercase()).collect();
-            Reply::Frame(Frame::Bulk(Bytes::from(crate::metrics::info(shared, &wanted))))
+            let wanted: Vec<String> = i
+                .sections
+                .iter()
+                .map(|s| String::from_utf8_lossy(s).to_ascii_lowercase())
+                .collect();
+            Reply::Frame(Frame::Bulk(Bytes::from(crate::metrics::info(
+                shared, &wanted,
+            ))))
         }
         Command::DbSize => Reply::Frame(Frame::Integer(shared.engine.len() as i64)),
         Command::Client(c) => client(shared, session, c),
@@ -154,8 +163,14 @@ pub fn dispatch(shared: &Arc<Shared>, session: &mut Session, cmd: Command) -> Ac
         Command::Config(ConfigCmd::Get(patterns)) => {
             let mut pairs = Vec::new();
             for (k, v) in shared.config.raw.entries() {
-                if patterns.iter().any(|p| glob(&p.to_ascii_lowercase(), k.as_bytes())) {
-                    pairs.push((Frame::Bulk(Bytes::from_static(k.as_bytes())), Frame::Bulk(Bytes::from(v))));
+                if patterns
+                    .iter()
+                    .any(|p| glob(&p.to_ascii_lowercase(), k.as_bytes()))
+                {
+                    pairs.push((
+                        Frame::Bulk(Bytes::from_static(k.as_bytes())),
+                        Frame::Bulk(Bytes::from(v)),
+                    ));
                 }
             }
             Reply::Frame(Frame::Map(pairs))
@@ -172,9 +187,18 @@ fn hello(shared: &Shared, session: &mut Session, h: Hello) -> Reply {
         None => {}
         Some(2) => session.version = Version::Resp2,
         Some(3) => session.version = Version::Resp3,
-        Some(_) => return Reply::Error(ServerError::new(ErrorCode::NoProto, "unsupported protocol version")),
+        Some(_) => {
+            return Reply::Error(ServerError::new(
+                ErrorCode::NoProto,
+                "unsupported protocol version",
+            ));
+        }
     }
-    let proto = if session.version == Version::Resp3 { 3 } else { 2 };
+    let proto = if session.version == Version::Resp3 {
+        3
+    } else {
+        2
+    };
     session.info.resp.store(proto, Ordering::Relaxed);
     if let Some(name) = h.setname {
         *session.info.name.lock() = Some(name);
@@ -187,7 +211,12 @@ fn hello(shared: &Shared, session: &mut Session, h: Hello) -> Reply {
         (s("id"), Frame::Integer(session.info.id as i64)),
         (s("mode"), s("standalone")),
         (s("role"), s("master")),
-        (s("engine"), Frame::Bulk(Bytes::from(format!("{:?}", shared.engine.kind()).to_lowercase()))),
+        (
+            s("engine"),
+            Frame::Bulk(Bytes::from(
+                format!("{:?}", shared.engine.kind()).to_lowercase(),
+            )),
+        ),
         (s("modules"), Frame::Array(vec![])),
     ]))
 }
@@ -199,7 +228,14 @@ fn client(shared: &Shared, session: &mut Session, c: ClientCmd) -> Reply {
             *session.info.name.lock() = if name.is_empty() { None } else { Some(name) };
             Reply::Ok
         }
-        ClientCmd::GetName => Reply::Frame(session.info.name.lock().clone().map_or(Frame::Null, Frame::Bulk)),
+        ClientCmd::GetName => Reply::Frame(
+            session
+                .info
+                .name
+                .lock()
+                .clone()
+                .map_or(Frame::Null, Frame::Bulk),
+        ),
         ClientCmd::List => Reply::Frame(Frame::Bulk(Bytes::from(shared.clients.list()))),
         ClientCmd::Info => Reply::Frame(Frame::Bulk(Bytes::from(session.info.line() + "\n"))),
         _ => err("unsupported CLIENT subcommand"),
@@ -209,9 +245,21 @@ fn client(shared: &Shared, session: &mut Session, c: ClientCmd) -> Reply {
 fn command_entry(name: &'static str, arity: i64) -> Frame {
     let keyed = !matches!(
         name,
-        "ping" | "echo" | "hello" | "auth" | "quit" | "info" | "dbsize" | "client" | "command" | "config"
+        "ping"
+            | "echo"
+            | "hello"
+            | "auth"
+            | "quit"
+            | "info"
+            | "dbsize"
+            | "client"
+            | "command"
+            | "config"
     );
-    let write = matches!(name, "claim" | "complete" | "renew" | "journal" | "release" | "abandon" | "forget");
+    let write = matches!(
+        name,
+        "claim" | "complete" | "renew" | "journal" | "release" | "abandon" | "forget"
+    );
     let mut flags = vec![Frame::simple(if write { "write" } else { "readonly" })];
     if matches!(name, "claim" | "settle") {
         flags.push(Frame::simple("blocking"));
@@ -230,7 +278,12 @@ fn command_entry(name: &'static str, arity: i64) -> Frame {
 fn command(c: CommandCmd) -> Reply {
     use idem_protocol::cmd::COMMAND_TABLE;
     Reply::Frame(match c {
-        CommandCmd::All => Frame::Array(COMMAND_TABLE.iter().map(|&(n, a)| command_entry(n, a)).collect()),
+        CommandCmd::All => Frame::Array(
+            COMMAND_TABLE
+                .iter()
+                .map(|&(n, a)| command_entry(n, a))
+                .collect(),
+        ),
         CommandCmd::Count => Frame::Integer(COMMAND_TABLE.len() as i64),
         // No documentation entries: redis-cli then simply shows no hints.
         CommandCmd::Docs(_) => Frame::Map(vec![]),

@@ -24,6 +24,8 @@
 //! # }
 //! ```
 
+#![cfg_attr(test, allow(clippy::unwrap_used))]
+
 pub mod clients;
 pub mod clock;
 pub mod config;

@@ -33,7 +33,10 @@ pub const SECTIONS: [&str; 5] = ["server", "clients", "memory", "stats", "keyspa
 /// The INFO text for the sections asked for (all when `wanted` is empty or
 /// holds `all`, `default` or `everything`).
 pub fn info(shared: &Shared, wanted: &[String]) -> String {
-    let all = wanted.is_empty() || wanted.iter().any(|w| w == "all" || w == "default" || w == "everything");
+    let all = wanted.is_empty()
+        || wanted
+            .iter()
+            .any(|w| w == "all" || w == "default" || w == "everything");
     let st = shared.engine.stats();
     let w = &shared.waiters.stats;
     let m = &shared.metrics;

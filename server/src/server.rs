@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpListener;
-use tokio::sync::{mpsc, watch, Semaphore};
+use tokio::sync::{Semaphore, mpsc, watch};
 use tracing::{info, warn};
 
 use crate::clients::Clients;
@@ -94,12 +94,20 @@ impl Server {
                     continue;
                 }
             };
-            shared.metrics.connections.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            shared
+                .metrics
+                .connections
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             let Ok(permit) = Arc::clone(&limit).try_acquire_owned() else {
-                shared.metrics.rejected.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                shared
+                    .metrics
+                    .rejected
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 tokio::spawn(async move {
                     let _ = tokio::time::timeout(Duration::from_secs(1), async {
-                        let _ = socket.write_all(b"-ERR max number of clients reached\r\n").await;
+                        let _ = socket
+                            .write_all(b"-ERR max number of clients reached\r\n")
+                            .await;
                         let _ = socket.shutdown().await;
                     })
                     .await;

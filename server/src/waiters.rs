@@ -14,8 +14,8 @@
 //! Lock order: waiter shard, then store shard; the store never calls back.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -78,9 +78,8 @@ pub enum Parked {
 
 fn in_flight(reply: &Reply) -> Option<u64> {
     match reply {
-        Reply::Claim(ClaimReply::InFlight { remaining_ms }) | Reply::Settle(SettleReply::InFlight { remaining_ms }) => {
-            Some(*remaining_ms)
-        }
+        Reply::Claim(ClaimReply::InFlight { remaining_ms })
+        | Reply::Settle(SettleReply::InFlight { remaining_ms }) => Some(*remaining_ms),
         _ => None,
     }
 }
@@ -99,7 +98,9 @@ impl Waiters {
     /// An empty registry over `engine`.
     pub fn new(engine: Arc<Engine>) -> Arc<Self> {
         Arc::new(Waiters {
-            shards: (0..SHARDS).map(|_| CachePadded::new(Mutex::new(HashMap::new()))).collect(),
+            shards: (0..SHARDS)
+                .map(|_| CachePadded::new(Mutex::new(HashMap::new())))
+                .collect(),
             engine,
             next_id: AtomicU64::new(1),
             hasher: std::hash::RandomState::new(),
@@ -132,10 +133,22 @@ impl Waiters {
         let (tx, rx) = oneshot::channel();
         let queue = map.entry(key.clone()).or_insert_with(|| {
             let generation = id;
-            tokio::spawn(lease_timer(Arc::clone(self), key.clone(), generation, remaining));
-            Queue { list: VecDeque::new(), generation }
+            tokio::spawn(lease_timer(
+                Arc::clone(self),
+                key.clone(),
+                generation,
+                remaining,
+            ));
+            Queue {
+                list: VecDeque::new(),
+                generation,
+            }
         });
-        queue.list.push_back(Waiter { id, cmd: cmd.clone(), tx });
+        queue.list.push_back(Waiter {
+            id,
+            cmd: cmd.clone(),
+            tx,
+        });
         self.stats.parked_total.fetch_add(1, Ordering::Relaxed);
         self.stats.parked_now.fetch_add(1, Ordering::Relaxed);
         drop(map);
@@ -156,7 +169,9 @@ impl Waiters {
     }
 
     fn serve_locked(&self, map: &mut Map, key: &[u8]) {
-        let Some(queue) = map.get_mut(key) else { return };
+        let Some(queue) = map.get_mut(key) else {
+            return;
+        };
         while let Some(front) = queue.list.front() {
             if front.tx.is_closed() {
                 queue.list.pop_front();
@@ -167,11 +182,14 @@ impl Waiters {
             if in_flight(&applied.reply).is_some() {
                 break;
             }
-            let Some(waiter) = queue.list.pop_front() else { break };
+            let Some(waiter) = queue.list.pop_front() else {
+                break;
+            };
             self.stats.parked_now.fetch_sub(1, Ordering::Relaxed);
             let hit = matches!(
                 applied.reply,
-                Reply::Claim(ClaimReply::Completed { .. }) | Reply::Settle(SettleReply::Completed { .. })
+                Reply::Claim(ClaimReply::Completed { .. })
+                    | Reply::Settle(SettleReply::Completed { .. })
             );
             match waiter.tx.send(applied.reply) {
                 Ok(()) => {
@@ -204,7 +222,9 @@ impl Waiters {
 
     fn cancel(&self, key: &[u8], id: u64) {
         let mut map = self.shard(key).lock();
-        let Some(queue) = map.get_mut(key) else { return };
+        let Some(queue) = map.get_mut(key) else {
+            return;
+        };
         if let Some(pos) = queue.list.iter().position(|w| w.id == id) {
             queue.list.remove(pos);
             self.stats.parked_now.fetch_sub(1, Ordering::Relaxed);

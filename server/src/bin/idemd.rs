@@ -29,7 +29,9 @@ struct Args {
 
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    let path = args.config.or_else(|| std::env::var_os("IDEM_CONFIG").map(PathBuf::from));
+    let path = args
+        .config
+        .or_else(|| std::env::var_os("IDEM_CONFIG").map(PathBuf::from));
     let mut raw = match &path {
         Some(p) => RawConfig::from_file(p)?,
         None => RawConfig::default(),
@@ -42,13 +44,23 @@ fn main() -> anyhow::Result<()> {
         raw.engine = e;
     }
     let config = raw.validate()?;
-    let filter = EnvFilter::try_from_default_env().or_else(|_| EnvFilter::try_new(&config.log)).context("invalid log filter")?;
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    let filter = EnvFilter::try_from_default_env()
+        .or_else(|_| EnvFilter::try_new(&config.log))
+        .context("invalid log filter")?;
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
 
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("cannot start the runtime")?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the runtime")?;
     runtime.block_on(async move {
         let listen = config.listen;
-        let server = Server::bind(config).await.with_context(|| format!("cannot listen on {listen}"))?;
+        let server = Server::bind(config)
+            .await
+            .with_context(|| format!("cannot listen on {listen}"))?;
         // Tests and scripts started with port 0 read the bound address here.
         println!("idemd listening on {}", server.local_addr());
         server.run(shutdown_signal()).await.context("server failed")
@@ -56,7 +68,7 @@ fn main() -> anyhow::Result<()> {
 }
 
 async fn shutdown_signal() {
-    use tokio::signal::unix::{signal, SignalKind};
+    use tokio::signal::unix::{SignalKind, signal};
     let mut term = match signal(SignalKind::terminate()) {
         Ok(s) => s,
         Err(_) => {

@@ -21,7 +21,11 @@ pub struct Engine {
 impl Engine {
     /// An in-memory engine.
     pub fn memory(cfg: StoreConfig) -> Self {
-        Engine { kind: EngineKind::Memory, store: Store::new(cfg), clock: Clock::new() }
+        Engine {
+            kind: EngineKind::Memory,
+            store: Store::new(cfg),
+            clock: Clock::new(),
+        }
     }
 
     /// Which engine this is.

@@ -1,0 +1,220 @@
+//! Shared helpers: start a real idemd process, talk to it over TCP.
+
+#![allow(dead_code)]
+
+use std::net::SocketAddr;
+use std::process::Stdio;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use idem_protocol::{ClaimReply, Frame, Limits, SettleReply, Version, decode, encode};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
+use tokio::process::{Child, Command};
+
+/// A running idemd, killed when dropped.
+pub struct Idemd {
+    pub child: Child,
+    pub addr: SocketAddr,
+}
+
+impl Idemd {
+    /// idemd with defaults on a free loopback port.
+    pub async fn start() -> Idemd {
+        Idemd::start_with(&[], &[]).await
+    }
+
+    /// idemd with extra environment variables and arguments.
+    pub async fn start_with(env: &[(&str, &str)], args: &[&str]) -> Idemd {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_idemd"));
+        cmd.arg("--listen").arg("127.0.0.1:0").args(args);
+        cmd.env("RUST_LOG", "warn");
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        cmd.stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true);
+        let mut child = cmd.spawn().expect("idemd starts");
+        let stdout = child.stdout.take().expect("stdout is piped");
+        let mut lines = BufReader::new(stdout).lines();
+        let line = tokio::time::timeout(Duration::from_secs(20), lines.next_line())
+            .await
+            .expect("idemd announced its address in time")
+            .expect("stdout readable")
+            .expect("idemd printed a line");
+        let addr = line
+            .rsplit(' ')
+            .next()
+            .and_then(|a| a.parse().ok())
+            .unwrap_or_else(|| panic!("bad line: {line}"));
+        // Keep draining stdout so the child never blocks on it.
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        Idemd { child, addr }
+    }
+
+    pub async fn conn(&self) -> Conn {
+        Conn::connect(self.addr).await
+    }
+
+    /// Sends SIGTERM.
+    pub fn terminate(&self) {
+        let pid = self.child.id().expect("running");
+        std::process::Command::new("kill")
+            .arg("-TERM")
+            .arg(pid.to_string())
+            .status()
+            .expect("kill runs");
+    }
+}
+
+/// A raw RESP connection.
+pub struct Conn {
+    pub stream: TcpStream,
+    buf: BytesMut,
+}
+
+impl Conn {
+    pub async fn connect(addr: SocketAddr) -> Conn {
+        let stream = TcpStream::connect(addr).await.expect("connect");
+        stream.set_nodelay(true).ok();
+        Conn {
+            stream,
+            buf: BytesMut::new(),
+        }
+    }
+
+    /// Writes one command (arguments as bulk strings).
+    pub async fn write<A: AsRef<[u8]>>(&mut self, args: &[A]) {
+        let mut out = BytesMut::new();
+        encode(&cmd_frame(args), Version::Resp2, &mut out);
+        self.stream.write_all(&out).await.expect("write");
+    }
+
+    pub async fn write_raw(&mut self, bytes: &[u8]) {
+        self.stream.write_all(bytes).await.expect("write");
+    }
+
+    /// Reads one reply; `None` when the server closed the connection.
+    pub async fn read(&mut self) -> Option<Frame> {
+        loop {
+            if let Some(f) =
+                decode(&mut self.buf, &Limits::for_replies()).expect("server sends valid RESP")
+            {
+                return Some(f);
+            }
+            match tokio::time::timeout(Duration::from_secs(30), self.stream.read_buf(&mut self.buf))
+                .await
+            {
+                Ok(Ok(0)) | Ok(Err(_)) => return None,
+                Ok(Ok(_)) => {}
+                Err(_) => panic!("no reply within 30 s"),
+            }
+        }
+    }
+
+    /// Reads one reply, which must come.
+    pub async fn reply(&mut self) -> Frame {
+        self.read()
+            .await
+            .expect("a reply before the connection closed")
+    }
+
+    /// Sends a command and reads its reply.
+    pub async fn cmd<A: AsRef<[u8]>>(&mut self, args: &[A]) -> Frame {
+        self.write(args).await;
+        self.reply().await
+    }
+
+    /// Sends a command whose reply must be ACQUIRED; returns the fence.
+    pub async fn acquire(&mut self, args: &[&str]) -> u64 {
+        match claim(self.cmd(args).await) {
+            ClaimReply::Acquired { fence } => fence,
+            other => panic!("expected ACQUIRED for {args:?}, got {other:?}"),
+        }
+    }
+
+    /// Whether the server closed the connection (EOF within 5 s).
+    pub async fn closed(&mut self) -> bool {
+        matches!(
+            tokio::time::timeout(Duration::from_secs(5), self.read()).await,
+            Ok(None)
+        )
+    }
+}
+
+pub fn cmd_frame<A: AsRef<[u8]>>(args: &[A]) -> Frame {
+    Frame::Array(
+        args.iter()
+            .map(|a| Frame::Bulk(Bytes::copy_from_slice(a.as_ref())))
+            .collect(),
+    )
+}
+
+pub fn claim(f: Frame) -> ClaimReply {
+    ClaimReply::from_frame(f).unwrap_or_else(|e| panic!("not a CLAIM reply: {e:?}"))
+}
+
+pub fn settle(f: Frame) -> SettleReply {
+    SettleReply::from_frame(f).unwrap_or_else(|e| panic!("not a SETTLE reply: {e:?}"))
+}
+
+pub fn ok() -> Frame {
+    Frame::simple("OK")
+}
+
+/// The error text of an error frame.
+pub fn err(f: &Frame) -> String {
+    match f {
+        Frame::Error(e) => String::from_utf8_lossy(e).into_owned(),
+        other => panic!("expected an error, got {other:?}"),
+    }
+}
+
+pub fn int(f: &Frame) -> i64 {
+    match f {
+        Frame::Integer(n) => *n,
+        other => panic!("expected an integer, got {other:?}"),
+    }
+}
+
+pub fn bulk(f: &Frame) -> String {
+    match f {
+        Frame::Bulk(b) => String::from_utf8_lossy(b).into_owned(),
+        other => panic!("expected a bulk string, got {other:?}"),
+    }
+}
+
+/// A key no other test (or earlier run) uses.
+pub fn key(name: &str) -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    format!(
+        "{name}-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// The soft limit on open files of this process.
+pub fn open_files_limit() -> usize {
+    std::fs::read_to_string("/proc/self/limits")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("Max open files"))
+                .and_then(|l| l.split_whitespace().nth(3).and_then(|v| v.parse().ok()))
+        })
+        .unwrap_or(1024)
+}
+
+/// An INFO field as a number.
+pub async fn info_field(conn: &mut Conn, field: &str) -> u64 {
+    let text = bulk(&conn.cmd(&["INFO"]).await);
+    text.lines()
+        .find_map(|l| {
+            l.strip_prefix(&format!("{field}:"))
+                .map(|v| v.trim().parse().expect("numeric field"))
+        })
+        .unwrap_or_else(|| panic!("INFO has no {field}"))
+}

@@ -1,0 +1,171 @@
+//! Connection and server commands.
+
+use idem_protocol::Frame;
+use tokio::io::AsyncReadExt;
+
+use crate::support::*;
+
+#[tokio::test]
+async fn ping_echo_quit() {
+    let s = Idemd::start().await;
+    let mut c = s.conn().await;
+    assert_eq!(c.cmd(&["PING"]).await, Frame::simple("PONG"));
+    assert_eq!(bulk(&c.cmd(&["ping", "hi"]).await), "hi");
+    assert_eq!(bulk(&c.cmd(&["ECHO", "a\r\nb"]).await), "a\r\nb");
+    assert_eq!(c.cmd(&["QUIT"]).await, ok());
+    assert!(c.closed().await);
+}
+
+#[tokio::test]
+async fn inline_commands_work_like_telnet() {
+    let s = Idemd::start().await;
+    let mut c = s.conn().await;
+    c.write_raw(b"PING\r\n\r\nCLAIM inline-key LEASE 1000\r\nECHO x\n")
+        .await;
+    assert_eq!(c.reply().await, Frame::simple("PONG"));
+    assert!(matches!(
+        claim(c.reply().await),
+        idem_protocol::ClaimReply::Acquired { .. }
+    ));
+    assert_eq!(bulk(&c.reply().await), "x");
+}
+
+#[tokio::test]
+async fn hello_switches_to_resp3() {
+    let s = Idemd::start().await;
+    let mut c = s.conn().await;
+    let k = key("hello");
+    c.acquire(&["CLAIM", &k]).await;
+    // RESP2: INSPECT is a flat array, nulls are $-1.
+    let Frame::Array(items) = c.cmd(&["INSPECT", &k]).await else {
+        panic!("RESP2 INSPECT is an array")
+    };
+    assert_eq!(items.len(), 18);
+    let Frame::Map(hello) = c.cmd(&["HELLO", "3", "SETNAME", "w1"]).await else {
+        panic!("HELLO 3 answers a map")
+    };
+    assert!(hello.contains(&(Frame::bulk("proto"), Frame::Integer(3))));
+    assert!(hello.contains(&(Frame::bulk("server"), Frame::bulk("idem"))));
+    let Frame::Map(fields) = c.cmd(&["INSPECT", &k]).await else {
+        panic!("RESP3 INSPECT is a map")
+    };
+    assert!(fields.contains(&(Frame::simple("retain_ms"), Frame::Null)));
+    assert_eq!(bulk(&c.cmd(&["CLIENT", "GETNAME"]).await), "w1");
+    assert!(err(&c.cmd(&["HELLO", "4"]).await).starts_with("NOPROTO"));
+    let Frame::Array(_) = c.cmd(&["HELLO", "2"]).await else {
+        panic!("HELLO 2 answers in RESP2: a flat array")
+    };
+}
+
+#[tokio::test]
+async fn hello_2_is_a_flat_array() {
+    let s = Idemd::start().await;
+    let mut c = s.conn().await;
+    let Frame::Array(items) = c.cmd(&["HELLO", "2"]).await else {
+        panic!("RESP2 map is an array")
+    };
+    assert_eq!(items.len() % 2, 0);
+}
+
+#[tokio::test]
+async fn client_info_dbsize_command_config() {
+    let s = Idemd::start().await;
+    let mut c = s.conn().await;
+    let id = int(&c.cmd(&["CLIENT", "ID"]).await);
+    assert!(id > 0);
+    assert_eq!(c.cmd(&["CLIENT", "GETNAME"]).await, Frame::Null);
+    assert_eq!(c.cmd(&["CLIENT", "SETNAME", "svc-a"]).await, ok());
+    assert!(err(&c.cmd(&["CLIENT", "SETNAME", "has space"]).await).starts_with("ERR"));
+    let list = bulk(&c.cmd(&["CLIENT", "LIST"]).await);
+    assert!(
+        list.contains(&format!("id={id} ")) && list.contains("name=svc-a"),
+        "{list}"
+    );
+    assert_eq!(int(&c.cmd(&["DBSIZE"]).await), 0);
+    c.acquire(&["CLAIM", &key("db")]).await;
+    assert_eq!(int(&c.cmd(&["DBSIZE"]).await), 1);
+    let info = bulk(&c.cmd(&["INFO"]).await);
+    for section in ["# Server", "# Clients", "# Memory", "# Stats", "# Keyspace"] {
+        assert!(info.contains(section), "{section} missing");
+    }
+    let stats = bulk(&c.cmd(&["INFO", "stats"]).await);
+    assert!(
+        stats.contains("claims_acquired:1") && !stats.contains("# Server"),
+        "{stats}"
+    );
+    assert_eq!(
+        int(&c.cmd(&["COMMAND", "COUNT"]).await),
+        idem_protocol::cmd::COMMAND_TABLE.len() as i64
+    );
+    let Frame::Array(all) = c.cmd(&["COMMAND"]).await else {
+        panic!("COMMAND is an array")
+    };
+    assert_eq!(all.len(), idem_protocol::cmd::COMMAND_TABLE.len());
+    let Frame::Array(one) = c.cmd(&["COMMAND", "INFO", "claim", "nope"]).await else {
+        panic!("array")
+    };
+    assert_eq!(one[1], Frame::Null);
+    let Frame::Array(cfg) = c.cmd(&["CONFIG", "GET", "max_*_ms"]).await else {
+        panic!("array")
+    };
+    assert_eq!(cfg.len(), 6, "{cfg:?}");
+    assert!(cfg.contains(&Frame::bulk("max_wait_ms")) && cfg.contains(&Frame::bulk("300000")));
+    let Frame::Array(none) = c.cmd(&["CONFIG", "GET", "save"]).await else {
+        panic!("array")
+    };
+    assert!(none.is_empty());
+    assert!(err(&c.cmd(&["AUTH", "pw"]).await).starts_with("ERR"));
+}
+
+#[tokio::test]
+async fn max_connections_refuses_extra_clients_with_an_error() {
+    let s = Idemd::start_with(&[("IDEM_MAX_CONNECTIONS", "2")], &[]).await;
+    let mut a = s.conn().await;
+    let mut b = s.conn().await;
+    assert_eq!(a.cmd(&["PING"]).await, Frame::simple("PONG"));
+    assert_eq!(b.cmd(&["PING"]).await, Frame::simple("PONG"));
+    let mut c = s.conn().await;
+    assert_eq!(err(&c.reply().await), "ERR max number of clients reached");
+    assert!(c.closed().await);
+    drop(a);
+    // The slot is freed once the server notices the close.
+    let mut ok_again = false;
+    for _ in 0..50 {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        let mut d = s.conn().await;
+        d.write(&["PING"]).await;
+        if d.read().await == Some(Frame::simple("PONG")) {
+            ok_again = true;
+            break;
+        }
+    }
+    assert!(ok_again);
+    assert_eq!(b.cmd(&["PING"]).await, Frame::simple("PONG"));
+}
+
+#[tokio::test]
+async fn idle_timeout_closes_quiet_connections_but_not_parked_ones() {
+    let s = Idemd::start_with(&[("IDEM_IDLE_TIMEOUT_MS", "200")], &[]).await;
+    let mut quiet = s.conn().await;
+    let mut owner = s.conn().await;
+    let mut waiter = s.conn().await;
+    let k = key("idle");
+    let fence = owner.acquire(&["CLAIM", &k, "LEASE", "5000"]).await;
+    waiter.write(&["CLAIM", &k, "WAIT", "600"]).await;
+    let mut buf = [0u8; 16];
+    let n = tokio::time::timeout(
+        std::time::Duration::from_secs(3),
+        quiet.stream.read(&mut buf),
+    )
+    .await;
+    assert!(
+        matches!(n, Ok(Ok(0))),
+        "quiet connection was not closed: {n:?}"
+    );
+    // The waiter was parked past the idle timeout and still gets its answer.
+    assert!(matches!(
+        claim(waiter.reply().await),
+        idem_protocol::ClaimReply::InFlight { .. }
+    ));
+    let _ = fence;
+}

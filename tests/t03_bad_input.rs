@@ -1,0 +1,177 @@
+//! Bad input: clear errors, no panics, nothing huge buffered.
+
+use idem_protocol::Frame;
+
+use crate::support::*;
+
+#[tokio::test]
+async fn command_errors_keep_the_connection_open() {
+    let s = Idemd::start().await;
+    let mut c = s.conn().await;
+    let k = key("bad");
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (vec!["NOPE"], "ERR unknown command 'NOPE'"),
+        (
+            vec!["CLAIM"],
+            "ERR wrong number of arguments for 'claim' command",
+        ),
+        (
+            vec!["CLAIM", &k, "LEASE", "abc"],
+            "ERR LEASE is not an integer or out of range",
+        ),
+        (
+            vec!["CLAIM", &k, "LEASE", "-5"],
+            "ERR LEASE is not an integer or out of range",
+        ),
+        (
+            vec!["CLAIM", &k, "LEASE", "0"],
+            "ERR LEASE must be between 1 and 3600000 ms",
+        ),
+        (
+            vec!["CLAIM", &k, "LEASE", "3600001"],
+            "ERR LEASE must be between 1 and 3600000 ms",
+        ),
+        (
+            vec!["CLAIM", &k, "RETAIN", "0"],
+            "ERR RETAIN must be between 1 and 2592000000 ms",
+        ),
+        (
+            vec!["CLAIM", &k, "WAIT", "300001"],
+            "ERR WAIT must be between 0 and 300000 ms",
+        ),
+        (
+            vec!["CLAIM", &k, "COLOR", "red"],
+            "ERR unknown option 'COLOR' for 'claim'",
+        ),
+        (
+            vec!["CLAIM", &k, "LEASE", "1", "LEASE", "2"],
+            "ERR option LEASE given more than once",
+        ),
+        (
+            vec!["CLAIM", &k, "ONEXPIRE", "NEVER"],
+            "ERR ONEXPIRE must be one of FREE or RECOVER",
+        ),
+        (vec!["CLAIM", ""], "ERR key must not be empty"),
+        (
+            vec!["COMPLETE", &k, "0", "v"],
+            "ERR fence is not an integer or out of range",
+        ),
+        (
+            vec!["COMPLETE", &k, "1"],
+            "ERR wrong number of arguments for 'complete' command",
+        ),
+        (
+            vec!["RENEW", &k, "1", "100"],
+            "ERR syntax error: RENEW key fence LEASE ms",
+        ),
+        (vec!["SETTLE", &k, "WAIT"], "ERR option WAIT needs a value"),
+        (
+            vec!["CLIENT", "KILL"],
+            "ERR unknown subcommand 'KILL' for 'client'",
+        ),
+    ];
+    for (args, want) in cases {
+        assert_eq!(err(&c.cmd(&args).await), want, "{args:?}");
+    }
+    assert_eq!(c.cmd(&["PING"]).await, Frame::simple("PONG"));
+}
+
+#[tokio::test]
+async fn oversized_arguments_get_toobig_and_the_connection_stays() {
+    let s = Idemd::start_with(
+        &[
+            ("IDEM_MAX_KEY_BYTES", "16"),
+            ("IDEM_MAX_JOURNAL_BYTES", "32"),
+        ],
+        &[],
+    )
+    .await;
+    let mut c = s.conn().await;
+    let long_key = "k".repeat(17);
+    assert!(err(&c.cmd(&["CLAIM", &long_key]).await).starts_with("TOOBIG key"));
+    let k = key("tb");
+    let f = c.acquire(&["CLAIM", &k]).await;
+    assert!(
+        err(&c
+            .cmd(&["JOURNAL", &k, &f.to_string(), &"j".repeat(33)])
+            .await)
+        .starts_with("TOOBIG journal")
+    );
+    assert!(
+        err(&c.cmd(&["CLAIM", &k, "FP", &"f".repeat(257)]).await).starts_with("TOOBIG fingerprint")
+    );
+    assert_eq!(c.cmd(&["PING"]).await, Frame::simple("PONG"));
+}
+
+#[tokio::test]
+async fn oversized_value_is_refused_before_it_is_read() {
+    let s = Idemd::start_with(&[("IDEM_MAX_VALUE_BYTES", "1024")], &[]).await;
+    let mut c = s.conn().await;
+    // Announce a 2 GB value and send none of it: the server answers at once
+    // and closes, instead of waiting for (or buffering) the payload.
+    c.write_raw(b"*4\r\n$8\r\nCOMPLETE\r\n$1\r\nk\r\n$1\r\n1\r\n$2000000000\r\n")
+        .await;
+    let e = err(&c.reply().await);
+    assert!(e.starts_with("TOOBIG bulk length of 2000000000"), "{e}");
+    assert!(c.closed().await);
+    // The server is fine.
+    let mut d = s.conn().await;
+    assert_eq!(d.cmd(&["PING"]).await, Frame::simple("PONG"));
+    assert_eq!(info_field(&mut d, "toobig_refusals").await, 1);
+}
+
+#[tokio::test]
+async fn huge_array_header_is_refused_without_allocating() {
+    let s = Idemd::start().await;
+    let mut c = s.conn().await;
+    c.write_raw(b"*2147483647\r\n").await;
+    assert!(err(&c.reply().await).starts_with("TOOBIG array length"));
+    assert!(c.closed().await);
+}
+
+#[tokio::test]
+async fn malformed_frames_get_protocol_error_and_close() {
+    let s = Idemd::start().await;
+    for bad in [
+        &b"*1\r\n$x\r\n"[..],
+        b"*1\r\n:1\r\n",
+        b"$3\r\nabcXY",
+        b"$3\r\nabc\r\n",
+        b"*1\r\n$1\r\nabc",
+    ] {
+        let mut c = s.conn().await;
+        c.write_raw(bad).await;
+        let e = err(&c.reply().await);
+        assert!(e.starts_with("ERR protocol error"), "{bad:?}: {e}");
+        assert!(c.closed().await);
+    }
+    // Requests are flat: a nested array is refused as too deep.
+    let mut c = s.conn().await;
+    c.write_raw(b"*2\r\n*1\r\n$1\r\na\r\n$1\r\nb\r\n").await;
+    assert!(err(&c.reply().await).starts_with("TOOBIG nesting depth"));
+    assert!(c.closed().await);
+    let mut c = s.conn().await;
+    assert_eq!(c.cmd(&["PING"]).await, Frame::simple("PONG"));
+    assert!(info_field(&mut c, "protocol_errors").await >= 3);
+}
+
+#[tokio::test]
+async fn random_garbage_never_kills_the_server() {
+    let s = Idemd::start().await;
+    let mut seed = 0x9e3779b97f4a7c15u64;
+    for _ in 0..200 {
+        let mut c = s.conn().await;
+        let mut junk = Vec::new();
+        for _ in 0..(seed % 300) {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            let alphabet = b"*$:+-\r\n0123456789abcCLAIM ";
+            junk.push(alphabet[(seed % alphabet.len() as u64) as usize]);
+        }
+        c.write_raw(&junk).await;
+        drop(c);
+    }
+    let mut c = s.conn().await;
+    assert_eq!(c.cmd(&["PING"]).await, Frame::simple("PONG"));
+}

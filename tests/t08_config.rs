@@ -1,0 +1,66 @@
+//! Configuration: file, environment, flags, and clear refusals.
+
+use std::process::Command;
+
+use idem_protocol::Frame;
+
+use crate::support::*;
+
+fn idemd(args: &[&str], env: &[(&str, &str)]) -> std::process::Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_idemd"));
+    cmd.args(args);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.output().expect("idemd runs")
+}
+
+#[test]
+fn invalid_settings_exit_with_a_clear_message() {
+    let out = idemd(&["--listen", "nowhere"], &[]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("invalid value for listen"));
+    let out = idemd(&["--engine", "paper"], &[]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown engine 'paper'"));
+    let out = idemd(&[], &[("IDEM_MAX_WAIT_MS", "soon")]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("max_wait_ms"));
+    let out = idemd(&["--config", "/nonexistent/idem.toml"], &[]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot read config file"));
+}
+
+#[tokio::test]
+async fn file_then_env_then_flags() {
+    let dir = std::env::temp_dir().join(format!("idem-t08-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("idem.toml");
+    std::fs::write(
+        &file,
+        "listen = \"127.0.0.1:1\"\nmax_wait_ms = 111\nmax_key_bytes = 100\n",
+    )
+    .unwrap();
+    let path = file.to_str().unwrap();
+    // The flag --listen 127.0.0.1:0 (added by the helper) beats the file;
+    // the environment beats the file for max_key_bytes.
+    let s = Idemd::start_with(&[("IDEM_MAX_KEY_BYTES", "200")], &["--config", path]).await;
+    let mut c = s.conn().await;
+    let Frame::Array(v) = c
+        .cmd(&["CONFIG", "GET", "max_wait_ms", "max_key_bytes"])
+        .await
+    else {
+        panic!("array")
+    };
+    assert_eq!(
+        v,
+        vec![
+            Frame::bulk("max_wait_ms"),
+            Frame::bulk("111"),
+            Frame::bulk("max_key_bytes"),
+            Frame::bulk("200")
+        ]
+    );
+    assert!(
+        err(&c.cmd(&["CLAIM", "k", "WAIT", "112"]).await)
+            .contains("WAIT must be between 0 and 111")
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}
