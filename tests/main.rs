@@ -13,3 +13,4 @@ mod t05_races;
 mod t06_load;
 mod t07_redis_tools;
 mod t08_config;
+mod t09_client;

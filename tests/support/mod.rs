@@ -27,7 +27,10 @@ impl Idemd {
     /// idemd with extra environment variables and arguments.
     pub async fn start_with(env: &[(&str, &str)], args: &[&str]) -> Idemd {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_idemd"));
-        cmd.arg("--listen").arg("127.0.0.1:0").args(args);
+        if !args.contains(&"--listen") {
+            cmd.arg("--listen").arg("127.0.0.1:0");
+        }
+        cmd.args(args);
         cmd.env("RUST_LOG", "warn");
         for (k, v) in env {
             cmd.env(k, v);
@@ -55,6 +58,11 @@ impl Idemd {
 
     pub async fn conn(&self) -> Conn {
         Conn::connect(self.addr).await
+    }
+
+    /// Sends SIGKILL and waits for the process to end.
+    pub async fn kill(&mut self) {
+        self.child.kill().await.expect("kill");
     }
 
     /// Sends SIGTERM.

@@ -1,0 +1,248 @@
+//! The claim guard: ownership of a key while the effect runs.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tracing::warn;
+
+use crate::client::Client;
+use crate::error::{Error, ErrorKind, Result};
+
+/// Ownership of a key, from ACQUIRED (or RECOVER) until finished.
+///
+/// While it lives, the lease is renewed in the background every third of
+/// the lease. If the server refuses a renewal as FENCED (the lease lapsed
+/// and the key moved on), the guard is marked lost: check
+/// [`Claim::is_lost`] or await [`Claim::lost`] before committing anything
+/// that depends on still owning the key.
+///
+/// Finish it with [`complete`](Claim::complete),
+/// [`complete_error`](Claim::complete_error), [`release`](Claim::release)
+/// or [`abandon`](Claim::abandon). Dropping it unfinished abandons the
+/// claim (the outcome is unknown) and logs a warning.
+#[derive(Debug)]
+pub struct Claim {
+    ctx: ClaimCtx,
+    renewer: Option<JoinHandle<()>>,
+    finished: bool,
+}
+
+/// A cheap view of a claim for the code running the effect: its key and
+/// fence, its journal, and whether ownership was lost.
+#[derive(Debug, Clone)]
+pub struct ClaimCtx {
+    client: Client,
+    key: Bytes,
+    fence: u64,
+    lost: watch::Receiver<Option<Arc<Error>>>,
+}
+
+impl ClaimCtx {
+    /// The key.
+    pub fn key(&self) -> &Bytes {
+        &self.key
+    }
+
+    /// The fence of this ownership (a fencing token for downstream systems).
+    pub fn fence(&self) -> u64 {
+        self.fence
+    }
+
+    /// Records progress for whoever must recover if this owner dies.
+    pub async fn journal(&self, journal: impl Into<Bytes>) -> Result<()> {
+        self.client
+            .journal(self.key.clone(), self.fence, journal)
+            .await
+    }
+
+    /// Whether a renewal was refused: someone else may own the key now.
+    pub fn is_lost(&self) -> bool {
+        self.lost.borrow().is_some()
+    }
+
+    /// Resolves when ownership is lost (never, if it is not).
+    pub async fn lost(&self) -> Arc<Error> {
+        let mut rx = self.lost.clone();
+        loop {
+            if let Some(e) = rx.borrow_and_update().clone() {
+                return e;
+            }
+            if rx.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
+    }
+}
+
+impl Claim {
+    pub(crate) fn new(client: Client, key: Bytes, fence: u64, lease: Duration) -> Claim {
+        let (tx, rx) = watch::channel(None);
+        let renewer = tokio::spawn(renew_loop(client.clone(), key.clone(), fence, lease, tx));
+        Claim {
+            ctx: ClaimCtx {
+                client,
+                key,
+                fence,
+                lost: rx,
+            },
+            renewer: Some(renewer),
+            finished: false,
+        }
+    }
+
+    /// The key.
+    pub fn key(&self) -> &Bytes {
+        &self.ctx.key
+    }
+
+    /// The fence.
+    pub fn fence(&self) -> u64 {
+        self.ctx.fence
+    }
+
+    /// A view for the effect's code.
+    pub fn ctx(&self) -> ClaimCtx {
+        self.ctx.clone()
+    }
+
+    /// Whether a renewal was refused as FENCED.
+    pub fn is_lost(&self) -> bool {
+        self.ctx.is_lost()
+    }
+
+    /// Resolves when ownership is lost.
+    pub async fn lost(&self) -> Arc<Error> {
+        self.ctx.lost().await
+    }
+
+    /// Records progress for a later recovery.
+    pub async fn journal(&self, journal: impl Into<Bytes>) -> Result<()> {
+        self.ctx.journal(journal).await
+    }
+
+    fn stop(&mut self) {
+        self.finished = true;
+        if let Some(r) = self.renewer.take() {
+            r.abort();
+        }
+    }
+
+    /// Completes with a successful result.
+    pub async fn complete(mut self, value: impl Into<Bytes>) -> Result<()> {
+        self.stop();
+        self.ctx
+            .client
+            .finish(
+                self.ctx.key.clone(),
+                self.ctx.fence,
+                value.into(),
+                None,
+                false,
+            )
+            .await
+    }
+
+    /// Completes with a successful result kept for `retain`.
+    pub async fn complete_retain(
+        mut self,
+        value: impl Into<Bytes>,
+        retain: Duration,
+    ) -> Result<()> {
+        self.stop();
+        self.ctx
+            .client
+            .finish(
+                self.ctx.key.clone(),
+                self.ctx.fence,
+                value.into(),
+                Some(retain),
+                false,
+            )
+            .await
+    }
+
+    /// Completes with a permanent error, replayed to later callers.
+    pub async fn complete_error(mut self, value: impl Into<Bytes>) -> Result<()> {
+        self.stop();
+        self.ctx
+            .client
+            .finish(
+                self.ctx.key.clone(),
+                self.ctx.fence,
+                value.into(),
+                None,
+                true,
+            )
+            .await
+    }
+
+    /// Completes with a JSON value.
+    #[cfg(feature = "serde")]
+    pub async fn complete_json<T: serde::Serialize>(self, value: &T) -> Result<()> {
+        let bytes = serde_json::to_vec(value)
+            .map_err(|e| Error::new(ErrorKind::InvalidRequest, e.to_string()))?;
+        self.complete(bytes).await
+    }
+
+    /// Releases: the effect did not happen; a retry may run it.
+    pub async fn release(mut self) -> Result<()> {
+        self.stop();
+        self.ctx
+            .client
+            .release(self.ctx.key.clone(), self.ctx.fence)
+            .await
+    }
+
+    /// Abandons: the effect may have happened; the next caller recovers.
+    pub async fn abandon(mut self) -> Result<()> {
+        self.stop();
+        self.ctx
+            .client
+            .abandon(self.ctx.key.clone(), self.ctx.fence)
+            .await
+    }
+}
+
+impl Drop for Claim {
+    fn drop(&mut self) {
+        if self.finished {
+            return;
+        }
+        self.stop();
+        warn!(key = ?self.ctx.key, fence = self.ctx.fence, "claim dropped unfinished: abandoning it");
+        let client = self.ctx.client.clone();
+        let (key, fence) = (self.ctx.key.clone(), self.ctx.fence);
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(async move {
+                if let Err(e) = client.abandon(key, fence).await {
+                    warn!(error = %e, "abandoning a dropped claim failed; its lease will lapse instead");
+                }
+            });
+        }
+    }
+}
+
+async fn renew_loop(
+    client: Client,
+    key: Bytes,
+    fence: u64,
+    lease: Duration,
+    lost: watch::Sender<Option<Arc<Error>>>,
+) {
+    let period = (lease / 3).max(Duration::from_millis(1));
+    loop {
+        tokio::time::sleep(period).await;
+        match client.renew(key.clone(), fence, lease).await {
+            Ok(()) => {}
+            Err(e) if e.kind() == ErrorKind::Fenced => {
+                warn!(key = ?key, fence, "lease renewal refused: ownership lost");
+                let _ = lost.send(Some(Arc::new(e)));
+                return;
+            }
+            Err(e) => warn!(key = ?key, fence, error = %e, "lease renewal failed; retrying"),
+        }
+    }
+}

@@ -1,0 +1,594 @@
+//! The client handle and the typed commands.
+
+use std::collections::HashMap;
+use std::future::{Future, IntoFuture};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use idem_protocol::cmd::{
+    Abandon, Claim as ClaimCmd, Complete, Forget, Inspect, Journal, Ping, Release, Renew, Settle,
+};
+use idem_protocol::{
+    ClaimReply, Command, ErrorCode, Frame, OnExpire, Outcome, RecordInfo, ServerError, SettleReply,
+};
+use tokio::sync::Mutex as AsyncMutex;
+
+use crate::claim::Claim;
+use crate::config::ClientConfig;
+use crate::connection::Connection;
+use crate::error::{Error, ErrorKind, Result};
+use crate::key::Key;
+
+/// A connection to an Idem server (or cluster): a cheap `Clone` handle.
+///
+/// All clones share one multiplexed, pipelined connection per node, driven
+/// by one task. Behavior:
+///
+/// - Claims and settles that WAIT use connections of their own (kept in a
+///   small idle pool), because the server holds back the replies of later
+///   requests on a connection while one of its requests waits.
+/// - Requests from many tasks are pipelined on the shared connection and
+///   answered in order.
+/// - When the connection fails, pending requests get a connection error and
+///   the next request reconnects, with exponential backoff between attempts.
+/// - Requests are retried after connection failures, timeouts and
+///   `-TRYAGAIN` (up to [`ClientConfig::retries`]); every Idem request is safe
+///   to retry: a claim carries an attempt id, owner calls carry a fence, a
+///   repeated COMPLETE is acknowledged without change. (A retried RELEASE or
+///   ABANDON whose first try landed may report `FENCED` if another owner took
+///   over in between.)
+/// - `-NOTLEADER host:port` switches the client to that node.
+///
+/// # Cancellation
+///
+/// Every method is cancellation-safe for the connection: dropping a future
+/// mid-request leaves the request in the pipeline; its reply is read and
+/// discarded, and other callers are not affected. Whether the server ran
+/// the request is then unknown, as after a timeout: retry it (a claim with
+/// the same attempt id) to find out. A [`Claim`] guard dropped before it is
+/// finished abandons its claim.
+#[derive(Clone)]
+pub struct Client {
+    pub(crate) inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client")
+            .field("target", &self.target())
+            .finish()
+    }
+}
+
+pub(crate) struct Inner {
+    pub(crate) config: ClientConfig,
+    target: parking::Mutex<String>,
+    conns: parking::Mutex<HashMap<String, Connection>>,
+    connecting: AsyncMutex<()>,
+    /// Idle connections for waiting requests, by node.
+    waiting: parking::Mutex<Vec<(String, Connection)>>,
+}
+
+/// Idle connections kept for waiting requests.
+const IDLE_WAIT_CONNECTIONS: usize = 16;
+
+/// Small std-mutex wrapper: never held across `.await`.
+mod parking {
+    pub(crate) struct Mutex<T>(std::sync::Mutex<T>);
+
+    impl<T> Mutex<T> {
+        pub(crate) fn new(v: T) -> Self {
+            Mutex(std::sync::Mutex::new(v))
+        }
+
+        pub(crate) fn lock(&self) -> std::sync::MutexGuard<'_, T> {
+            self.0.lock().unwrap_or_else(|e| e.into_inner())
+        }
+    }
+}
+
+/// A completed outcome, as replayed by the server.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Completed {
+    /// OK, or ERR for a permanent error.
+    pub outcome: Outcome,
+    /// The stored value.
+    pub value: Bytes,
+    /// True when this outcome was stored by an earlier call (a replay);
+    /// false when this call ran the effect.
+    pub replayed: bool,
+}
+
+impl Completed {
+    /// Whether the outcome is OK.
+    pub fn is_ok(&self) -> bool {
+        self.outcome == Outcome::Ok
+    }
+
+    /// Decodes the value as JSON.
+    #[cfg(feature = "serde")]
+    pub fn json<T: serde::de::DeserializeOwned>(
+        &self,
+    ) -> std::result::Result<T, serde_json::Error> {
+        serde_json::from_slice(&self.value)
+    }
+}
+
+/// The outcome of a claim.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum ClaimOutcome {
+    /// You own the key: run the effect, then finish the guard.
+    Acquired(Claim),
+    /// The outcome is known: do not run the effect.
+    Completed(Completed),
+    /// A live owner holds the key (and the wait, if any, ran out).
+    InFlight {
+        /// Lease left on the owner's claim.
+        remaining: Duration,
+    },
+    /// The previous owner abandoned mid-effect; you own the key now and must
+    /// find out from the journal what happened before acting.
+    Recover {
+        /// The guard of your ownership.
+        claim: Claim,
+        /// The previous owner's journal.
+        journal: Bytes,
+    },
+}
+
+/// What `SETTLE` found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Settled {
+    /// The outcome is known.
+    Completed(Completed),
+    /// No record.
+    Absent,
+    /// The owner gave up mid-effect.
+    Abandoned {
+        /// Its journal.
+        journal: Bytes,
+    },
+    /// Still in flight.
+    InFlight {
+        /// Lease left.
+        remaining: Duration,
+    },
+}
+
+fn ms(d: Duration) -> u64 {
+    (d.as_millis() as u64).max(1)
+}
+
+/// A fresh attempt id: 128 random bits in hex.
+pub(crate) fn attempt_id() -> Bytes {
+    use std::hash::{BuildHasher, RandomState};
+    static N: AtomicU64 = AtomicU64::new(0);
+    let n = N.fetch_add(1, Ordering::Relaxed);
+    let a = RandomState::new().hash_one((n, std::process::id()));
+    let b = RandomState::new().hash_one((a, n));
+    Bytes::from(format!("{a:016x}{b:016x}"))
+}
+
+fn typed<T>(
+    r: std::result::Result<T, std::result::Result<ServerError, idem_protocol::ReplyError>>,
+) -> Result<T> {
+    r.map_err(|e| match e {
+        Ok(server) => Error::server(server),
+        Err(bad) => Error::new(ErrorKind::Protocol, bad.to_string()),
+    })
+}
+
+fn expect_ok(frame: Frame) -> Result<()> {
+    match frame {
+        Frame::Simple(s) if &s[..] == b"OK" => Ok(()),
+        Frame::Error(e) => Err(Error::server(ServerError::parse(&e))),
+        other => Err(Error::new(
+            ErrorKind::Protocol,
+            format!("expected +OK, got {other:?}"),
+        )),
+    }
+}
+
+impl Client {
+    /// Connects to `addr` (`host:port`) with the default configuration.
+    pub async fn connect(addr: impl Into<String>) -> Result<Client> {
+        Client::connect_with_config(addr, ClientConfig::default()).await
+    }
+
+    /// Connects to `addr` with `config`. Fails if the server cannot be
+    /// reached now; later failures are retried as the config says.
+    pub async fn connect_with_config(
+        addr: impl Into<String>,
+        config: ClientConfig,
+    ) -> Result<Client> {
+        let addr = addr.into();
+        if !addr.contains(':') {
+            return Err(Error::new(
+                ErrorKind::InvalidAddress,
+                format!("'{addr}' is not host:port"),
+            ));
+        }
+        let client = Client {
+            inner: Arc::new(Inner {
+                config,
+                target: parking::Mutex::new(addr.clone()),
+                conns: parking::Mutex::new(HashMap::new()),
+                connecting: AsyncMutex::new(()),
+                waiting: parking::Mutex::new(Vec::new()),
+            }),
+        };
+        client.connection(&addr).await?;
+        Ok(client)
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &ClientConfig {
+        &self.inner.config
+    }
+
+    /// The node requests go to now (changes after `-NOTLEADER`).
+    pub fn target(&self) -> String {
+        self.inner.target.lock().clone()
+    }
+
+    async fn connection(&self, addr: &str) -> Result<Connection> {
+        if let Some(c) = self.inner.conns.lock().get(addr).filter(|c| !c.is_closed()) {
+            return Ok(c.clone());
+        }
+        let _one_at_a_time = self.inner.connecting.lock().await;
+        if let Some(c) = self.inner.conns.lock().get(addr).filter(|c| !c.is_closed()) {
+            return Ok(c.clone());
+        }
+        let conn = Connection::open(addr, self.inner.config.connect_timeout).await?;
+        self.inner
+            .conns
+            .lock()
+            .insert(addr.to_owned(), conn.clone());
+        Ok(conn)
+    }
+
+    /// Sends a waiting request (CLAIM or SETTLE with WAIT) on a connection
+    /// of its own: the server holds back later replies on a connection while
+    /// a request waits, so it must not share the multiplexed one.
+    async fn call_waiting(&self, addr: &str, frame: Frame, timeout: Duration) -> Result<Frame> {
+        let idle = {
+            let mut pool = self.inner.waiting.lock();
+            let pos = pool.iter().position(|(a, c)| a == addr && !c.is_closed());
+            pos.map(|i| pool.swap_remove(i).1)
+        };
+        let conn = match idle {
+            Some(c) => c,
+            None => Connection::open(addr, self.inner.config.connect_timeout).await?,
+        };
+        let reply = conn.call(frame, timeout).await;
+        // Only a connection whose request was answered is reused: one that
+        // timed out may still have the request parked on the server.
+        if reply.is_ok() {
+            let mut pool = self.inner.waiting.lock();
+            if pool.len() < IDLE_WAIT_CONNECTIONS {
+                pool.push((addr.to_owned(), conn));
+            }
+        }
+        reply
+    }
+
+    /// Sends a command, following redirects and retrying as configured.
+    /// Error replies other than NOTLEADER and TRYAGAIN are returned as frames.
+    pub(crate) async fn request(&self, cmd: &Command, extra: Duration) -> Result<Frame> {
+        let cfg = &self.inner.config;
+        let frame = cmd.to_frame();
+        let timeout = cfg.request_timeout + extra;
+        let waits = match cmd {
+            Command::Claim(c) => c.wait_ms.is_some_and(|w| w > 0),
+            Command::Settle(s) => s.wait_ms.is_some_and(|w| w > 0),
+            _ => false,
+        };
+        let (mut attempt, mut redirects) = (0u32, 0u32);
+        loop {
+            let addr = self.target();
+            let result = if waits {
+                self.call_waiting(&addr, frame.clone(), timeout).await
+            } else {
+                match self.connection(&addr).await {
+                    Ok(conn) => conn.call(frame.clone(), timeout).await,
+                    Err(e) => Err(e),
+                }
+            };
+            let retry_err = match result {
+                Ok(Frame::Error(text)) => {
+                    let err = ServerError::parse(&text);
+                    match err.code {
+                        ErrorCode::NotLeader
+                            if redirects < cfg.max_redirects && err.message.contains(':') =>
+                        {
+                            redirects += 1;
+                            *self.inner.target.lock() = err.message.trim().to_owned();
+                            continue;
+                        }
+                        ErrorCode::TryAgain if attempt < cfg.retries => Error::server(err),
+                        _ => return Ok(Frame::Error(text)),
+                    }
+                }
+                Ok(frame) => return Ok(frame),
+                Err(e) if e.is_retryable() && attempt < cfg.retries => e,
+                Err(e) => return Err(e),
+            };
+            tracing::debug!(error = %retry_err, attempt, "retrying request");
+            tokio::time::sleep(cfg.backoff_for(attempt)).await;
+            attempt += 1;
+        }
+    }
+
+    /// Starts a claim of `key`; set options, then `.await` it.
+    pub fn claim(&self, key: impl Into<Key>) -> ClaimBuilder {
+        let cfg = &self.inner.config;
+        ClaimBuilder {
+            client: self.clone(),
+            key: key.into().to_bytes(),
+            lease: cfg.default_lease.unwrap_or(Duration::from_secs(30)),
+            retain: cfg.default_retain,
+            wait: cfg.default_wait,
+            fingerprint: None,
+            on_expire: None,
+            attempt: attempt_id(),
+        }
+    }
+
+    /// Waits up to `wait` (no wait if `None`) until `key` is not in flight,
+    /// without claiming it.
+    pub async fn settle(&self, key: impl Into<Key>, wait: Option<Duration>) -> Result<Settled> {
+        let cmd = Command::Settle(Settle {
+            key: key.into().to_bytes(),
+            wait_ms: wait.map(|d| d.as_millis() as u64),
+        });
+        let frame = self.request(&cmd, wait.unwrap_or_default()).await?;
+        Ok(match typed(SettleReply::from_frame(frame))? {
+            SettleReply::Completed { outcome, value } => Settled::Completed(Completed {
+                outcome,
+                value,
+                replayed: true,
+            }),
+            SettleReply::Absent => Settled::Absent,
+            SettleReply::Abandoned { journal } => Settled::Abandoned { journal },
+            SettleReply::InFlight { remaining_ms } => Settled::InFlight {
+                remaining: Duration::from_millis(remaining_ms),
+            },
+        })
+    }
+
+    /// Completes `key` owned under `fence` with a successful result.
+    pub async fn complete(
+        &self,
+        key: impl Into<Key>,
+        fence: u64,
+        value: impl Into<Bytes>,
+        retain: Option<Duration>,
+    ) -> Result<()> {
+        self.finish(key.into().to_bytes(), fence, value.into(), retain, false)
+            .await
+    }
+
+    /// Completes `key` with a permanent error, replayed to later callers.
+    pub async fn complete_error(
+        &self,
+        key: impl Into<Key>,
+        fence: u64,
+        value: impl Into<Bytes>,
+        retain: Option<Duration>,
+    ) -> Result<()> {
+        self.finish(key.into().to_bytes(), fence, value.into(), retain, true)
+            .await
+    }
+
+    pub(crate) async fn finish(
+        &self,
+        key: Bytes,
+        fence: u64,
+        value: Bytes,
+        retain: Option<Duration>,
+        error: bool,
+    ) -> Result<()> {
+        let cmd = Command::Complete(Complete {
+            key,
+            fence,
+            value,
+            retain_ms: retain.map(ms),
+            error,
+        });
+        expect_ok(self.request(&cmd, Duration::ZERO).await?)
+    }
+
+    /// Extends the lease of `key` owned under `fence` to `lease` from now.
+    pub async fn renew(&self, key: impl Into<Key>, fence: u64, lease: Duration) -> Result<()> {
+        let cmd = Command::Renew(Renew {
+            key: key.into().to_bytes(),
+            fence,
+            lease_ms: ms(lease),
+        });
+        expect_ok(self.request(&cmd, Duration::ZERO).await?)
+    }
+
+    /// Replaces the journal of `key` owned under `fence`.
+    pub async fn journal(
+        &self,
+        key: impl Into<Key>,
+        fence: u64,
+        journal: impl Into<Bytes>,
+    ) -> Result<()> {
+        let cmd = Command::Journal(Journal {
+            key: key.into().to_bytes(),
+            fence,
+            journal: journal.into(),
+        });
+        expect_ok(self.request(&cmd, Duration::ZERO).await?)
+    }
+
+    /// Gives up `key` owned under `fence`: the effect did not happen.
+    pub async fn release(&self, key: impl Into<Key>, fence: u64) -> Result<()> {
+        let cmd = Command::Release(Release {
+            key: key.into().to_bytes(),
+            fence,
+        });
+        expect_ok(self.request(&cmd, Duration::ZERO).await?)
+    }
+
+    /// Gives up `key` owned under `fence`: the effect may have happened.
+    pub async fn abandon(&self, key: impl Into<Key>, fence: u64) -> Result<()> {
+        let cmd = Command::Abandon(Abandon {
+            key: key.into().to_bytes(),
+            fence,
+        });
+        expect_ok(self.request(&cmd, Duration::ZERO).await?)
+    }
+
+    /// Reads a record without changing it.
+    pub async fn inspect(&self, key: impl Into<Key>) -> Result<Option<RecordInfo>> {
+        let frame = self
+            .request(
+                &Command::Inspect(Inspect {
+                    key: key.into().to_bytes(),
+                }),
+                Duration::ZERO,
+            )
+            .await?;
+        typed(RecordInfo::from_frame(frame))
+    }
+
+    /// Deletes a record (administrative); true if there was one.
+    pub async fn forget(&self, key: impl Into<Key>) -> Result<bool> {
+        match self
+            .request(
+                &Command::Forget(Forget {
+                    key: key.into().to_bytes(),
+                }),
+                Duration::ZERO,
+            )
+            .await?
+        {
+            Frame::Integer(n) => Ok(n == 1),
+            Frame::Error(e) => Err(Error::server(ServerError::parse(&e))),
+            other => Err(Error::new(
+                ErrorKind::Protocol,
+                format!("expected an integer, got {other:?}"),
+            )),
+        }
+    }
+
+    /// Checks the server answers.
+    pub async fn ping(&self) -> Result<()> {
+        match self
+            .request(&Command::Ping(Ping { message: None }), Duration::ZERO)
+            .await?
+        {
+            Frame::Simple(s) if &s[..] == b"PONG" => Ok(()),
+            Frame::Error(e) => Err(Error::server(ServerError::parse(&e))),
+            other => Err(Error::new(
+                ErrorKind::Protocol,
+                format!("expected PONG, got {other:?}"),
+            )),
+        }
+    }
+}
+
+/// Options of a claim; `.await` it (or call [`ClaimBuilder::send`]).
+///
+/// A random attempt id is chosen when the builder is made and reused when
+/// the client retries after a lost reply, so a retry that finds its own
+/// claim gets `Acquired` with the same fence instead of `InFlight`.
+#[must_use = "a claim does nothing until awaited"]
+pub struct ClaimBuilder {
+    client: Client,
+    key: Bytes,
+    lease: Duration,
+    retain: Option<Duration>,
+    wait: Option<Duration>,
+    fingerprint: Option<Bytes>,
+    on_expire: Option<OnExpire>,
+    attempt: Bytes,
+}
+
+impl ClaimBuilder {
+    /// Lease length (default 30 s or the config's); renewed in the
+    /// background while the guard lives.
+    pub fn lease(mut self, d: Duration) -> Self {
+        self.lease = d;
+        self
+    }
+
+    /// Retention of the completed record.
+    pub fn retain(mut self, d: Duration) -> Self {
+        self.retain = Some(d);
+        self
+    }
+
+    /// Wait server-side this long for a live owner to finish.
+    pub fn wait(mut self, d: Duration) -> Self {
+        self.wait = Some(d);
+        self
+    }
+
+    /// Fingerprint of the request payload.
+    pub fn fingerprint(mut self, fp: impl Into<Bytes>) -> Self {
+        self.fingerprint = Some(fp.into());
+        self
+    }
+
+    /// What a lapsed lease leaves behind (default FREE).
+    pub fn on_expire(mut self, policy: OnExpire) -> Self {
+        self.on_expire = Some(policy);
+        self
+    }
+
+    /// Use this attempt id instead of the generated one (to resume a claim
+    /// across processes).
+    pub fn attempt(mut self, id: impl Into<Bytes>) -> Self {
+        self.attempt = id.into();
+        self
+    }
+
+    /// Sends the claim.
+    pub async fn send(self) -> Result<ClaimOutcome> {
+        let wait = self.wait.filter(|w| !w.is_zero());
+        let cmd = Command::Claim(ClaimCmd {
+            key: self.key.clone(),
+            lease_ms: Some(ms(self.lease)),
+            retain_ms: self.retain.map(ms),
+            wait_ms: wait.map(|d| d.as_millis() as u64),
+            fingerprint: self.fingerprint.clone(),
+            on_expire: self.on_expire,
+            attempt: Some(self.attempt.clone()),
+        });
+        let frame = self.client.request(&cmd, wait.unwrap_or_default()).await?;
+        Ok(match typed(ClaimReply::from_frame(frame))? {
+            ClaimReply::Acquired { fence } => {
+                ClaimOutcome::Acquired(Claim::new(self.client, self.key, fence, self.lease))
+            }
+            ClaimReply::Completed { outcome, value } => ClaimOutcome::Completed(Completed {
+                outcome,
+                value,
+                replayed: true,
+            }),
+            ClaimReply::InFlight { remaining_ms } => ClaimOutcome::InFlight {
+                remaining: Duration::from_millis(remaining_ms),
+            },
+            ClaimReply::Recover { fence, journal } => ClaimOutcome::Recover {
+                claim: Claim::new(self.client, self.key, fence, self.lease),
+                journal,
+            },
+        })
+    }
+}
+
+impl IntoFuture for ClaimBuilder {
+    type Output = Result<ClaimOutcome>;
+    type IntoFuture = Pin<Box<dyn Future<Output = Result<ClaimOutcome>> + Send>>;
+
+    fn into_future(self) -> Self::IntoFuture {
+        Box::pin(self.send())
+    }
+}

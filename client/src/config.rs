@@ -1,0 +1,100 @@
+//! Client configuration, built with by-value setters.
+
+use std::time::Duration;
+
+/// How a [`Client`](crate::Client) connects, waits and retries.
+///
+/// ```
+/// use std::time::Duration;
+/// let config = idem_client::ClientConfig::default()
+///     .request_timeout(Duration::from_secs(2))
+///     .default_lease(Duration::from_secs(60));
+/// ```
+#[derive(Debug, Clone)]
+pub struct ClientConfig {
+    pub(crate) connect_timeout: Duration,
+    pub(crate) request_timeout: Duration,
+    pub(crate) backoff_min: Duration,
+    pub(crate) backoff_max: Duration,
+    pub(crate) retries: u32,
+    pub(crate) max_redirects: u32,
+    pub(crate) default_lease: Option<Duration>,
+    pub(crate) default_retain: Option<Duration>,
+    pub(crate) default_wait: Option<Duration>,
+}
+
+impl Default for ClientConfig {
+    fn default() -> Self {
+        ClientConfig {
+            connect_timeout: Duration::from_secs(2),
+            request_timeout: Duration::from_secs(5),
+            backoff_min: Duration::from_millis(20),
+            backoff_max: Duration::from_secs(1),
+            retries: 5,
+            max_redirects: 5,
+            default_lease: None,
+            default_retain: None,
+            default_wait: None,
+        }
+    }
+}
+
+impl ClientConfig {
+    /// Time allowed to open a connection (default 2 s).
+    pub fn connect_timeout(mut self, d: Duration) -> Self {
+        self.connect_timeout = d;
+        self
+    }
+
+    /// Time allowed for a reply, not counting a claim's WAIT (default 5 s).
+    pub fn request_timeout(mut self, d: Duration) -> Self {
+        self.request_timeout = d;
+        self
+    }
+
+    /// Reconnect and retry backoff: starts at `min`, doubles up to `max`
+    /// (defaults 20 ms and 1 s).
+    pub fn backoff(mut self, min: Duration, max: Duration) -> Self {
+        self.backoff_min = min;
+        self.backoff_max = max.max(min);
+        self
+    }
+
+    /// How many times a request is retried after a connection failure,
+    /// timeout or `-TRYAGAIN` (default 5; 0 disables retries).
+    pub fn retries(mut self, n: u32) -> Self {
+        self.retries = n;
+        self
+    }
+
+    /// How many `-NOTLEADER` redirects one request follows (default 5).
+    pub fn max_redirects(mut self, n: u32) -> Self {
+        self.max_redirects = n;
+        self
+    }
+
+    /// Lease for claims that set none (default: the server's).
+    pub fn default_lease(mut self, d: Duration) -> Self {
+        self.default_lease = Some(d);
+        self
+    }
+
+    /// Retention for claims that set none (default: the server's).
+    pub fn default_retain(mut self, d: Duration) -> Self {
+        self.default_retain = Some(d);
+        self
+    }
+
+    /// Server-side wait for claims that set none (default: no wait).
+    pub fn default_wait(mut self, d: Duration) -> Self {
+        self.default_wait = Some(d);
+        self
+    }
+
+    pub(crate) fn backoff_for(&self, attempt: u32) -> Duration {
+        let factor = 1u32.checked_shl(attempt.min(16)).unwrap_or(u32::MAX);
+        self.backoff_min
+            .saturating_mul(factor)
+            .min(self.backoff_max)
+    }
+}

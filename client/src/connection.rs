@@ -1,0 +1,147 @@
+//! One multiplexed, pipelined connection: many callers send requests over
+//! one socket, driven by one task; replies are matched to requests in
+//! order.
+//!
+//! A caller that stops waiting (its future dropped, or timed out) leaves
+//! its request in the pipeline; the task reads the reply when it comes and
+//! discards it, so the connection stays in step for everyone else.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use bytes::{Buf, BytesMut};
+use idem_protocol::{Frame, Limits, Version, decode, encode};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::{mpsc, oneshot};
+use tracing::debug;
+
+use crate::error::{Error, ErrorKind, Result};
+
+type Reply = oneshot::Sender<Result<Frame>>;
+
+struct Request {
+    frame: Frame,
+    reply: Reply,
+}
+
+/// A handle to a connection's task; cheap to clone.
+#[derive(Clone)]
+pub(crate) struct Connection {
+    tx: mpsc::UnboundedSender<Request>,
+}
+
+impl Connection {
+    /// Connects to `addr` within `timeout` and starts the driving task.
+    pub(crate) async fn open(addr: &str, timeout: Duration) -> Result<Connection> {
+        let stream = match tokio::time::timeout(timeout, TcpStream::connect(addr)).await {
+            Ok(Ok(s)) => s,
+            Ok(Err(e)) => return Err(Error::io(e)),
+            Err(_) => {
+                return Err(Error::new(
+                    ErrorKind::Timeout,
+                    format!("connecting to {addr} timed out"),
+                ));
+            }
+        };
+        stream.set_nodelay(true).map_err(Error::io)?;
+        let (tx, rx) = mpsc::unbounded_channel();
+        tokio::spawn(drive(stream, rx));
+        Ok(Connection { tx })
+    }
+
+    /// Whether the task has stopped (the connection failed or closed).
+    pub(crate) fn is_closed(&self) -> bool {
+        self.tx.is_closed()
+    }
+
+    /// Sends a request and waits up to `timeout` for its reply.
+    pub(crate) async fn call(&self, frame: Frame, timeout: Duration) -> Result<Frame> {
+        let (reply, rx) = oneshot::channel();
+        self.tx
+            .send(Request { frame, reply })
+            .map_err(|_| Error::new(ErrorKind::ConnectionClosed, "connection closed"))?;
+        match tokio::time::timeout(timeout, rx).await {
+            Ok(Ok(r)) => r,
+            Ok(Err(_)) => Err(Error::new(
+                ErrorKind::ConnectionClosed,
+                "connection closed before the reply",
+            )),
+            Err(_) => Err(Error::new(
+                ErrorKind::Timeout,
+                format!("no reply within {timeout:?}"),
+            )),
+        }
+    }
+}
+
+async fn drive(mut stream: TcpStream, mut rx: mpsc::UnboundedReceiver<Request>) {
+    let (mut rd, mut wr) = stream.split();
+    let limits = Limits::for_replies();
+    let mut pending: VecDeque<Reply> = VecDeque::new();
+    let mut out = BytesMut::with_capacity(8 * 1024);
+    let mut inbuf = BytesMut::with_capacity(8 * 1024);
+    let mut accepting = true;
+    let failure: Error = loop {
+        if !accepting && pending.is_empty() && out.is_empty() {
+            return;
+        }
+        tokio::select! {
+            req = rx.recv(), if accepting => match req {
+                Some(req) => {
+                    encode(&req.frame, Version::Resp2, &mut out);
+                    pending.push_back(req.reply);
+                    // Batch whatever else is queued into the same write.
+                    while let Ok(req) = rx.try_recv() {
+                        encode(&req.frame, Version::Resp2, &mut out);
+                        pending.push_back(req.reply);
+                    }
+                }
+                None => accepting = false,
+            },
+            n = wr.write(&out), if !out.is_empty() => match n {
+                Ok(0) => break Error::new(ErrorKind::ConnectionClosed, "server closed the connection"),
+                Ok(n) => out.advance(n),
+                Err(e) => break Error::io(e),
+            },
+            n = rd.read_buf(&mut inbuf) => match n {
+                Ok(0) => break Error::new(ErrorKind::ConnectionClosed, "server closed the connection"),
+                Ok(_) => loop {
+                    match decode(&mut inbuf, &limits) {
+                        Ok(Some(frame)) => match pending.pop_front() {
+                            // The caller may have gone: the reply is dropped.
+                            Some(reply) => { let _ = reply.send(Ok(frame)); }
+                            None => {
+                                debug!("reply without a request: closing");
+                                return;
+                            }
+                        },
+                        Ok(None) => break,
+                        Err(e) => {
+                            let err = Error::new(ErrorKind::Protocol, e.to_string());
+                            for reply in pending.drain(..) {
+                                let _ = reply.send(Err(Error::new(err.kind(), err.to_string())));
+                            }
+                            return;
+                        }
+                    }
+                },
+                Err(e) => break Error::io(e),
+            },
+        }
+    };
+    debug!(error = %failure, "connection lost");
+    rx.close();
+    for reply in pending.drain(..) {
+        let _ = reply.send(Err(Error::new(
+            ErrorKind::ConnectionClosed,
+            failure.to_string(),
+        )));
+    }
+    while let Ok(req) = rx.try_recv() {
+        let _ = req.reply.send(Err(Error::new(
+            ErrorKind::ConnectionClosed,
+            failure.to_string(),
+        )));
+    }
+}

@@ -1,0 +1,145 @@
+//! One error type, classified by [`ErrorKind`] and predicates; never match
+//! on message text.
+
+use std::fmt;
+
+use idem_protocol::{ErrorCode, ServerError};
+
+/// What kind of failure an [`Error`] is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ErrorKind {
+    /// Connecting or talking to the server failed (the request may or may
+    /// not have reached it).
+    Io,
+    /// No reply within the request timeout (the request may have run).
+    Timeout,
+    /// The connection closed before the reply arrived.
+    ConnectionClosed,
+    /// The caller's fence no longer owns the key (`-FENCED`).
+    Fenced,
+    /// The fingerprint differs from the first request's (`-MISMATCH`).
+    Mismatch,
+    /// An argument or frame over a server limit (`-TOOBIG`).
+    TooBig,
+    /// The server is full and refuses new claims (`-OOM`).
+    Oom,
+    /// The node is not the leader (`-NOTLEADER`) and redirects ran out.
+    NotLeader,
+    /// The server asked to try again later (`-TRYAGAIN`) and retries ran out.
+    TryAgain,
+    /// Authentication problems (`-NOAUTH`, `-NOPERM`, `-WRONGPASS`).
+    Auth,
+    /// A request the server refused as invalid (`-ERR`, `-NOPROTO`).
+    InvalidRequest,
+    /// The server's reply did not match the protocol.
+    Protocol,
+    /// The server's address could not be parsed or resolved.
+    InvalidAddress,
+}
+
+/// An error from the client.
+#[derive(Debug)]
+pub struct Error {
+    kind: ErrorKind,
+    detail: String,
+    source: Option<Box<dyn std::error::Error + Send + Sync>>,
+}
+
+impl Error {
+    pub(crate) fn new(kind: ErrorKind, detail: impl Into<String>) -> Self {
+        Error {
+            kind,
+            detail: detail.into(),
+            source: None,
+        }
+    }
+
+    pub(crate) fn io(e: std::io::Error) -> Self {
+        Error {
+            kind: ErrorKind::Io,
+            detail: e.to_string(),
+            source: Some(Box::new(e)),
+        }
+    }
+
+    pub(crate) fn server(e: ServerError) -> Self {
+        let kind = match e.code {
+            ErrorCode::Fenced => ErrorKind::Fenced,
+            ErrorCode::Mismatch => ErrorKind::Mismatch,
+            ErrorCode::TooBig => ErrorKind::TooBig,
+            ErrorCode::Oom => ErrorKind::Oom,
+            ErrorCode::NotLeader => ErrorKind::NotLeader,
+            ErrorCode::TryAgain => ErrorKind::TryAgain,
+            ErrorCode::NoAuth | ErrorCode::NoPerm | ErrorCode::WrongPass => ErrorKind::Auth,
+            _ => ErrorKind::InvalidRequest,
+        };
+        Error {
+            kind,
+            detail: e.to_string(),
+            source: Some(Box::new(e)),
+        }
+    }
+
+    /// The kind of failure.
+    pub fn kind(&self) -> ErrorKind {
+        self.kind
+    }
+
+    /// The server's error reply, if this error is one.
+    pub fn server_error(&self) -> Option<&ServerError> {
+        self.source
+            .as_ref()
+            .and_then(|s| s.downcast_ref::<ServerError>())
+    }
+
+    /// A stale owner: its lease lapsed and the key moved on.
+    pub fn is_fenced(&self) -> bool {
+        self.kind == ErrorKind::Fenced
+    }
+
+    /// The key was reused with a different payload.
+    pub fn is_mismatch(&self) -> bool {
+        self.kind == ErrorKind::Mismatch
+    }
+
+    /// No reply in time; the request may have run.
+    pub fn is_timeout(&self) -> bool {
+        self.kind == ErrorKind::Timeout
+    }
+
+    /// The connection failed; the request may have run.
+    pub fn is_connection(&self) -> bool {
+        matches!(self.kind, ErrorKind::Io | ErrorKind::ConnectionClosed)
+    }
+
+    /// Retrying the same request later may succeed (and is safe for every
+    /// Idem command: claims carry an attempt id, owner calls a fence).
+    pub fn is_retryable(&self) -> bool {
+        matches!(
+            self.kind,
+            ErrorKind::Io
+                | ErrorKind::Timeout
+                | ErrorKind::ConnectionClosed
+                | ErrorKind::TryAgain
+                | ErrorKind::NotLeader
+        )
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:?}: {}", self.kind, self.detail)
+    }
+}
+
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.source
+            .as_deref()
+            .map(|s| s as &(dyn std::error::Error + 'static))
+    }
+}
+
+/// A result with the client's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;

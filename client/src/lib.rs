@@ -1,0 +1,98 @@
+//! The async Rust client of Idem, a shared idempotency server.
+//!
+//! Services call Idem before a side effect ("may I charge order 1234?") and
+//! after it ("here is the result"). This crate makes the correct use the
+//! easy one.
+//!
+//! # Quick start
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use idem_client::{Client, Failure, Key, RunOptions};
+//!
+//! # async fn charge(_order: &str) -> Result<bytes::Bytes, std::io::Error> { Ok("ch_1".into()) }
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! let client = Client::connect("127.0.0.1:7379").await?;
+//! let key = Key::new("order-1234").namespace("tenant-a").version("1");
+//! let opts = RunOptions::new()
+//!     .wait(Duration::from_secs(5))
+//!     .classify(|e: &std::io::Error| match e.kind() {
+//!         std::io::ErrorKind::TimedOut => Failure::Transient,
+//!         _ => Failure::Unknown,
+//!     });
+//! let done = client.run_once(key, opts, |_ctx| charge("order-1234")).await?;
+//! println!("charge {:?} (replayed: {})", done.value, done.replayed);
+//! # Ok(()) }
+//! ```
+//!
+//! Lower level, the claim guard:
+//!
+//! ```no_run
+//! use idem_client::{Client, ClaimOutcome};
+//! # async fn demo(client: Client) -> Result<(), idem_client::Error> {
+//! match client.claim("webhook:evt_42").await? {
+//!     ClaimOutcome::Acquired(claim) => {
+//!         // ... perform the effect; the lease is renewed meanwhile ...
+//!         claim.complete("processed").await?;
+//!     }
+//!     ClaimOutcome::Completed(done) => println!("already done: {:?}", done.value),
+//!     ClaimOutcome::InFlight { remaining } => println!("someone else is on it ({remaining:?} left)"),
+//!     ClaimOutcome::Recover { claim, journal } => {
+//!         // A previous owner died mid-effect: check `journal` downstream.
+//!         claim.abandon().await?;
+//!     }
+//!     _ => {}
+//! }
+//! # Ok(()) }
+//! ```
+//!
+//! # Layout
+//!
+//! - [`Client`] ([`client`](crate::Client)): the cheap handle, typed commands, the
+//!   claim builder; [`ClientConfig`]: timeouts, backoff, defaults.
+//! - [`Claim`]: the guard that owns a key and renews its lease.
+//! - [`Client::run_once`] with [`RunOptions`], [`Failure`], [`Recovery`].
+//! - [`Key`]: namespaced, versioned keys with a collision-free encoding.
+//! - [`Error`] with [`ErrorKind`] and predicates.
+//! - [`conformance`]: a suite to run against any server.
+//! - Feature `serde`: [`fingerprint`], JSON values.
+
+#![cfg_attr(test, allow(clippy::unwrap_used))]
+
+mod claim;
+mod client;
+mod config;
+pub mod conformance;
+mod connection;
+mod error;
+mod key;
+mod run;
+
+pub use claim::{Claim, ClaimCtx};
+pub use client::{ClaimBuilder, ClaimOutcome, Client, Completed, Settled};
+pub use config::ClientConfig;
+pub use error::{Error, ErrorKind, Result};
+pub use idem_protocol::{OnExpire, Outcome, RecordInfo, RecordState};
+pub use key::Key;
+pub use run::{Failure, Recovery, RunError, RunOptions};
+
+/// A fingerprint of a request payload: SHA-256 of its JSON encoding, in
+/// hex. Pass it to [`ClaimBuilder::fingerprint`] or
+/// [`RunOptions::fingerprint`] so a key reused with a different payload is
+/// refused (`-MISMATCH`) instead of replaying the wrong result.
+///
+/// The JSON encoding follows field declaration order, so the same value of
+/// the same type always gives the same fingerprint.
+#[cfg(feature = "serde")]
+pub fn fingerprint<T: serde::Serialize + ?Sized>(payload: &T) -> Result<bytes::Bytes> {
+    use sha2::{Digest, Sha256};
+    let json = serde_json::to_vec(payload)
+        .map_err(|e| Error::new(ErrorKind::InvalidRequest, e.to_string()))?;
+    let digest = Sha256::digest(&json);
+    let mut hex = String::with_capacity(64);
+    for b in digest {
+        use std::fmt::Write;
+        let _ = write!(hex, "{b:02x}");
+    }
+    Ok(bytes::Bytes::from(hex))
+}

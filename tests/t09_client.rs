@@ -1,0 +1,470 @@
+//! The client crate against a real idemd (and small fake servers).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use idem_client::{
+    ClaimOutcome, Client, ClientConfig, ErrorKind, Failure, Key, Outcome, Recovery, RunError,
+    RunOptions, Settled,
+};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+
+use crate::support::*;
+
+async fn client(s: &Idemd) -> Client {
+    Client::connect(s.addr.to_string()).await.expect("connects")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conformance_suite_passes_and_can_run_again() {
+    let s = Idemd::start().await;
+    for _ in 0..2 {
+        let report = idem_client::conformance::run(&s.addr.to_string())
+            .await
+            .expect("reachable");
+        assert!(report.passed(), "{report}");
+        assert_eq!(report.checks.len(), idem_client::conformance::CHECKS.len());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn thousand_concurrent_run_once_over_ten_keys_run_each_effect_once() {
+    let s = Idemd::start().await;
+    // Each waiting call holds a connection on both sides.
+    assert!(
+        open_files_limit() > 2300,
+        "open file limit too low: {}",
+        open_files_limit()
+    );
+    let c = client(&s).await;
+    let runs: Arc<Vec<AtomicUsize>> = Arc::new((0..10).map(|_| AtomicUsize::new(0)).collect());
+    let prefix = key("thousand");
+    let mut tasks = Vec::new();
+    for i in 0..1000 {
+        let c = c.clone();
+        let runs = runs.clone();
+        let k = Key::new(format!("{prefix}-{}", i % 10)).namespace("tests");
+        tasks.push(tokio::spawn(async move {
+            let opts = RunOptions::<std::io::Error>::new().wait(Duration::from_secs(30));
+            c.run_once(k, opts, |_ctx| async move {
+                runs[i % 10].fetch_add(1, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                Ok(Bytes::from(format!("result-{}", i % 10)))
+            })
+            .await
+            .map(|done| (i, done))
+        }));
+    }
+    let mut replays = 0;
+    for t in tasks {
+        let (i, done) = t.await.expect("task").expect("run_once");
+        assert_eq!(done.value, Bytes::from(format!("result-{}", i % 10)));
+        replays += done.replayed as usize;
+    }
+    for r in runs.iter() {
+        assert_eq!(r.load(Ordering::SeqCst), 1);
+    }
+    assert_eq!(replays, 990);
+}
+
+#[tokio::test]
+async fn slow_effect_keeps_ownership_thanks_to_renewal() {
+    let s = Idemd::start().await;
+    let c = client(&s).await;
+    let k = key("slow");
+    let ClaimOutcome::Acquired(claim) = c
+        .claim(k.as_str())
+        .lease(Duration::from_millis(300))
+        .await
+        .unwrap()
+    else {
+        panic!("fresh key")
+    };
+    for _ in 0..5 {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(matches!(
+            c.claim(k.as_str()).await.unwrap(),
+            ClaimOutcome::InFlight { .. }
+        ));
+    }
+    assert!(!claim.is_lost());
+    claim
+        .complete("slow-done")
+        .await
+        .expect("still the owner after 1 s on a 300 ms lease");
+}
+
+#[tokio::test]
+async fn lost_ownership_is_reported_to_the_owner() {
+    let s = Idemd::start().await;
+    let c = client(&s).await;
+    let k = key("lost");
+    let ClaimOutcome::Acquired(claim) = c
+        .claim(k.as_str())
+        .lease(Duration::from_millis(300))
+        .await
+        .unwrap()
+    else {
+        panic!("fresh key")
+    };
+    // An operator forgets the record: the next renewal is FENCED.
+    assert!(c.forget(k.as_str()).await.unwrap());
+    let err = tokio::time::timeout(Duration::from_secs(2), claim.lost())
+        .await
+        .expect("loss reported");
+    assert!(err.is_fenced());
+    assert!(claim.complete("late").await.unwrap_err().is_fenced());
+}
+
+#[tokio::test]
+async fn client_recovers_after_the_server_restarts() {
+    let mut s = Idemd::start().await;
+    let addr = s.addr.to_string();
+    let c = Client::connect_with_config(
+        addr.clone(),
+        ClientConfig::default()
+            .retries(20)
+            .backoff(Duration::from_millis(20), Duration::from_millis(200)),
+    )
+    .await
+    .unwrap();
+    c.ping().await.unwrap();
+    s.kill().await;
+    let restarted = Idemd::start_with(&[], &["--listen", &addr]).await;
+    c.ping().await.expect("reconnected");
+    let k = key("after-restart");
+    assert!(matches!(
+        c.claim(k.as_str()).await.unwrap(),
+        ClaimOutcome::Acquired(_)
+    ));
+    drop(restarted);
+}
+
+#[tokio::test]
+async fn dropped_guard_abandons() {
+    let s = Idemd::start().await;
+    let c = client(&s).await;
+    let k = key("dropped");
+    let ClaimOutcome::Acquired(claim) = c.claim(k.as_str()).await.unwrap() else {
+        panic!("fresh key")
+    };
+    claim.journal("half-way").await.unwrap();
+    drop(claim);
+    let mut abandoned = false;
+    for _ in 0..50 {
+        if let Settled::Abandoned { journal } = c.settle(k.as_str(), None).await.unwrap() {
+            assert_eq!(journal, Bytes::from_static(b"half-way"));
+            abandoned = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(abandoned);
+    assert!(matches!(
+        c.claim(k.as_str()).await.unwrap(),
+        ClaimOutcome::Recover { .. }
+    ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelled_callers_do_not_corrupt_the_shared_connection() {
+    let s = Idemd::start().await;
+    let c = client(&s).await;
+    let prefix = key("cancel");
+    for i in 0..50 {
+        let k = format!("{prefix}-{i}");
+        let ClaimOutcome::Acquired(claim) = c.claim(k.as_str()).await.unwrap() else {
+            panic!("fresh")
+        };
+        claim.complete(format!("v{i}")).await.unwrap();
+    }
+    // Start many requests and drop most of them mid-flight.
+    let mut handles = Vec::new();
+    for i in 0..200 {
+        let c = c.clone();
+        let k = format!("{prefix}-{}", i % 50);
+        handles.push(tokio::spawn(async move { c.inspect(k.as_str()).await }));
+    }
+    for (i, h) in handles.iter().enumerate() {
+        if i % 3 != 0 {
+            h.abort();
+        }
+    }
+    for h in handles {
+        let _ = h.await;
+    }
+    for _ in 0..20 {
+        let _ = tokio::time::timeout(
+            Duration::from_micros(50),
+            c.inspect(format!("{prefix}-1").as_str()),
+        )
+        .await;
+    }
+    // Every later reply still belongs to its own request.
+    for i in 0..50 {
+        match c.claim(format!("{prefix}-{i}").as_str()).await.unwrap() {
+            ClaimOutcome::Completed(done) => assert_eq!(done.value, Bytes::from(format!("v{i}"))),
+            other => panic!("{other:?}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn run_once_classifies_failures() {
+    let s = Idemd::start().await;
+    let c = client(&s).await;
+    #[derive(Debug)]
+    enum E {
+        Declined,
+        Timeout,
+        Unknown,
+    }
+    let opts = || {
+        RunOptions::new().classify(|e: &E| match e {
+            E::Declined => Failure::Permanent(Bytes::from_static(b"declined")),
+            E::Timeout => Failure::Transient,
+            E::Unknown => Failure::Unknown,
+        })
+    };
+    let calls = Arc::new(AtomicUsize::new(0));
+    let effect = |result: Result<&'static str, E>| {
+        let calls = calls.clone();
+        move |_ctx| async move {
+            calls.fetch_add(1, Ordering::SeqCst);
+            result.map(|s| Bytes::from_static(s.as_bytes()))
+        }
+    };
+
+    // Permanent: recorded, replayed to the next caller without running.
+    let k = key("permanent");
+    assert!(matches!(
+        c.run_once(k.as_str(), opts(), effect(Err(E::Declined)))
+            .await,
+        Err(RunError::Effect { .. })
+    ));
+    let replay = c
+        .run_once(k.as_str(), opts(), effect(Ok("never")))
+        .await
+        .unwrap();
+    assert_eq!(
+        (replay.outcome, replay.value.clone(), replay.replayed),
+        (Outcome::Err, Bytes::from_static(b"declined"), true)
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+
+    // Transient: released, the retry runs again.
+    let k = key("transient");
+    assert!(
+        c.run_once(k.as_str(), opts(), effect(Err(E::Timeout)))
+            .await
+            .is_err()
+    );
+    let done = c
+        .run_once(k.as_str(), opts(), effect(Ok("second-try")))
+        .await
+        .unwrap();
+    assert_eq!(
+        (done.value, done.replayed),
+        (Bytes::from_static(b"second-try"), false)
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 3);
+
+    // Unknown: abandoned; the next caller must recover, not re-run.
+    let k = key("unknown");
+    assert!(
+        c.run_once(k.as_str(), opts(), effect(Err(E::Unknown)))
+            .await
+            .is_err()
+    );
+    match c
+        .run_once(k.as_str(), opts(), effect(Ok("blind-rerun")))
+        .await
+    {
+        Err(RunError::NeedsRecovery { .. }) => {}
+        other => panic!("expected NeedsRecovery, got {other:?}"),
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 4);
+    // A recovery callback reads the journal and settles it.
+    let recovered = c
+        .run_once(
+            k.as_str(),
+            opts().on_recover(|ctx, journal| async move {
+                assert!(ctx.fence() > 0);
+                assert_eq!(journal, Bytes::new());
+                Recovery::Completed(Bytes::from_static(b"found-downstream"))
+            }),
+            effect(Ok("blind-rerun")),
+        )
+        .await
+        .unwrap();
+    assert_eq!(recovered.value, Bytes::from_static(b"found-downstream"));
+    assert_eq!(calls.load(Ordering::SeqCst), 4);
+}
+
+#[tokio::test]
+async fn run_once_panic_and_cancellation_abandon() {
+    let s = Idemd::start().await;
+    let c = client(&s).await;
+    let k = key("panic");
+    let c2 = c.clone();
+    let k2 = k.clone();
+    let joined = tokio::spawn(async move {
+        c2.run_once(k2.as_str(), RunOptions::<()>::new(), |ctx| async move {
+            ctx.journal("before-panic").await.unwrap();
+            panic!("effect blew up");
+        })
+        .await
+    })
+    .await;
+    assert!(joined.unwrap_err().is_panic());
+    assert!(matches!(
+        c.settle(k.as_str(), None).await.unwrap(),
+        Settled::Abandoned { .. }
+    ));
+
+    let k = key("cancelled");
+    let fut = c.run_once(k.as_str(), RunOptions::<()>::new(), |_ctx| async {
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        Ok(Bytes::new())
+    });
+    assert!(
+        tokio::time::timeout(Duration::from_millis(200), fut)
+            .await
+            .is_err()
+    );
+    let mut abandoned = false;
+    for _ in 0..50 {
+        if let Settled::Abandoned { .. } = c.settle(k.as_str(), None).await.unwrap() {
+            abandoned = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(abandoned);
+}
+
+/// A fake node that answers every request with `reply`.
+async fn fake(reply: impl Fn(usize) -> String + Send + Sync + 'static) -> String {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    let reply = Arc::new(reply);
+    let count = Arc::new(AtomicUsize::new(0));
+    tokio::spawn(async move {
+        while let Ok((mut sock, _)) = l.accept().await {
+            let reply = reply.clone();
+            let count = count.clone();
+            tokio::spawn(async move {
+                let mut buf = bytes::BytesMut::new();
+                loop {
+                    match idem_protocol::decode(&mut buf, &idem_protocol::Limits::default()) {
+                        Ok(Some(_)) => {
+                            let n = count.fetch_add(1, Ordering::SeqCst);
+                            if sock.write_all(reply(n).as_bytes()).await.is_err() {
+                                return;
+                            }
+                            continue;
+                        }
+                        Ok(None) => {}
+                        Err(_) => return,
+                    }
+                    if sock.read_buf(&mut buf).await.unwrap_or(0) == 0 {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test]
+async fn follows_notleader_to_the_leader() {
+    let s = Idemd::start().await;
+    let leader = s.addr.to_string();
+    let l2 = leader.clone();
+    let follower = fake(move |_| format!("-NOTLEADER {l2}\r\n")).await;
+    let c = Client::connect(follower.clone()).await.unwrap();
+    let k = key("redirect");
+    assert!(matches!(
+        c.claim(k.as_str()).await.unwrap(),
+        ClaimOutcome::Acquired(_)
+    ));
+    assert_eq!(c.target(), leader);
+}
+
+#[tokio::test]
+async fn retries_tryagain_with_backoff() {
+    let flaky = fake(|n| {
+        if n < 2 {
+            "-TRYAGAIN no leader yet\r\n".into()
+        } else {
+            "+PONG\r\n".into()
+        }
+    })
+    .await;
+    let c = Client::connect_with_config(
+        flaky,
+        ClientConfig::default().backoff(Duration::from_millis(5), Duration::from_millis(50)),
+    )
+    .await
+    .unwrap();
+    c.ping().await.expect("third try answers");
+    let always = fake(|_| "-TRYAGAIN still electing\r\n".into()).await;
+    let c = Client::connect_with_config(
+        always,
+        ClientConfig::default()
+            .retries(2)
+            .backoff(Duration::from_millis(1), Duration::from_millis(2)),
+    )
+    .await
+    .unwrap();
+    let e = c.ping().await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::TryAgain);
+    assert!(e.is_retryable());
+}
+
+#[tokio::test]
+async fn errors_are_classified_not_matched_by_text() {
+    let s = Idemd::start().await;
+    let c = client(&s).await;
+    let k = key("errs");
+    let e = c.complete(k.as_str(), 999, "x", None).await.unwrap_err();
+    assert!(e.is_fenced() && !e.is_retryable());
+    let ClaimOutcome::Acquired(g) = c.claim(k.as_str()).fingerprint("a").await.unwrap() else {
+        panic!()
+    };
+    let e = c.claim(k.as_str()).fingerprint("b").await.unwrap_err();
+    assert!(e.is_mismatch());
+    let e = c.claim("k".repeat(5000)).await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::TooBig);
+    g.release().await.unwrap();
+    let unreachable =
+        Client::connect_with_config("127.0.0.1:1", ClientConfig::default().retries(0))
+            .await
+            .unwrap_err();
+    assert!(unreachable.is_connection());
+}
+
+#[tokio::test]
+async fn key_builder_and_fingerprint_reach_the_server() {
+    let s = Idemd::start().await;
+    let c = client(&s).await;
+    let name = key("order");
+    let k = Key::new(name.as_str()).namespace("tenant:a").version("2");
+    let fp = idem_client::fingerprint(&[("amount", 42)]).unwrap();
+    assert_eq!(fp.len(), 64);
+    let ClaimOutcome::Acquired(g) = c.claim(&k).fingerprint(fp.clone()).await.unwrap() else {
+        panic!()
+    };
+    g.complete("ok").await.unwrap();
+    let raw = format!("tenant\\:a:2:{name}");
+    let info = c
+        .inspect(raw.as_str())
+        .await
+        .unwrap()
+        .expect("stored under the encoded key");
+    assert_eq!(info.fingerprint, Some(fp));
+}
