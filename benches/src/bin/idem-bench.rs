@@ -1,0 +1,160 @@
+//! `idem-bench`: a load generator for idemd, and for Redis side by side.
+//!
+//! ```text
+//! idem-bench --idem 127.0.0.1:7379 --redis 127.0.0.1:6379 \
+//!     --workloads claim,cycle,replay,mixed,ping --connections 1,50 --pipeline 1,16 \
+//!     --duration 5 --herd 1000 --memory 1000000 --json results.json
+//! ```
+//!
+//! Targets alternate within each configuration (Idem, then each Redis
+//! variant), so both see the same machine state; the Idem/Redis ratios are
+//! printed after the table.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use anyhow::Context;
+use clap::Parser;
+use idem_benches::report::{Report, Row};
+use idem_benches::workload::{prepare, run, Flavor, Prepared, Spec, Workload};
+use idem_benches::{herd, memory};
+
+/// Load generator for Idem (and Redis).
+#[derive(Parser, Debug)]
+#[command(name = "idem-bench", version, about)]
+struct Args {
+    /// idemd address.
+    #[arg(long, default_value = "127.0.0.1:7379")]
+    idem: String,
+    /// Redis address; when given, every workload also runs against Redis.
+    #[arg(long)]
+    redis: Option<String>,
+    /// Workloads to run.
+    #[arg(long, value_delimiter = ',', default_value = "ping,claim,cycle,replay,mixed")]
+    workloads: Vec<Workload>,
+    /// Connection counts to try.
+    #[arg(long, value_delimiter = ',', default_value = "50")]
+    connections: Vec<usize>,
+    /// Pipeline depths to try.
+    #[arg(long, value_delimiter = ',', default_value = "1")]
+    pipeline: Vec<usize>,
+    /// Seconds per measurement.
+    #[arg(long, default_value_t = 5.0)]
+    duration: f64,
+    /// Stop each measurement after this many operations instead.
+    #[arg(long)]
+    requests: Option<u64>,
+    /// Completed keys for replay and mixed.
+    #[arg(long, default_value_t = 100_000)]
+    keyspace: u64,
+    /// Value size in bytes.
+    #[arg(long, default_value_t = 64)]
+    value_size: usize,
+    /// Run the herd comparison with this many waiters (0: skip).
+    #[arg(long, default_value_t = 0)]
+    herd: usize,
+    /// Polling interval of the Redis herd, ms.
+    #[arg(long, default_value_t = 50)]
+    poll_ms: u64,
+    /// Load this many completed records into each server and report
+    /// resident bytes per record (0: skip).
+    #[arg(long, default_value_t = 0)]
+    memory: u64,
+    /// Write the results as JSON to this file.
+    #[arg(long)]
+    json: Option<std::path::PathBuf>,
+    /// Load generator threads.
+    #[arg(long, default_value_t = 1)]
+    threads: usize,
+    /// Skip the throughput workloads (herd and memory only).
+    #[arg(long)]
+    no_throughput: bool,
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(args.threads.max(1)).enable_all().build()?;
+    rt.block_on(bench(args))
+}
+
+fn flavors(w: Workload, redis: bool) -> Vec<Flavor> {
+    let mut v = vec![Flavor::Idem];
+    if redis {
+        v.extend(match w {
+            Workload::Ping => vec![Flavor::RedisPing],
+            Workload::Claim | Workload::Replay => vec![Flavor::RedisLua, Flavor::RedisSetNx],
+            Workload::Cycle | Workload::Mixed => vec![Flavor::RedisLua],
+        });
+    }
+    v
+}
+
+async fn bench(args: Args) -> anyhow::Result<()> {
+    let run_id = SystemTime::now().duration_since(UNIX_EPOCH)?.as_millis() as u64;
+    let mut report = Report::default();
+    let mut prep_idem = Prepared::default();
+    let mut prep_redis = Prepared::default();
+    if !args.no_throughput {
+        for &c in &args.connections {
+            for &p in &args.pipeline {
+                for &w in &args.workloads {
+                    for flavor in flavors(w, args.redis.is_some()) {
+                        let addr = if flavor.is_redis() { args.redis.clone().unwrap_or_default() } else { args.idem.clone() };
+                        let spec = Spec {
+                            addr,
+                            flavor,
+                            workload: w,
+                            connections: c,
+                            pipeline: p,
+                            duration: Duration::from_secs_f64(args.duration),
+                            requests: args.requests,
+                            keyspace: args.keyspace,
+                            value_size: args.value_size,
+                            run_id,
+                            round: report.rows.len() as u64,
+                            progress: args.duration >= 10.0,
+                        };
+                        let prep = if flavor.is_redis() { &mut prep_redis } else { &mut prep_idem };
+                        prepare(&spec, prep).await?;
+                        let m = run(&spec, prep).await.with_context(|| format!("{} {w:?}", flavor.label()))?;
+                        let row = Row::new(flavor, w, c, p, &m);
+                        eprintln!(
+                            "{:<16} {:<7} c={:<3} p={:<3} {:>10.0} ops/s  p99 {} µs{}",
+                            row.target,
+                            format!("{w:?}").to_lowercase(),
+                            c,
+                            p,
+                            row.ops_per_sec,
+                            row.p99_us,
+                            if row.errors > 0 { format!("  ({} errors)", row.errors) } else { String::new() }
+                        );
+                        report.rows.push(row);
+                    }
+                }
+            }
+        }
+        report.compute_ratios();
+    }
+    if args.herd > 0 {
+        report.herds.push(herd::idem(&args.idem, args.herd, run_id).await.context("idem herd")?);
+        if let Some(redis) = &args.redis {
+            report.herds.push(herd::redis_publish(redis, args.herd, run_id).await.context("redis publish herd")?);
+            report.herds.push(
+                herd::redis_poll(redis, args.herd, Duration::from_millis(args.poll_ms), run_id).await.context("redis poll herd")?,
+            );
+        }
+        for h in &report.herds {
+            eprintln!("herd {:<24} last answer {} µs, {} requests", h.label, h.last_answer_us, h.requests);
+        }
+    }
+    if args.memory > 0 {
+        report.memory.push(memory::measure(&args.idem, Flavor::Idem, args.memory, args.value_size, run_id).await?);
+        if let Some(redis) = &args.redis {
+            report.memory.push(memory::measure(redis, Flavor::RedisLua, args.memory, args.value_size, run_id).await?);
+        }
+    }
+    println!("{}", report.to_text());
+    if let Some(path) = &args.json {
+        std::fs::write(path, serde_json::to_vec_pretty(&report)?).with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
+}

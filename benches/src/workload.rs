@@ -1,0 +1,388 @@
+//! Workloads and the runner: N connections, each sending `pipeline`
+//! requests at a time and reading their replies, until the duration or the
+//! request count is reached. Latency is the time from sending a batch to
+//! reading each reply of it, in microseconds.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use bytes::Bytes;
+use hdrhistogram::Histogram;
+use idem_protocol::Frame;
+use serde::Serialize;
+
+use crate::conn::Conn;
+use crate::scripts;
+
+/// What the clients do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Workload {
+    /// PING (the network floor).
+    Ping,
+    /// Claims of fresh keys.
+    Claim,
+    /// Claim then complete with the fence (one op = the pair).
+    Cycle,
+    /// Claims of completed keys (replays).
+    Replay,
+    /// 60% replays, 30% fresh claims, 10% reads (SETTLE / GET).
+    Mixed,
+}
+
+/// How the workload is expressed on the target.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum Flavor {
+    /// idemd, Idem protocol.
+    Idem,
+    /// Redis `SET key 1 NX PX` (a claim without fence or result).
+    RedisSetNx,
+    /// Redis Lua scripts through EVALSHA (claim with result, fenced complete).
+    RedisLua,
+    /// Redis PING.
+    RedisPing,
+}
+
+impl Flavor {
+    /// The label in reports.
+    pub fn label(self) -> &'static str {
+        match self {
+            Flavor::Idem => "idem",
+            Flavor::RedisSetNx => "redis SET NX PX",
+            Flavor::RedisLua => "redis EVALSHA",
+            Flavor::RedisPing => "redis",
+        }
+    }
+
+    /// Whether the target is Redis.
+    pub fn is_redis(self) -> bool {
+        self != Flavor::Idem
+    }
+}
+
+/// One benchmark run.
+#[derive(Debug, Clone)]
+pub struct Spec {
+    /// Server address.
+    pub addr: String,
+    /// How the workload is expressed.
+    pub flavor: Flavor,
+    /// The workload.
+    pub workload: Workload,
+    /// Connections.
+    pub connections: usize,
+    /// Requests in flight per connection.
+    pub pipeline: usize,
+    /// How long to run.
+    pub duration: Duration,
+    /// Stop after this many operations instead (if set).
+    pub requests: Option<u64>,
+    /// Completed keys for replay and mixed.
+    pub keyspace: u64,
+    /// Value size in bytes.
+    pub value_size: usize,
+    /// Distinguishes this invocation's keys from earlier invocations'.
+    pub run_id: u64,
+    /// Distinguishes this measurement's fresh keys from other measurements'.
+    pub round: u64,
+    /// Print progress to stderr.
+    pub progress: bool,
+}
+
+/// What a run measured.
+#[derive(Debug, Clone)]
+pub struct Measured {
+    /// Operations done.
+    pub ops: u64,
+    /// Error replies.
+    pub errors: u64,
+    /// Wall time.
+    pub elapsed: Duration,
+    /// Latency histogram (µs).
+    pub hist: Histogram<u64>,
+}
+
+impl Measured {
+    /// Operations per second.
+    pub fn ops_per_sec(&self) -> f64 {
+        self.ops as f64 / self.elapsed.as_secs_f64()
+    }
+}
+
+/// Per-target state prepared once: script hashes, populated keys.
+#[derive(Debug, Clone, Default)]
+pub struct Prepared {
+    claim_sha: Bytes,
+    complete_sha: Bytes,
+    populated: u64,
+}
+
+/// A 32-byte key no other measurement uses.
+fn fresh_key(spec: &Spec, conn: usize, seq: u64) -> Vec<u8> {
+    format!("k{:05}{:03}{:04}{:019}", spec.run_id % 100_000, spec.round % 1000, conn % 10_000, seq).into_bytes()
+}
+
+fn replay_key(run: u64, i: u64) -> Vec<u8> {
+    format!("r{:05}{:026}", run % 100_000, i).into_bytes()
+}
+
+/// Loads the scripts (Redis) and the completed keys for replay workloads.
+pub async fn prepare(spec: &Spec, prepared: &mut Prepared) -> anyhow::Result<()> {
+    let mut c = Conn::connect(&spec.addr).await.with_context(|| format!("connecting to {}", spec.addr))?;
+    if spec.flavor.is_redis() && prepared.claim_sha.is_empty() {
+        for (script, slot) in [(scripts::CLAIM, &mut prepared.claim_sha), (scripts::COMPLETE, &mut prepared.complete_sha)] {
+            match c.call(&[b"SCRIPT", b"LOAD", script.as_bytes()]).await? {
+                Frame::Bulk(sha) => *slot = sha,
+                other => bail!("SCRIPT LOAD failed: {other:?}"),
+            }
+        }
+    }
+    let need = match spec.workload {
+        Workload::Replay | Workload::Mixed => spec.keyspace,
+        _ => 0,
+    };
+    if prepared.populated >= need {
+        return Ok(());
+    }
+    let value = vec![b'v'; spec.value_size];
+    let mut i = prepared.populated;
+    while i < need {
+        let batch = (need - i).min(1000);
+        populate(&mut c, spec.flavor, (i..i + batch).map(|j| replay_key(spec.run_id, j)).collect(), &value).await?;
+        i += batch;
+    }
+    prepared.populated = need;
+    Ok(())
+}
+
+/// Stores completed records for `keys` (a pipelined batch).
+pub async fn populate(c: &mut Conn, flavor: Flavor, keys: Vec<Vec<u8>>, value: &[u8]) -> anyhow::Result<()> {
+    if flavor.is_redis() {
+        let mut stored = Vec::with_capacity(2 + value.len());
+        stored.extend_from_slice(b"C:");
+        stored.extend_from_slice(value);
+        for k in &keys {
+            c.push(&[b"SET", k, &stored, b"PX", b"86400000"]);
+        }
+        c.flush().await?;
+        for _ in &keys {
+            if let Frame::Error(e) = c.read().await? {
+                bail!("populate: {}", String::from_utf8_lossy(&e));
+            }
+        }
+        return Ok(());
+    }
+    for k in &keys {
+        c.push(&[b"CLAIM", k]);
+    }
+    c.flush().await?;
+    let mut fences = Vec::with_capacity(keys.len());
+    for _ in &keys {
+        match idem_protocol::ClaimReply::from_frame(c.read().await?) {
+            Ok(idem_protocol::ClaimReply::Acquired { fence }) => fences.push(Some(fence)),
+            Ok(_) => fences.push(None),
+            Err(e) => bail!("populate: {e:?}"),
+        }
+    }
+    let mut sent = 0;
+    for (k, f) in keys.iter().zip(&fences) {
+        if let Some(f) = f {
+            c.push(&[b"COMPLETE", k, f.to_string().as_bytes(), value]);
+            sent += 1;
+        }
+    }
+    c.flush().await?;
+    for _ in 0..sent {
+        if let Frame::Error(e) = c.read().await? {
+            bail!("populate: {}", String::from_utf8_lossy(&e));
+        }
+    }
+    Ok(())
+}
+
+struct Shared {
+    stop: AtomicBool,
+    ops: AtomicU64,
+}
+
+/// Runs one benchmark.
+pub async fn run(spec: &Spec, prepared: &Prepared) -> anyhow::Result<Measured> {
+    let shared = Arc::new(Shared { stop: AtomicBool::new(false), ops: AtomicU64::new(0) });
+    let mut conns = Vec::with_capacity(spec.connections);
+    for _ in 0..spec.connections {
+        conns.push(Conn::connect(&spec.addr).await.with_context(|| format!("connecting to {}", spec.addr))?);
+    }
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for (i, conn) in conns.into_iter().enumerate() {
+        let spec = spec.clone();
+        let prepared = prepared.clone();
+        let shared = shared.clone();
+        tasks.push(tokio::spawn(async move { drive(conn, i, &spec, &prepared, &shared).await }));
+    }
+    let ticker = {
+        let shared = shared.clone();
+        let spec = spec.clone();
+        tokio::spawn(async move {
+            let mut last = 0;
+            loop {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                let ops = shared.ops.load(Ordering::Relaxed);
+                let done = start.elapsed() >= spec.duration || spec.requests.is_some_and(|r| ops >= r);
+                if done {
+                    shared.stop.store(true, Ordering::Relaxed);
+                    return;
+                }
+                let secs = start.elapsed().as_secs();
+                if spec.progress && secs > last && secs % 2 == 0 {
+                    last = secs;
+                    eprintln!("  ... {} {:?}: {} ops in {}s", spec.flavor.label(), spec.workload, ops, secs);
+                }
+            }
+        })
+    };
+    let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
+    let mut errors = 0;
+    let mut ops = 0;
+    for t in tasks {
+        let (h, e, o) = t.await??;
+        hist.add(&h)?;
+        errors += e;
+        ops += o;
+    }
+    let elapsed = start.elapsed();
+    ticker.abort();
+    Ok(Measured { ops, errors, elapsed, hist })
+}
+
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+}
+
+fn is_error(f: &Frame) -> bool {
+    matches!(f, Frame::Error(_))
+}
+
+async fn drive(
+    mut c: Conn,
+    idx: usize,
+    spec: &Spec,
+    prep: &Prepared,
+    shared: &Shared,
+) -> anyhow::Result<(Histogram<u64>, u64, u64)> {
+    let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ (idx as u64 + 1).wrapping_mul(0x2545_f491_4f6c_dd1d));
+    let value = vec![b'v'; spec.value_size];
+    let mut seq = 0u64;
+    let (mut errors, mut ops) = (0u64, 0u64);
+    let lease = b"60000";
+    let p = spec.pipeline;
+    let mut keys: Vec<Vec<u8>> = Vec::with_capacity(p);
+    while !shared.stop.load(Ordering::Relaxed) {
+        let t0 = Instant::now();
+        match spec.workload {
+            Workload::Cycle => {
+                keys.clear();
+                for _ in 0..p {
+                    seq += 1;
+                    keys.push(fresh_key(spec, idx, seq));
+                }
+                for k in &keys {
+                    match spec.flavor {
+                        Flavor::Idem => c.push(&[b"CLAIM", k, b"LEASE", lease]),
+                        _ => c.push(&[b"EVALSHA", &prep.claim_sha, b"1", k, lease]),
+                    }
+                }
+                c.flush().await?;
+                let mut fences = Vec::with_capacity(p);
+                for _ in 0..p {
+                    let f = c.read().await?;
+                    fences.push(match &f {
+                        Frame::Array(items) => match items.get(1) {
+                            Some(Frame::Integer(n)) => Some(*n),
+                            _ => None,
+                        },
+                        _ => None,
+                    });
+                }
+                let mut sent = 0;
+                for (k, f) in keys.iter().zip(&fences) {
+                    let Some(f) = f else {
+                        errors += 1;
+                        continue;
+                    };
+                    let fence = f.to_string();
+                    match spec.flavor {
+                        Flavor::Idem => c.push(&[b"COMPLETE", k, fence.as_bytes(), &value]),
+                        _ => c.push(&[b"EVALSHA", &prep.complete_sha, b"1", k, fence.as_bytes(), &value, b"86400000"]),
+                    }
+                    sent += 1;
+                }
+                c.flush().await?;
+                for _ in 0..sent {
+                    if is_error(&c.read().await?) {
+                        errors += 1;
+                    }
+                }
+            }
+            w => {
+                for _ in 0..p {
+                    seq += 1;
+                    push_simple(&mut c, w, spec, prep, idx, seq, &mut rng, lease);
+                }
+                c.flush().await?;
+                for _ in 0..p {
+                    if is_error(&c.read().await?) {
+                        errors += 1;
+                    }
+                }
+            }
+        }
+        let us = t0.elapsed().as_micros() as u64;
+        hist.record_n(us.max(1), p as u64)?;
+        ops += p as u64;
+        shared.ops.fetch_add(p as u64, Ordering::Relaxed);
+    }
+    Ok((hist, errors, ops))
+}
+
+#[allow(clippy::too_many_arguments)]
+fn push_simple(c: &mut Conn, w: Workload, spec: &Spec, prep: &Prepared, idx: usize, seq: u64, rng: &mut Rng, lease: &[u8]) {
+    let replay = |rng: &mut Rng| replay_key(spec.run_id, rng.next() % spec.keyspace.max(1));
+    let w = match w {
+        Workload::Mixed => match rng.next() % 10 {
+            0..=5 => Workload::Replay,
+            6..=8 => Workload::Claim,
+            _ => {
+                let k = replay(rng);
+                match spec.flavor {
+                    Flavor::Idem => c.push(&[b"SETTLE", &k]),
+                    _ => c.push(&[b"GET", &k]),
+                }
+                return;
+            }
+        },
+        w => w,
+    };
+    match (w, spec.flavor) {
+        (Workload::Ping, _) => c.push(&[b"PING"]),
+        (Workload::Claim, Flavor::Idem) => c.push(&[b"CLAIM", &fresh_key(spec, idx, seq), b"LEASE", lease]),
+        (Workload::Claim, Flavor::RedisSetNx) => {
+            c.push(&[b"SET", &fresh_key(spec, idx, seq), b"1", b"NX", b"PX", lease])
+        }
+        (Workload::Claim, _) => c.push(&[b"EVALSHA", &prep.claim_sha, b"1", &fresh_key(spec, idx, seq), lease]),
+        (Workload::Replay, Flavor::Idem) => c.push(&[b"CLAIM", &replay(rng)]),
+        (Workload::Replay, Flavor::RedisSetNx) => c.push(&[b"GET", &replay(rng)]),
+        (Workload::Replay, _) => c.push(&[b"EVALSHA", &prep.claim_sha, b"1", &replay(rng), lease]),
+        (Workload::Cycle | Workload::Mixed, _) => unreachable!("handled by the caller"),
+    }
+}
