@@ -3,7 +3,7 @@
 use std::io;
 
 use bytes::BytesMut;
-use idem_protocol::{decode, Frame, Limits};
+use idem_protocol::{Frame, Limits, decode};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -41,7 +41,12 @@ impl Conn {
     pub async fn connect(addr: &str) -> io::Result<Conn> {
         let stream = TcpStream::connect(addr).await?;
         stream.set_nodelay(true)?;
-        Ok(Conn { stream, rbuf: BytesMut::with_capacity(64 * 1024), out: BytesMut::with_capacity(64 * 1024), limits: Limits::for_replies() })
+        Ok(Conn {
+            stream,
+            rbuf: BytesMut::with_capacity(64 * 1024),
+            out: BytesMut::with_capacity(64 * 1024),
+            limits: Limits::for_replies(),
+        })
     }
 
     /// Appends a request to the send buffer.
@@ -65,7 +70,10 @@ impl Conn {
                 Err(e) => return Err(io::Error::new(io::ErrorKind::InvalidData, e.to_string())),
             }
             if self.stream.read_buf(&mut self.rbuf).await? == 0 {
-                return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "server closed the connection"));
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "server closed the connection",
+                ));
             }
         }
     }
@@ -82,5 +90,11 @@ impl Conn {
 pub fn info_field(info: &Frame, field: &str) -> Option<u64> {
     let Frame::Bulk(text) = info else { return None };
     let text = std::str::from_utf8(text).ok()?;
-    text.lines().find_map(|l| l.strip_prefix(field)?.strip_prefix(':')?.trim().parse().ok())
+    text.lines().find_map(|l| {
+        l.strip_prefix(field)?
+            .strip_prefix(':')?
+            .trim()
+            .parse()
+            .ok()
+    })
 }

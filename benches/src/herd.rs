@@ -2,16 +2,16 @@
 //! COMPLETE (or SET, or PUBLISH) until the last waiter has its answer, and
 //! the requests it took.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context};
+use anyhow::{Context, bail};
 use idem_protocol::Frame;
 use serde::Serialize;
 use tokio::sync::Barrier;
 
-use crate::conn::{info_field, Conn};
+use crate::conn::{Conn, info_field};
 
 /// What a herd run measured.
 #[derive(Debug, Clone, Serialize)]
@@ -31,7 +31,11 @@ pub struct HerdResult {
 async fn connect_all(addr: &str, n: usize) -> anyhow::Result<Vec<Conn>> {
     let mut conns = Vec::with_capacity(n);
     for _ in 0..n {
-        conns.push(Conn::connect(addr).await.with_context(|| format!("connecting to {addr}"))?);
+        conns.push(
+            Conn::connect(addr)
+                .await
+                .with_context(|| format!("connecting to {addr}"))?,
+        );
     }
     Ok(conns)
 }
@@ -87,7 +91,14 @@ pub async fn idem(addr: &str, waiters: usize, run_id: u64) -> anyhow::Result<Her
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let t0 = Instant::now();
-    let done = owner.call(&[b"COMPLETE", &key, fence.to_string().as_bytes(), b"herd-result"]).await?;
+    let done = owner
+        .call(&[
+            b"COMPLETE",
+            &key,
+            fence.to_string().as_bytes(),
+            b"herd-result",
+        ])
+        .await?;
     if done != Frame::simple("OK") {
         bail!("complete: {done:?}");
     }
@@ -100,7 +111,12 @@ pub async fn idem(addr: &str, waiters: usize, run_id: u64) -> anyhow::Result<Her
 
 /// Redis polling, as idempotency libraries do: every waiter GETs the key
 /// every `poll` until it holds a result.
-pub async fn redis_poll(addr: &str, waiters: usize, poll: Duration, run_id: u64) -> anyhow::Result<HerdResult> {
+pub async fn redis_poll(
+    addr: &str,
+    waiters: usize,
+    poll: Duration,
+    run_id: u64,
+) -> anyhow::Result<HerdResult> {
     let key = format!("herd-poll:{run_id}:{}", Instant::now().elapsed().as_nanos()).into_bytes();
     let mut owner = Conn::connect(addr).await?;
     owner.call(&[b"SET", &key, b"F:1", b"PX", b"60000"]).await?;
@@ -134,12 +150,19 @@ pub async fn redis_poll(addr: &str, waiters: usize, poll: Duration, run_id: u64)
     // Let the pollers spread out over their interval, as they would in life.
     tokio::time::sleep(poll * 2).await;
     let t0 = Instant::now();
-    owner.call(&[b"SET", &key, b"C:herd-result", b"PX", b"60000"]).await?;
+    owner
+        .call(&[b"SET", &key, b"C:herd-result", b"PX", b"60000"])
+        .await?;
     let mut times = Vec::with_capacity(waiters);
     for t in tasks {
         times.push(t.await??);
     }
-    Ok(summarize(&format!("redis GET poll {}ms", poll.as_millis()), t0, times, requests.load(Ordering::Relaxed) + 2))
+    Ok(summarize(
+        &format!("redis GET poll {}ms", poll.as_millis()),
+        t0,
+        times,
+        requests.load(Ordering::Relaxed) + 2,
+    ))
 }
 
 /// Redis PUBLISH fan-out to N subscribers: the floor for push on Redis.
@@ -164,7 +187,9 @@ pub async fn redis_publish(addr: &str, waiters: usize, run_id: u64) -> anyhow::R
     }
     let mut publisher = Conn::connect(addr).await?;
     let t0 = Instant::now();
-    let n = publisher.call(&[b"PUBLISH", &channel, b"herd-result"]).await?;
+    let n = publisher
+        .call(&[b"PUBLISH", &channel, b"herd-result"])
+        .await?;
     if n != Frame::Integer(waiters as i64) {
         bail!("PUBLISH reached {n:?}");
     }
@@ -172,5 +197,10 @@ pub async fn redis_publish(addr: &str, waiters: usize, run_id: u64) -> anyhow::R
     for t in tasks {
         times.push(t.await??);
     }
-    Ok(summarize("redis PUBLISH fan-out", t0, times, waiters as u64 + 1))
+    Ok(summarize(
+        "redis PUBLISH fan-out",
+        t0,
+        times,
+        waiters as u64 + 1,
+    ))
 }

@@ -2,11 +2,11 @@
 
 use std::time::Duration;
 
-use anyhow::{bail, Context};
+use anyhow::{Context, bail};
 use serde::Serialize;
 
-use crate::conn::{info_field, Conn};
-use crate::workload::{populate, Flavor};
+use crate::conn::{Conn, info_field};
+use crate::workload::{Flavor, populate};
 
 /// What a memory run measured.
 #[derive(Debug, Clone, Serialize)]
@@ -26,17 +26,34 @@ pub struct MemoryResult {
 /// Resident set size of a process, from /proc.
 pub fn rss_bytes(pid: u32) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let kb: u64 = status.lines().find_map(|l| l.strip_prefix("VmRSS:"))?.trim().trim_end_matches("kB").trim().parse().ok()?;
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
     Some(kb * 1024)
 }
 
 /// Loads `records` completed records (32-byte keys, `value_size`-byte
 /// values) and measures the server's resident growth. The server's pid is
 /// read from its INFO (`process_id`), so it must run on this machine.
-pub async fn measure(addr: &str, flavor: Flavor, records: u64, value_size: usize, run_id: u64) -> anyhow::Result<MemoryResult> {
-    let mut c = Conn::connect(addr).await.with_context(|| format!("connecting to {addr}"))?;
+pub async fn measure(
+    addr: &str,
+    flavor: Flavor,
+    records: u64,
+    value_size: usize,
+    run_id: u64,
+) -> anyhow::Result<MemoryResult> {
+    let mut c = Conn::connect(addr)
+        .await
+        .with_context(|| format!("connecting to {addr}"))?;
     let info = c.call(&[b"INFO", b"server"]).await?;
-    let Some(pid) = info_field(&info, "process_id") else { bail!("no process_id in INFO") };
+    let Some(pid) = info_field(&info, "process_id") else {
+        bail!("no process_id in INFO")
+    };
     let pid = pid as u32;
     let before = rss_bytes(pid).context("cannot read the server's RSS (is it on this machine?)")?;
     let value = vec![b'm'; value_size];
@@ -46,13 +63,19 @@ pub async fn measure(addr: &str, flavor: Flavor, records: u64, value_size: usize
     for t in 0..conns {
         let addr = addr.to_owned();
         let value = value.clone();
-        let n = if t == conns - 1 { records - per * (conns - 1) } else { per };
+        let n = if t == conns - 1 {
+            records - per * (conns - 1)
+        } else {
+            per
+        };
         tasks.push(tokio::spawn(async move {
             let mut c = Conn::connect(&addr).await?;
             let mut i = 0;
             while i < n {
                 let batch = (n - i).min(1000);
-                let keys = (i..i + batch).map(|j| format!("m{:05}{:02}{:024}", run_id % 100_000, t, j).into_bytes()).collect();
+                let keys = (i..i + batch)
+                    .map(|j| format!("m{:05}{:02}{:024}", run_id % 100_000, t, j).into_bytes())
+                    .collect();
                 populate(&mut c, flavor, keys, &value).await?;
                 i += batch;
             }
@@ -65,7 +88,11 @@ pub async fn measure(addr: &str, flavor: Flavor, records: u64, value_size: usize
     tokio::time::sleep(Duration::from_millis(300)).await;
     let after = rss_bytes(pid).context("cannot read the server's RSS")?;
     Ok(MemoryResult {
-        label: if flavor.is_redis() { "redis".into() } else { "idem".into() },
+        label: if flavor.is_redis() {
+            "redis".into()
+        } else {
+            "idem".into()
+        },
         records,
         rss_before: before,
         rss_after: after,

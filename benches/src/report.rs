@@ -33,7 +33,13 @@ pub struct Row {
 
 impl Row {
     /// A row from a measurement.
-    pub fn new(flavor: Flavor, workload: Workload, connections: usize, pipeline: usize, m: &Measured) -> Row {
+    pub fn new(
+        flavor: Flavor,
+        workload: Workload,
+        connections: usize,
+        pipeline: usize,
+        m: &Measured,
+    ) -> Row {
         Row {
             target: flavor.label().into(),
             workload,
@@ -78,34 +84,100 @@ pub struct Report {
 }
 
 fn find<'a>(rows: &'a [Row], target: &str, w: Workload, c: usize, p: usize) -> Option<&'a Row> {
-    rows.iter().find(|r| r.target == target && r.workload == w && r.connections == c && r.pipeline == p)
+    rows.iter()
+        .find(|r| r.target == target && r.workload == w && r.connections == c && r.pipeline == p)
 }
 
 impl Report {
     /// Computes the ratios from the rows.
     pub fn compute_ratios(&mut self) {
-        let mut shapes: Vec<(usize, usize)> = self.rows.iter().map(|r| (r.connections, r.pipeline)).collect();
+        let mut shapes: Vec<(usize, usize)> = self
+            .rows
+            .iter()
+            .map(|r| (r.connections, r.pipeline))
+            .collect();
         shapes.dedup();
         shapes.sort();
         shapes.dedup();
         let comparisons: [(&str, Workload, &str, Workload, Option<f64>); 8] = [
-            ("claim: idem / redis EVALSHA claim", Workload::Claim, "redis EVALSHA", Workload::Claim, Some(1.5)),
-            ("claim: idem / redis SET NX PX", Workload::Claim, "redis SET NX PX", Workload::Claim, Some(1.0)),
-            ("claim: idem / idem PING", Workload::Claim, "idem", Workload::Ping, None),
-            ("cycle: idem / redis Lua pair", Workload::Cycle, "redis EVALSHA", Workload::Cycle, Some(1.5)),
-            ("replay: idem / redis EVALSHA", Workload::Replay, "redis EVALSHA", Workload::Replay, Some(1.0)),
-            ("replay: idem / redis GET", Workload::Replay, "redis SET NX PX", Workload::Replay, None),
-            ("mixed: idem / redis Lua mix", Workload::Mixed, "redis EVALSHA", Workload::Mixed, None),
-            ("ping: idem / redis", Workload::Ping, "redis", Workload::Ping, None),
+            (
+                "claim: idem / redis EVALSHA claim",
+                Workload::Claim,
+                "redis EVALSHA",
+                Workload::Claim,
+                Some(1.5),
+            ),
+            (
+                "claim: idem / redis SET NX PX",
+                Workload::Claim,
+                "redis SET NX PX",
+                Workload::Claim,
+                Some(1.0),
+            ),
+            (
+                "claim: idem / idem PING",
+                Workload::Claim,
+                "idem",
+                Workload::Ping,
+                None,
+            ),
+            (
+                "cycle: idem / redis Lua pair",
+                Workload::Cycle,
+                "redis EVALSHA",
+                Workload::Cycle,
+                Some(1.5),
+            ),
+            (
+                "replay: idem / redis EVALSHA",
+                Workload::Replay,
+                "redis EVALSHA",
+                Workload::Replay,
+                Some(1.0),
+            ),
+            (
+                "replay: idem / redis GET",
+                Workload::Replay,
+                "redis SET NX PX",
+                Workload::Replay,
+                None,
+            ),
+            (
+                "mixed: idem / redis Lua mix",
+                Workload::Mixed,
+                "redis EVALSHA",
+                Workload::Mixed,
+                None,
+            ),
+            (
+                "ping: idem / redis",
+                Workload::Ping,
+                "redis",
+                Workload::Ping,
+                None,
+            ),
         ];
         self.ratios.clear();
         for (c, p) in shapes {
             for (what, wn, den, wd, target) in comparisons {
-                let (Some(n), Some(d)) = (find(&self.rows, "idem", wn, c, p), find(&self.rows, den, wd, c, p)) else {
+                let (Some(n), Some(d)) = (
+                    find(&self.rows, "idem", wn, c, p),
+                    find(&self.rows, den, wd, c, p),
+                ) else {
                     continue;
                 };
-                let target = if what.starts_with("claim: idem / idem PING") && p >= 16 { Some(0.9) } else { target };
-                self.ratios.push(Ratio { what: what.into(), connections: c, pipeline: p, ratio: n.ops_per_sec / d.ops_per_sec, target });
+                let target = if what.starts_with("claim: idem / idem PING") && p >= 16 {
+                    Some(0.9)
+                } else {
+                    target
+                };
+                self.ratios.push(Ratio {
+                    what: what.into(),
+                    connections: c,
+                    pipeline: p,
+                    ratio: n.ops_per_sec / d.ops_per_sec,
+                    target,
+                });
             }
         }
     }
@@ -115,7 +187,19 @@ impl Report {
         use std::fmt::Write;
         let mut s = String::new();
         if !self.rows.is_empty() {
-            let _ = writeln!(s, "{:<18} {:<7} {:>5} {:>4} {:>12} {:>9} {:>9} {:>9} {:>7}", "target", "work", "conns", "pipe", "ops/s", "p50 µs", "p99 µs", "p99.9 µs", "errors");
+            let _ = writeln!(
+                s,
+                "{:<18} {:<7} {:>5} {:>4} {:>12} {:>9} {:>9} {:>9} {:>7}",
+                "target",
+                "work",
+                "conns",
+                "pipe",
+                "ops/s",
+                "p50 µs",
+                "p99 µs",
+                "p99.9 µs",
+                "errors"
+            );
             for r in &self.rows {
                 let _ = writeln!(
                     s,
@@ -133,26 +217,59 @@ impl Report {
             }
         }
         if !self.ratios.is_empty() {
-            let _ = writeln!(s, "\n{:<38} {:>5} {:>4} {:>7} {:>8}", "ratio", "conns", "pipe", "value", "target");
+            let _ = writeln!(
+                s,
+                "\n{:<38} {:>5} {:>4} {:>7} {:>8}",
+                "ratio", "conns", "pipe", "value", "target"
+            );
             for r in &self.ratios {
-                let target = r.target.map_or(String::new(), |t| format!(">= {t:.1} {}", if r.ratio >= t { "ok" } else { "MISS" }));
-                let _ = writeln!(s, "{:<38} {:>5} {:>4} {:>7.2} {:>8}", r.what, r.connections, r.pipeline, r.ratio, target);
+                let target = r.target.map_or(String::new(), |t| {
+                    format!(">= {t:.1} {}", if r.ratio >= t { "ok" } else { "MISS" })
+                });
+                let _ = writeln!(
+                    s,
+                    "{:<38} {:>5} {:>4} {:>7.2} {:>8}",
+                    r.what, r.connections, r.pipeline, r.ratio, target
+                );
             }
         }
         if !self.herds.is_empty() {
-            let _ = writeln!(s, "\n{:<24} {:>8} {:>14} {:>14} {:>10}", "herd", "waiters", "last ans. µs", "median µs", "requests");
+            let _ = writeln!(
+                s,
+                "\n{:<24} {:>8} {:>14} {:>14} {:>10}",
+                "herd", "waiters", "last ans. µs", "median µs", "requests"
+            );
             for h in &self.herds {
-                let _ = writeln!(s, "{:<24} {:>8} {:>14} {:>14} {:>10}", h.label, h.waiters, h.last_answer_us, h.median_answer_us, h.requests);
+                let _ = writeln!(
+                    s,
+                    "{:<24} {:>8} {:>14} {:>14} {:>10}",
+                    h.label, h.waiters, h.last_answer_us, h.median_answer_us, h.requests
+                );
             }
         }
         if !self.memory.is_empty() {
-            let _ = writeln!(s, "\n{:<8} {:>10} {:>14} {:>14} {:>12}", "memory", "records", "rss before", "rss after", "bytes/rec");
+            let _ = writeln!(
+                s,
+                "\n{:<8} {:>10} {:>14} {:>14} {:>12}",
+                "memory", "records", "rss before", "rss after", "bytes/rec"
+            );
             for m in &self.memory {
-                let _ = writeln!(s, "{:<8} {:>10} {:>14} {:>14} {:>12.1}", m.label, m.records, m.rss_before, m.rss_after, m.bytes_per_record);
+                let _ = writeln!(
+                    s,
+                    "{:<8} {:>10} {:>14} {:>14} {:>12.1}",
+                    m.label, m.records, m.rss_before, m.rss_after, m.bytes_per_record
+                );
             }
-            if let (Some(i), Some(r)) = (self.memory.iter().find(|m| m.label == "idem"), self.memory.iter().find(|m| m.label == "redis")) {
+            if let (Some(i), Some(r)) = (
+                self.memory.iter().find(|m| m.label == "idem"),
+                self.memory.iter().find(|m| m.label == "redis"),
+            ) {
                 let ratio = i.bytes_per_record / r.bytes_per_record;
-                let _ = writeln!(s, "memory ratio idem/redis: {ratio:.2} (target <= 0.75 {})", if ratio <= 0.75 { "ok" } else { "MISS" });
+                let _ = writeln!(
+                    s,
+                    "memory ratio idem/redis: {ratio:.2} (target <= 0.75 {})",
+                    if ratio <= 0.75 { "ok" } else { "MISS" }
+                );
             }
         }
         s

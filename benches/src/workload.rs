@@ -3,11 +3,11 @@
 //! request count is reached. Latency is the time from sending a batch to
 //! reading each reply of it, in microseconds.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context};
+use anyhow::{Context, bail};
 use bytes::Bytes;
 use hdrhistogram::Histogram;
 use idem_protocol::Frame;
@@ -121,7 +121,14 @@ pub struct Prepared {
 
 /// A 32-byte key no other measurement uses.
 fn fresh_key(spec: &Spec, conn: usize, seq: u64) -> Vec<u8> {
-    format!("k{:05}{:03}{:04}{:019}", spec.run_id % 100_000, spec.round % 1000, conn % 10_000, seq).into_bytes()
+    format!(
+        "k{:05}{:03}{:04}{:019}",
+        spec.run_id % 100_000,
+        spec.round % 1000,
+        conn % 10_000,
+        seq
+    )
+    .into_bytes()
 }
 
 fn replay_key(run: u64, i: u64) -> Vec<u8> {
@@ -130,9 +137,14 @@ fn replay_key(run: u64, i: u64) -> Vec<u8> {
 
 /// Loads the scripts (Redis) and the completed keys for replay workloads.
 pub async fn prepare(spec: &Spec, prepared: &mut Prepared) -> anyhow::Result<()> {
-    let mut c = Conn::connect(&spec.addr).await.with_context(|| format!("connecting to {}", spec.addr))?;
+    let mut c = Conn::connect(&spec.addr)
+        .await
+        .with_context(|| format!("connecting to {}", spec.addr))?;
     if spec.flavor.is_redis() && prepared.claim_sha.is_empty() {
-        for (script, slot) in [(scripts::CLAIM, &mut prepared.claim_sha), (scripts::COMPLETE, &mut prepared.complete_sha)] {
+        for (script, slot) in [
+            (scripts::CLAIM, &mut prepared.claim_sha),
+            (scripts::COMPLETE, &mut prepared.complete_sha),
+        ] {
             match c.call(&[b"SCRIPT", b"LOAD", script.as_bytes()]).await? {
                 Frame::Bulk(sha) => *slot = sha,
                 other => bail!("SCRIPT LOAD failed: {other:?}"),
@@ -150,7 +162,13 @@ pub async fn prepare(spec: &Spec, prepared: &mut Prepared) -> anyhow::Result<()>
     let mut i = prepared.populated;
     while i < need {
         let batch = (need - i).min(1000);
-        populate(&mut c, spec.flavor, (i..i + batch).map(|j| replay_key(spec.run_id, j)).collect(), &value).await?;
+        populate(
+            &mut c,
+            spec.flavor,
+            (i..i + batch).map(|j| replay_key(spec.run_id, j)).collect(),
+            &value,
+        )
+        .await?;
         i += batch;
     }
     prepared.populated = need;
@@ -158,7 +176,12 @@ pub async fn prepare(spec: &Spec, prepared: &mut Prepared) -> anyhow::Result<()>
 }
 
 /// Stores completed records for `keys` (a pipelined batch).
-pub async fn populate(c: &mut Conn, flavor: Flavor, keys: Vec<Vec<u8>>, value: &[u8]) -> anyhow::Result<()> {
+pub async fn populate(
+    c: &mut Conn,
+    flavor: Flavor,
+    keys: Vec<Vec<u8>>,
+    value: &[u8],
+) -> anyhow::Result<()> {
     if flavor.is_redis() {
         let mut stored = Vec::with_capacity(2 + value.len());
         stored.extend_from_slice(b"C:");
@@ -209,10 +232,17 @@ struct Shared {
 
 /// Runs one benchmark.
 pub async fn run(spec: &Spec, prepared: &Prepared) -> anyhow::Result<Measured> {
-    let shared = Arc::new(Shared { stop: AtomicBool::new(false), ops: AtomicU64::new(0) });
+    let shared = Arc::new(Shared {
+        stop: AtomicBool::new(false),
+        ops: AtomicU64::new(0),
+    });
     let mut conns = Vec::with_capacity(spec.connections);
     for _ in 0..spec.connections {
-        conns.push(Conn::connect(&spec.addr).await.with_context(|| format!("connecting to {}", spec.addr))?);
+        conns.push(
+            Conn::connect(&spec.addr)
+                .await
+                .with_context(|| format!("connecting to {}", spec.addr))?,
+        );
     }
     let start = Instant::now();
     let mut tasks = Vec::new();
@@ -220,7 +250,9 @@ pub async fn run(spec: &Spec, prepared: &Prepared) -> anyhow::Result<Measured> {
         let spec = spec.clone();
         let prepared = prepared.clone();
         let shared = shared.clone();
-        tasks.push(tokio::spawn(async move { drive(conn, i, &spec, &prepared, &shared).await }));
+        tasks.push(tokio::spawn(async move {
+            drive(conn, i, &spec, &prepared, &shared).await
+        }));
     }
     let ticker = {
         let shared = shared.clone();
@@ -230,7 +262,8 @@ pub async fn run(spec: &Spec, prepared: &Prepared) -> anyhow::Result<Measured> {
             loop {
                 tokio::time::sleep(Duration::from_millis(100)).await;
                 let ops = shared.ops.load(Ordering::Relaxed);
-                let done = start.elapsed() >= spec.duration || spec.requests.is_some_and(|r| ops >= r);
+                let done =
+                    start.elapsed() >= spec.duration || spec.requests.is_some_and(|r| ops >= r);
                 if done {
                     shared.stop.store(true, Ordering::Relaxed);
                     return;
@@ -238,7 +271,13 @@ pub async fn run(spec: &Spec, prepared: &Prepared) -> anyhow::Result<Measured> {
                 let secs = start.elapsed().as_secs();
                 if spec.progress && secs > last && secs % 2 == 0 {
                     last = secs;
-                    eprintln!("  ... {} {:?}: {} ops in {}s", spec.flavor.label(), spec.workload, ops, secs);
+                    eprintln!(
+                        "  ... {} {:?}: {} ops in {}s",
+                        spec.flavor.label(),
+                        spec.workload,
+                        ops,
+                        secs
+                    );
                 }
             }
         })
@@ -254,7 +293,12 @@ pub async fn run(spec: &Spec, prepared: &Prepared) -> anyhow::Result<Measured> {
     }
     let elapsed = start.elapsed();
     ticker.abort();
-    Ok(Measured { ops, errors, elapsed, hist })
+    Ok(Measured {
+        ops,
+        errors,
+        elapsed,
+        hist,
+    })
 }
 
 struct Rng(u64);
@@ -323,7 +367,15 @@ async fn drive(
                     let fence = f.to_string();
                     match spec.flavor {
                         Flavor::Idem => c.push(&[b"COMPLETE", k, fence.as_bytes(), &value]),
-                        _ => c.push(&[b"EVALSHA", &prep.complete_sha, b"1", k, fence.as_bytes(), &value, b"86400000"]),
+                        _ => c.push(&[
+                            b"EVALSHA",
+                            &prep.complete_sha,
+                            b"1",
+                            k,
+                            fence.as_bytes(),
+                            &value,
+                            b"86400000",
+                        ]),
                     }
                     sent += 1;
                 }
@@ -356,7 +408,16 @@ async fn drive(
 }
 
 #[allow(clippy::too_many_arguments)]
-fn push_simple(c: &mut Conn, w: Workload, spec: &Spec, prep: &Prepared, idx: usize, seq: u64, rng: &mut Rng, lease: &[u8]) {
+fn push_simple(
+    c: &mut Conn,
+    w: Workload,
+    spec: &Spec,
+    prep: &Prepared,
+    idx: usize,
+    seq: u64,
+    rng: &mut Rng,
+    lease: &[u8],
+) {
     let replay = |rng: &mut Rng| replay_key(spec.run_id, rng.next() % spec.keyspace.max(1));
     let w = match w {
         Workload::Mixed => match rng.next() % 10 {
@@ -375,11 +436,24 @@ fn push_simple(c: &mut Conn, w: Workload, spec: &Spec, prep: &Prepared, idx: usi
     };
     match (w, spec.flavor) {
         (Workload::Ping, _) => c.push(&[b"PING"]),
-        (Workload::Claim, Flavor::Idem) => c.push(&[b"CLAIM", &fresh_key(spec, idx, seq), b"LEASE", lease]),
-        (Workload::Claim, Flavor::RedisSetNx) => {
-            c.push(&[b"SET", &fresh_key(spec, idx, seq), b"1", b"NX", b"PX", lease])
+        (Workload::Claim, Flavor::Idem) => {
+            c.push(&[b"CLAIM", &fresh_key(spec, idx, seq), b"LEASE", lease])
         }
-        (Workload::Claim, _) => c.push(&[b"EVALSHA", &prep.claim_sha, b"1", &fresh_key(spec, idx, seq), lease]),
+        (Workload::Claim, Flavor::RedisSetNx) => c.push(&[
+            b"SET",
+            &fresh_key(spec, idx, seq),
+            b"1",
+            b"NX",
+            b"PX",
+            lease,
+        ]),
+        (Workload::Claim, _) => c.push(&[
+            b"EVALSHA",
+            &prep.claim_sha,
+            b"1",
+            &fresh_key(spec, idx, seq),
+            lease,
+        ]),
         (Workload::Replay, Flavor::Idem) => c.push(&[b"CLAIM", &replay(rng)]),
         (Workload::Replay, Flavor::RedisSetNx) => c.push(&[b"GET", &replay(rng)]),
         (Workload::Replay, _) => c.push(&[b"EVALSHA", &prep.claim_sha, b"1", &replay(rng), lease]),

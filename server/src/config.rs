@@ -84,6 +84,8 @@ pub struct RawConfig {
     pub sweep_batch: usize,
     /// Log filter (tracing `EnvFilter` syntax); `RUST_LOG` overrides it.
     pub log: String,
+    /// Runtime worker threads (0: one per CPU).
+    pub worker_threads: usize,
 }
 
 impl Default for RawConfig {
@@ -112,6 +114,7 @@ impl Default for RawConfig {
             sweep_interval_ms: 100,
             sweep_batch: 2000,
             log: "info".into(),
+            worker_threads: 0,
         }
     }
 }
@@ -169,6 +172,8 @@ pub struct Config {
     pub sweep_batch: usize,
     /// Log filter.
     pub log: String,
+    /// Runtime worker threads (0: one per CPU).
+    pub worker_threads: usize,
     /// The raw form, for `CONFIG GET`.
     pub raw: RawConfig,
 }
@@ -268,7 +273,8 @@ impl RawConfig {
             max_output_buffer_bytes,
             idle_timeout_ms,
             sweep_interval_ms,
-            sweep_batch
+            sweep_batch,
+            worker_threads
         );
         Ok(())
     }
@@ -305,6 +311,7 @@ impl RawConfig {
             ("sweep_interval_ms", self.sweep_interval_ms.to_string()),
             ("sweep_batch", self.sweep_batch.to_string()),
             ("log", self.log.clone()),
+            ("worker_threads", self.worker_threads.to_string()),
         ]
     }
 
@@ -374,6 +381,21 @@ impl RawConfig {
                 "must hold at least one largest reply (max_value_bytes + 1024)",
             ));
         }
+        if self.max_key_bytes > u16::MAX as usize {
+            return Err(invalid("max_key_bytes", "must be at most 65535"));
+        }
+        if self.max_fingerprint_bytes > u16::MAX as usize {
+            return Err(invalid("max_fingerprint_bytes", "must be at most 65535"));
+        }
+        if self.max_attempt_bytes > u8::MAX as usize {
+            return Err(invalid("max_attempt_bytes", "must be at most 255"));
+        }
+        if self.max_retain_ms > u32::MAX as u64 {
+            return Err(invalid(
+                "max_retain_ms",
+                format!("must be at most {} (about 49 days)", u32::MAX),
+            ));
+        }
         if self.max_args < 16 {
             return Err(invalid("max_args", "must be at least 16"));
         }
@@ -429,6 +451,7 @@ impl RawConfig {
             sweep_interval_ms: self.sweep_interval_ms,
             sweep_batch: self.sweep_batch,
             log: self.log.clone(),
+            worker_threads: self.worker_threads,
             raw: self,
         })
     }

@@ -15,7 +15,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use anyhow::Context;
 use clap::Parser;
 use idem_benches::report::{Report, Row};
-use idem_benches::workload::{prepare, run, Flavor, Prepared, Spec, Workload};
+use idem_benches::workload::{Flavor, Prepared, Spec, Workload, prepare, run};
 use idem_benches::{herd, memory};
 
 /// Load generator for Idem (and Redis).
@@ -29,7 +29,11 @@ struct Args {
     #[arg(long)]
     redis: Option<String>,
     /// Workloads to run.
-    #[arg(long, value_delimiter = ',', default_value = "ping,claim,cycle,replay,mixed")]
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "ping,claim,cycle,replay,mixed"
+    )]
     workloads: Vec<Workload>,
     /// Connection counts to try.
     #[arg(long, value_delimiter = ',', default_value = "50")]
@@ -72,7 +76,10 @@ struct Args {
 
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(args.threads.max(1)).enable_all().build()?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(args.threads.max(1))
+        .enable_all()
+        .build()?;
     rt.block_on(bench(args))
 }
 
@@ -98,7 +105,11 @@ async fn bench(args: Args) -> anyhow::Result<()> {
             for &p in &args.pipeline {
                 for &w in &args.workloads {
                     for flavor in flavors(w, args.redis.is_some()) {
-                        let addr = if flavor.is_redis() { args.redis.clone().unwrap_or_default() } else { args.idem.clone() };
+                        let addr = if flavor.is_redis() {
+                            args.redis.clone().unwrap_or_default()
+                        } else {
+                            args.idem.clone()
+                        };
                         let spec = Spec {
                             addr,
                             flavor,
@@ -113,9 +124,15 @@ async fn bench(args: Args) -> anyhow::Result<()> {
                             round: report.rows.len() as u64,
                             progress: args.duration >= 10.0,
                         };
-                        let prep = if flavor.is_redis() { &mut prep_redis } else { &mut prep_idem };
+                        let prep = if flavor.is_redis() {
+                            &mut prep_redis
+                        } else {
+                            &mut prep_idem
+                        };
                         prepare(&spec, prep).await?;
-                        let m = run(&spec, prep).await.with_context(|| format!("{} {w:?}", flavor.label()))?;
+                        let m = run(&spec, prep)
+                            .await
+                            .with_context(|| format!("{} {w:?}", flavor.label()))?;
                         let row = Row::new(flavor, w, c, p, &m);
                         eprintln!(
                             "{:<16} {:<7} c={:<3} p={:<3} {:>10.0} ops/s  p99 {} µs{}",
@@ -125,7 +142,11 @@ async fn bench(args: Args) -> anyhow::Result<()> {
                             p,
                             row.ops_per_sec,
                             row.p99_us,
-                            if row.errors > 0 { format!("  ({} errors)", row.errors) } else { String::new() }
+                            if row.errors > 0 {
+                                format!("  ({} errors)", row.errors)
+                            } else {
+                                String::new()
+                            }
                         );
                         report.rows.push(row);
                     }
@@ -135,26 +156,63 @@ async fn bench(args: Args) -> anyhow::Result<()> {
         report.compute_ratios();
     }
     if args.herd > 0 {
-        report.herds.push(herd::idem(&args.idem, args.herd, run_id).await.context("idem herd")?);
+        report.herds.push(
+            herd::idem(&args.idem, args.herd, run_id)
+                .await
+                .context("idem herd")?,
+        );
         if let Some(redis) = &args.redis {
-            report.herds.push(herd::redis_publish(redis, args.herd, run_id).await.context("redis publish herd")?);
             report.herds.push(
-                herd::redis_poll(redis, args.herd, Duration::from_millis(args.poll_ms), run_id).await.context("redis poll herd")?,
+                herd::redis_publish(redis, args.herd, run_id)
+                    .await
+                    .context("redis publish herd")?,
+            );
+            report.herds.push(
+                herd::redis_poll(
+                    redis,
+                    args.herd,
+                    Duration::from_millis(args.poll_ms),
+                    run_id,
+                )
+                .await
+                .context("redis poll herd")?,
             );
         }
         for h in &report.herds {
-            eprintln!("herd {:<24} last answer {} µs, {} requests", h.label, h.last_answer_us, h.requests);
+            eprintln!(
+                "herd {:<24} last answer {} µs, {} requests",
+                h.label, h.last_answer_us, h.requests
+            );
         }
     }
     if args.memory > 0 {
-        report.memory.push(memory::measure(&args.idem, Flavor::Idem, args.memory, args.value_size, run_id).await?);
+        report.memory.push(
+            memory::measure(
+                &args.idem,
+                Flavor::Idem,
+                args.memory,
+                args.value_size,
+                run_id,
+            )
+            .await?,
+        );
         if let Some(redis) = &args.redis {
-            report.memory.push(memory::measure(redis, Flavor::RedisLua, args.memory, args.value_size, run_id).await?);
+            report.memory.push(
+                memory::measure(
+                    redis,
+                    Flavor::RedisLua,
+                    args.memory,
+                    args.value_size,
+                    run_id,
+                )
+                .await?,
+            );
         }
     }
     println!("{}", report.to_text());
     if let Some(path) = &args.json {
-        std::fs::write(path, serde_json::to_vec_pretty(&report)?).with_context(|| format!("writing {}", path.display()))?;
+        std::fs::write(path, serde_json::to_vec_pretty(&report)?)
+            .with_context(|| format!("writing {}", path.display()))?;
     }
     Ok(())
 }

@@ -12,6 +12,11 @@ use idem_server::config::RawConfig;
 use idem_server::server::Server;
 use tracing_subscriber::EnvFilter;
 
+/// mimalloc: size classes that fit the store's small records closely and
+/// no per-allocation header, so resident memory tracks live data.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// The Idem idempotency server.
 #[derive(Parser, Debug)]
 #[command(name = "idemd", version, about)]

@@ -48,10 +48,9 @@ impl Engine {
         self.store.poke(key, self.clock.now_ms())
     }
 
-    /// One bounded expiry pass; true if work is left.
+    /// One bounded expiry pass; true if more expired records are likely.
     pub fn sweep(&self, batch: usize) -> bool {
-        let shards = self.store.config().shards.next_power_of_two();
-        self.store.sweep(self.clock.now_ms(), batch) >= batch * shards
+        self.store.sweep(self.clock.now_ms(), batch)
     }
 
     /// Records stored.

@@ -11,10 +11,13 @@
 //! backwards even if the commands' stamps do. Fences come from one counter
 //! advanced by every grant of ownership, so they strictly increase.
 //!
-//! Records are found by one keyed hash: its bits 40 and up pick the shard,
-//! the table uses the same hash for buckets (low bits) and tags (top bits).
+//! Records live in a per-shard slab of 48-byte slots (key, fingerprint,
+//! attempt and body share one allocation); an index of slot numbers finds
+//! them by one keyed hash, whose bits 40 and up pick the shard while the
+//! index uses the low bits for buckets and the top bits for tags.
 //! Expiry is lazy (any access past a deadline sees the lapse) plus an
-//! active sweep ([`Store::sweep`]) that does bounded work per shard per call.
+//! active sweep ([`Store::sweep`]) that walks each slab from a cursor,
+//! examining a bounded number of slots per call.
 
 mod record;
 mod shard;
@@ -36,9 +39,9 @@ use idem_protocol::{
 };
 use parking_lot::Mutex;
 
-use record::{RECORD_OVERHEAD, Record, State, own};
+use record::{Parts, RECORD_OVERHEAD, Record, State};
 pub use shard::ShardStats;
-use shard::{Aux, Shard, state_index};
+use shard::{Aux, Shard, Slab, state_index};
 
 /// `-FENCED`: the caller's fence does not own the key.
 pub const FENCED: ServerError =
@@ -184,7 +187,8 @@ impl Store {
         let sh = &mut *guard;
         let mut ctx = Ctx {
             store: self,
-            table: &mut sh.table,
+            index: &mut sh.index,
+            slab: &mut sh.slab,
             aux: &mut sh.aux,
             hash,
             now,
@@ -202,11 +206,10 @@ impl Store {
             Command::Forget(c) => ctx.forget(c),
             _ => Reply::Error(ServerError::new(ErrorCode::Err, "not a record command")),
         };
-        let wake = ctx.wake;
-        if guard.needs_rebuild() {
-            guard.rebuild_heap();
+        Applied {
+            reply,
+            wake: ctx.wake,
         }
-        Applied { reply, wake }
     }
 
     /// Applies pending lapses of `key` at `now_ms`. Returns the lease time
@@ -218,73 +221,64 @@ impl Store {
         let sh = &mut *guard;
         let mut ctx = Ctx {
             store: self,
-            table: &mut sh.table,
+            index: &mut sh.index,
+            slab: &mut sh.slab,
             aux: &mut sh.aux,
             hash,
             now,
             wake: false,
         };
-        let rec = ctx.lookup(key)?;
-        match rec.state {
+        let id = ctx.lookup(key)?;
+        let rec = ctx.rec(id);
+        match rec.state() {
             State::InFlight => Some(rec.deadline - now),
             _ => None,
         }
     }
 
     /// Expires records whose deadlines have passed, examining at most
-    /// `budget` heap entries per shard. Returns how many entries were
-    /// examined in all; a result of `budget * shards` or more means work is
-    /// left.
-    pub fn sweep(&self, now_ms: u64, budget: usize) -> usize {
+    /// `budget` slots per shard, each shard resuming where the last call
+    /// stopped. Returns true when more than a quarter of the occupied slots
+    /// examined had expired: more are likely due, call again.
+    pub fn sweep(&self, now_ms: u64, budget: usize) -> bool {
         let now = self.tick(now_ms);
-        let mut examined = 0;
+        let (mut seen, mut expired) = (0usize, 0usize);
         for shard in self.shards.iter() {
             let mut guard = shard.lock();
             let sh = &mut *guard;
-            let mut n = 0;
-            while n < budget {
-                let Some(&std::cmp::Reverse((deadline, hash, fence))) = sh.aux.heap.peek() else {
-                    break;
-                };
-                if deadline > now {
-                    break;
-                }
-                sh.aux.heap.pop();
-                n += 1;
-                let Ok(entry) = sh.table.find_entry(hash, |r| r.fence == fence) else {
-                    continue;
-                };
-                if entry.get().heap_at != deadline {
-                    continue;
-                }
-                let rec = entry.into_mut();
-                rec.heap_at = u64::MAX;
+            let slots = sh.slab.slots();
+            if sh.slab.len() == 0 {
+                continue;
+            }
+            for _ in 0..budget.min(slots) {
+                let id = (sh.aux.cursor % slots) as u32;
+                sh.aux.cursor = (sh.aux.cursor + 1) % slots;
+                let Some(rec) = sh.slab.get(id) else { continue };
+                seen += 1;
                 if rec.deadline > now {
-                    Shard::schedule(&mut sh.aux.heap, rec);
                     continue;
                 }
-                let key = rec.key.clone();
+                let hash = self.hash(rec.key());
                 let mut ctx = Ctx {
                     store: self,
-                    table: &mut sh.table,
+                    index: &mut sh.index,
+                    slab: &mut sh.slab,
                     aux: &mut sh.aux,
                     hash,
                     now,
                     wake: false,
                 };
-                ctx.lookup(&key);
-            }
-            examined += n;
-            if guard.needs_rebuild() {
-                guard.rebuild_heap();
+                if ctx.expire_if_due(id) {
+                    expired += 1;
+                }
             }
         }
-        examined
+        seen > 0 && expired * 4 > seen
     }
 
     /// Number of records stored.
     pub fn len(&self) -> usize {
-        self.shards.iter().map(|s| s.lock().table.len()).sum()
+        self.shards.iter().map(|s| s.lock().slab.len()).sum()
     }
 
     /// Whether the store holds no record.
@@ -302,7 +296,7 @@ impl Store {
         };
         for shard in self.shards.iter() {
             let sh = shard.lock();
-            st.records += sh.table.len();
+            st.records += sh.slab.len();
             st.in_flight += sh.aux.by_state[0];
             st.abandoned += sh.aux.by_state[1];
             st.completed += sh.aux.by_state[2];
@@ -320,154 +314,141 @@ impl Store {
     }
 }
 
-/// Finds the record of `key`, applying any deadline that has passed: a
-/// lapsed lease frees the key (FREE) or abandons it (RECOVER); a completed
-/// or abandoned record past retention is dropped. Sets `wake` on a lapse.
-fn lookup<'t>(
-    table: &'t mut HashTable<Record>,
-    aux: &mut Aux,
-    store: &Store,
-    hash: u64,
-    now: u64,
-    wake: &mut bool,
-    key: &[u8],
-) -> Option<&'t mut Record> {
-    let entry = table.find_entry(hash, |r| r.key == key).ok()?;
-    let rec = entry.get();
-    if rec.deadline > now {
-        return Some(entry.into_mut());
-    }
-    let mut abandon = false;
-    if rec.state == State::InFlight {
-        *wake = true;
-        aux.stats.lapses += 1;
-        // Retention runs from the moment the lease ran out, whoever
-        // notices it, so every replica computes the same deadline.
-        abandon =
-            rec.on_expire == OnExpire::Recover && rec.deadline.saturating_add(rec.retain_ms) > now;
-    }
-    if abandon {
-        let rec = entry.into_mut();
-        rec.deadline = rec.deadline.saturating_add(rec.retain_ms);
-        rec.state = State::Abandoned;
-        rec.recovered = false;
-        Shard::schedule(&mut aux.heap, rec);
-        aux.by_state[0] -= 1;
-        aux.by_state[1] += 1;
-        return Some(rec);
-    }
-    if rec.state != State::InFlight || rec.on_expire == OnExpire::Recover {
-        aux.stats.expired += 1;
-    }
-    let (removed, _) = entry.remove();
-    aux.by_state[state_index(removed.state)] -= 1;
-    store.charge(removed.cost(), 0);
-    None
-}
-
-/// Calls [`lookup`] borrowing only the fields it needs, so the record it
-/// returns can be used beside the shard's heap and counters.
-macro_rules! lookup {
-    ($ctx:ident, $key:expr) => {
-        lookup(
-            &mut *$ctx.table,
-            &mut *$ctx.aux,
-            $ctx.store,
-            $ctx.hash,
-            $ctx.now,
-            &mut $ctx.wake,
-            $key,
-        )
-    };
-}
-
 /// One command's view of its shard.
 struct Ctx<'a> {
     store: &'a Store,
-    table: &'a mut HashTable<Record>,
+    index: &'a mut HashTable<u32>,
+    slab: &'a mut Slab,
     aux: &'a mut Aux,
+    /// The hash of the key the command addresses.
     hash: u64,
     now: u64,
     wake: bool,
 }
 
+fn ms32(v: u64) -> u32 {
+    v.min(u32::MAX as u64) as u32
+}
+
 impl Ctx<'_> {
-    /// Finds the record of `key`, applying any deadline that has passed:
-    /// a lapsed lease frees the key (FREE) or abandons it (RECOVER); a
-    /// completed or abandoned record past retention is dropped.
-    fn lookup(&mut self, key: &[u8]) -> Option<&mut Record> {
-        lookup(
-            self.table,
-            self.aux,
-            self.store,
-            self.hash,
-            self.now,
-            &mut self.wake,
-            key,
-        )
+    /// The record in slot `id`, which the caller just found.
+    fn rec(&mut self, id: u32) -> &mut Record {
+        self.slab
+            .get_mut(id)
+            .expect("slot found under the shard lock is occupied")
     }
 
-    fn remove(&mut self, key: &[u8]) {
-        if let Ok(entry) = self.table.find_entry(self.hash, |r| r.key == key) {
-            let (removed, _) = entry.remove();
-            self.aux.by_state[state_index(removed.state)] -= 1;
-            self.store.charge(removed.cost(), 0);
+    /// Finds the slot of `key`, applying any deadline that has passed.
+    fn lookup(&mut self, key: &[u8]) -> Option<u32> {
+        let slab = &*self.slab;
+        let id = *self.index.find(self.hash, |&id| {
+            slab.get(id).is_some_and(|r| r.key() == key)
+        })?;
+        if self.expire_if_due(id) {
+            None
+        } else {
+            Some(id)
         }
     }
 
-    fn next_fence(&self) -> u64 {
-        self.store.next_fence.fetch_add(1, Ordering::AcqRel)
+    /// Applies a passed deadline to slot `id`: a lapsed lease frees the key
+    /// (FREE) or abandons it (RECOVER); a completed or abandoned record past
+    /// retention is dropped. Returns true if the record is gone.
+    fn expire_if_due(&mut self, id: u32) -> bool {
+        let now = self.now;
+        let Some(rec) = self.slab.get_mut(id) else {
+            return true;
+        };
+        if rec.deadline > now {
+            return false;
+        }
+        if rec.state() == State::InFlight {
+            self.wake = true;
+            self.aux.stats.lapses += 1;
+            if rec.on_expire() == OnExpire::Recover {
+                // Retention runs from the moment the lease ran out, whoever
+                // notices it, so every replica computes the same deadline.
+                let until = rec.deadline.saturating_add(rec.retain_ms as u64);
+                if until > now {
+                    rec.deadline = until;
+                    rec.set_state(State::Abandoned);
+                    rec.set_recovered(false);
+                    self.aux.by_state[0] -= 1;
+                    self.aux.by_state[1] += 1;
+                    return false;
+                }
+                self.aux.stats.expired += 1;
+            }
+        } else {
+            self.aux.stats.expired += 1;
+        }
+        self.remove(id);
+        true
+    }
+
+    /// Removes slot `id` (whose key hashes to `self.hash`).
+    fn remove(&mut self, id: u32) {
+        if let Ok(entry) = self.index.find_entry(self.hash, |&x| x == id) {
+            entry.remove();
+        }
+        if let Some(rec) = self.slab.remove(id) {
+            self.aux.by_state[state_index(rec.state())] -= 1;
+            self.store.charge(rec.cost(), 0);
+        }
+    }
+
+    fn fenced(&mut self) -> Reply {
+        self.aux.stats.fenced += 1;
+        FENCED.into()
     }
 
     fn claim(&mut self, c: &Claim) -> Reply {
         let now = self.now;
         let cfg = &self.store.cfg;
         let lease = c.lease_ms.unwrap_or(cfg.default_lease_ms);
-        let retain = c.retain_ms.unwrap_or(cfg.default_retain_ms);
+        let retain = ms32(c.retain_ms.unwrap_or(cfg.default_retain_ms));
         let on_expire = c.on_expire.unwrap_or_default();
         let fp = c.fingerprint.as_ref();
-        if let Some(rec) = lookup!(self, &c.key) {
+        if let Some(id) = self.lookup(&c.key) {
+            let rec = self.rec(id);
             if rec.mismatches(fp) {
                 self.aux.stats.mismatches += 1;
                 return MISMATCH.into();
             }
-            return match rec.state {
-                State::InFlight => {
-                    if c.attempt.is_some() && rec.attempt == c.attempt {
-                        // A retry of the claim that owns the key.
-                        if rec.recovered {
-                            Reply::Claim(ClaimReply::Recover {
-                                fence: rec.fence,
-                                journal: rec.body.clone(),
-                            })
-                        } else {
-                            Reply::Claim(ClaimReply::Acquired { fence: rec.fence })
-                        }
+            return match rec.state() {
+                State::InFlight if rec.attempt_is(c.attempt.as_ref()) => {
+                    // A retry of the claim that owns the key.
+                    if rec.recovered() {
+                        Reply::Claim(ClaimReply::Recover {
+                            fence: rec.fence,
+                            journal: rec.body(),
+                        })
                     } else {
-                        let remaining_ms = rec.deadline - now;
-                        self.aux.stats.conflicts += 1;
-                        Reply::Claim(ClaimReply::InFlight { remaining_ms })
+                        Reply::Claim(ClaimReply::Acquired { fence: rec.fence })
                     }
                 }
+                State::InFlight => {
+                    let remaining_ms = rec.deadline - now;
+                    self.aux.stats.conflicts += 1;
+                    Reply::Claim(ClaimReply::InFlight { remaining_ms })
+                }
                 State::Completed(outcome) => {
-                    let value = rec.body.clone();
+                    let value = rec.body();
                     self.aux.stats.replays += 1;
                     Reply::Claim(ClaimReply::Completed { outcome, value })
                 }
                 State::Abandoned => {
                     let fence = self.store.next_fence.fetch_add(1, Ordering::AcqRel);
+                    let rec = self.rec(id);
                     let before = rec.cost();
-                    rec.fence = fence;
-                    rec.state = State::InFlight;
-                    rec.deadline = now.saturating_add(lease);
-                    rec.heap_at = u64::MAX;
-                    rec.attempt = c.attempt.as_ref().map(own);
-                    rec.on_expire = on_expire;
-                    rec.retain_ms = retain;
-                    rec.recovered = true;
-                    let journal = rec.body.clone();
-                    let after = rec.cost();
-                    Shard::schedule(&mut self.aux.heap, rec);
+                    rec.take_over(
+                        fence,
+                        now.saturating_add(lease),
+                        retain,
+                        on_expire,
+                        c.attempt.as_deref(),
+                    );
+                    let (after, journal) = (rec.cost(), rec.body());
                     self.aux.by_state[1] -= 1;
                     self.aux.by_state[0] += 1;
                     self.aux.stats.recovered += 1;
@@ -476,33 +457,29 @@ impl Ctx<'_> {
                 }
             };
         }
+        let attempt = c.attempt.as_deref();
         let cost = RECORD_OVERHEAD
             + c.key.len()
             + fp.map_or(0, Bytes::len)
-            + c.attempt.as_ref().map_or(0, Bytes::len);
+            + attempt.map_or(0, <[u8]>::len);
         if self.store.memory.load(Ordering::Relaxed) + cost > cfg.max_memory_bytes {
             self.aux.stats.oom += 1;
             return OOM.into();
         }
-        let fence = self.next_fence();
-        let mut rec = Record {
-            key: own(&c.key),
-            hash: self.hash,
-            fence,
-            state: State::InFlight,
-            deadline: now.saturating_add(lease),
-            heap_at: u64::MAX,
-            body: Bytes::new(),
-            fingerprint: fp.map(own),
-            attempt: c.attempt.as_ref().map(own),
-            on_expire,
-            retain_ms: retain,
-            recovered: false,
+        let fence = self.store.next_fence.fetch_add(1, Ordering::AcqRel);
+        let parts = Parts {
+            key: &c.key,
+            fingerprint: fp.map(|f| &f[..]),
+            attempt,
+            body: &[],
         };
-        Shard::schedule(&mut self.aux.heap, &mut rec);
+        let rec = Record::in_flight(parts, fence, now.saturating_add(lease), retain, on_expire);
         self.store.charge(0, rec.cost());
-        let hasher = |r: &Record| r.hash;
-        self.table.insert_unique(self.hash, rec, hasher);
+        let id = self.slab.insert(rec);
+        let (store, slab) = (self.store, &*self.slab);
+        self.index.insert_unique(self.hash, id, |&i| {
+            slab.get(i).map_or(0, |r| store.hash(r.key()))
+        });
         self.aux.by_state[0] += 1;
         self.aux.stats.acquired += 1;
         Reply::Claim(ClaimReply::Acquired { fence })
@@ -510,37 +487,37 @@ impl Ctx<'_> {
 
     fn settle(&mut self, c: &Settle) -> Reply {
         let now = self.now;
-        Reply::Settle(match lookup!(self, &c.key) {
-            None => SettleReply::Absent,
-            Some(rec) => match rec.state {
-                State::InFlight => SettleReply::InFlight {
-                    remaining_ms: rec.deadline - now,
-                },
-                State::Abandoned => SettleReply::Abandoned {
-                    journal: rec.body.clone(),
-                },
-                State::Completed(outcome) => SettleReply::Completed {
-                    outcome,
-                    value: rec.body.clone(),
-                },
+        let Some(id) = self.lookup(&c.key) else {
+            return Reply::Settle(SettleReply::Absent);
+        };
+        let rec = self.rec(id);
+        Reply::Settle(match rec.state() {
+            State::InFlight => SettleReply::InFlight {
+                remaining_ms: rec.deadline - now,
+            },
+            State::Abandoned => SettleReply::Abandoned {
+                journal: rec.body(),
+            },
+            State::Completed(outcome) => SettleReply::Completed {
+                outcome,
+                value: rec.body(),
             },
         })
     }
 
-    fn fenced(&mut self) -> Reply {
-        self.aux.stats.fenced += 1;
-        FENCED.into()
+    /// The slot of `key` if it is held under `fence`.
+    fn owned(&mut self, key: &[u8], fence: u64) -> Option<u32> {
+        let id = self.lookup(key)?;
+        (self.rec(id).fence == fence).then_some(id)
     }
 
     fn complete(&mut self, c: &Complete) -> Reply {
         let now = self.now;
-        let Some(rec) = lookup!(self, &c.key) else {
+        let Some(id) = self.owned(&c.key, c.fence) else {
             return self.fenced();
         };
-        if rec.fence != c.fence {
-            return self.fenced();
-        }
-        let from = match rec.state {
+        let rec = self.rec(id);
+        let from = match rec.state() {
             // A retry of the COMPLETE that already landed: change nothing.
             State::Completed(_) => return Reply::Ok,
             State::InFlight => 0,
@@ -550,12 +527,10 @@ impl Ctx<'_> {
         };
         let before = rec.cost();
         let outcome = if c.error { Outcome::Err } else { Outcome::Ok };
-        rec.state = State::Completed(outcome);
-        rec.body = own(&c.value);
-        rec.attempt = None;
-        rec.deadline = now.saturating_add(c.retain_ms.unwrap_or(rec.retain_ms));
+        rec.rewrite(None, &c.value);
+        rec.set_state(State::Completed(outcome));
+        rec.deadline = now.saturating_add(c.retain_ms.unwrap_or(rec.retain_ms as u64));
         let after = rec.cost();
-        Shard::schedule(&mut self.aux.heap, rec);
         self.aux.by_state[from] -= 1;
         self.aux.by_state[2] += 1;
         self.aux.stats.completed += 1;
@@ -566,10 +541,9 @@ impl Ctx<'_> {
 
     fn renew(&mut self, c: &Renew) -> Reply {
         let now = self.now;
-        match lookup!(self, &c.key) {
-            Some(rec) if rec.fence == c.fence && rec.state == State::InFlight => {
-                rec.deadline = now.saturating_add(c.lease_ms);
-                Shard::schedule(&mut self.aux.heap, rec);
+        match self.owned(&c.key, c.fence) {
+            Some(id) if self.rec(id).state() == State::InFlight => {
+                self.rec(id).deadline = now.saturating_add(c.lease_ms);
                 Reply::Ok
             }
             _ => self.fenced(),
@@ -577,10 +551,12 @@ impl Ctx<'_> {
     }
 
     fn journal(&mut self, c: &Journal) -> Reply {
-        match lookup!(self, &c.key) {
-            Some(rec) if rec.fence == c.fence && rec.state == State::InFlight => {
+        match self.owned(&c.key, c.fence) {
+            Some(id) if self.rec(id).state() == State::InFlight => {
+                let rec = self.rec(id);
                 let before = rec.cost();
-                rec.body = own(&c.journal);
+                let attempt = rec.parts().attempt.map(<[u8]>::to_vec);
+                rec.rewrite(attempt.as_deref(), &c.journal);
                 let after = rec.cost();
                 self.store.charge(before, after);
                 Reply::Ok
@@ -590,50 +566,52 @@ impl Ctx<'_> {
     }
 
     fn release(&mut self, c: &Release) -> Reply {
-        match lookup!(self, &c.key) {
-            None => Reply::Ok,
-            Some(rec) if rec.fence == c.fence && !matches!(rec.state, State::Completed(_)) => {
-                self.wake = rec.state == State::InFlight;
-                self.remove(&c.key);
-                Reply::Ok
-            }
-            Some(_) => self.fenced(),
+        let Some(id) = self.lookup(&c.key) else {
+            return Reply::Ok;
+        };
+        let rec = self.rec(id);
+        let state = rec.state();
+        if rec.fence != c.fence || matches!(state, State::Completed(_)) {
+            return self.fenced();
         }
+        self.wake |= state == State::InFlight;
+        self.remove(id);
+        Reply::Ok
     }
 
     fn abandon(&mut self, c: &Abandon) -> Reply {
         let now = self.now;
-        match lookup!(self, &c.key) {
-            Some(rec) if rec.fence == c.fence => match rec.state {
-                State::Abandoned => Reply::Ok,
-                State::Completed(_) => self.fenced(),
-                State::InFlight => {
-                    rec.state = State::Abandoned;
-                    rec.recovered = false;
-                    rec.deadline = now.saturating_add(rec.retain_ms);
-                    Shard::schedule(&mut self.aux.heap, rec);
-                    self.aux.by_state[0] -= 1;
-                    self.aux.by_state[1] += 1;
-                    self.wake = true;
-                    Reply::Ok
-                }
-            },
-            _ => self.fenced(),
+        let Some(id) = self.owned(&c.key, c.fence) else {
+            return self.fenced();
+        };
+        let rec = self.rec(id);
+        match rec.state() {
+            State::Abandoned => Reply::Ok,
+            State::Completed(_) => self.fenced(),
+            State::InFlight => {
+                rec.set_state(State::Abandoned);
+                rec.set_recovered(false);
+                rec.deadline = now.saturating_add(rec.retain_ms as u64);
+                self.aux.by_state[0] -= 1;
+                self.aux.by_state[1] += 1;
+                self.wake = true;
+                Reply::Ok
+            }
         }
     }
 
     fn inspect(&mut self, c: &Inspect) -> Reply {
         let now = self.now;
-        Reply::Inspect(lookup!(self, &c.key).map(|r| r.info(now)))
+        let id = self.lookup(&c.key);
+        Reply::Inspect(id.map(|id| self.rec(id).info(now)))
     }
 
     fn forget(&mut self, c: &Forget) -> Reply {
-        let in_flight = match lookup!(self, &c.key) {
-            None => return Reply::Frame(idem_protocol::Frame::Integer(0)),
-            Some(rec) => rec.state == State::InFlight,
+        let Some(id) = self.lookup(&c.key) else {
+            return Reply::Frame(idem_protocol::Frame::Integer(0));
         };
-        self.remove(&c.key);
-        self.wake |= in_flight;
+        self.wake |= self.rec(id).state() == State::InFlight;
+        self.remove(id);
         Reply::Frame(idem_protocol::Frame::Integer(1))
     }
 }

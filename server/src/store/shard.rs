@@ -1,8 +1,5 @@
-//! One lock's worth of the store: a hash table of records and a heap of
-//! their deadlines.
-
-use std::cmp::Reverse;
-use std::collections::BinaryHeap;
+//! One lock's worth of the store: a slab of records and a hash index of
+//! slot numbers into it.
 
 use hashbrown::HashTable;
 
@@ -48,23 +45,75 @@ impl ShardStats {
     }
 }
 
-/// A deadline in the heap: `(deadline, hash, fence)`; the fence tells the
-/// record it was pushed for from a later record of the same key.
-pub(crate) type HeapEntry = Reverse<(u64, u64, u64)>;
+/// Slots per slab chunk. Chunks are allocated whole and never moved, so
+/// growing the slab never copies records.
+const CHUNK: usize = 4096;
+
+/// Records by slot number, with a free list.
+#[derive(Default)]
+pub(crate) struct Slab {
+    chunks: Vec<Box<[Option<Record>]>>,
+    free: Vec<u32>,
+    len: usize,
+}
+
+impl Slab {
+    pub(crate) fn get(&self, id: u32) -> Option<&Record> {
+        self.chunks.get(id as usize / CHUNK)?[id as usize % CHUNK].as_ref()
+    }
+
+    pub(crate) fn get_mut(&mut self, id: u32) -> Option<&mut Record> {
+        self.chunks.get_mut(id as usize / CHUNK)?[id as usize % CHUNK].as_mut()
+    }
+
+    pub(crate) fn insert(&mut self, rec: Record) -> u32 {
+        self.len += 1;
+        let id = match self.free.pop() {
+            Some(id) => id,
+            None => {
+                let id = (self.chunks.len() * CHUNK) as u32;
+                self.chunks.push((0..CHUNK).map(|_| None).collect());
+                self.free.extend((id + 1..id + CHUNK as u32).rev());
+                id
+            }
+        };
+        self.chunks[id as usize / CHUNK][id as usize % CHUNK] = Some(rec);
+        id
+    }
+
+    pub(crate) fn remove(&mut self, id: u32) -> Option<Record> {
+        let rec = self.chunks.get_mut(id as usize / CHUNK)?[id as usize % CHUNK].take()?;
+        self.free.push(id);
+        self.len -= 1;
+        Some(rec)
+    }
+
+    /// Number of slots (occupied or free).
+    pub(crate) fn slots(&self) -> usize {
+        self.chunks.len() * CHUNK
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+}
 
 #[derive(Default)]
 pub(crate) struct Shard {
-    pub(crate) table: HashTable<Record>,
+    /// Slot numbers, found by the key's hash.
+    pub(crate) index: HashTable<u32>,
+    pub(crate) slab: Slab,
     pub(crate) aux: Aux,
 }
 
-/// Everything of a shard beside its table (borrowed separately from it).
+/// Everything of a shard beside its index and slab.
 #[derive(Default)]
 pub(crate) struct Aux {
-    pub(crate) heap: BinaryHeap<HeapEntry>,
     /// Records by state: in flight, abandoned, completed.
     pub(crate) by_state: [usize; 3],
     pub(crate) stats: ShardStats,
+    /// Where the active sweep resumes.
+    pub(crate) cursor: usize,
 }
 
 pub(crate) fn state_index(s: State) -> usize {
@@ -72,36 +121,5 @@ pub(crate) fn state_index(s: State) -> usize {
         State::InFlight => 0,
         State::Abandoned => 1,
         State::Completed(_) => 2,
-    }
-}
-
-impl Shard {
-    /// Schedules `rec`'s deadline in the heap if it is earlier than the
-    /// entry it already has. A later deadline needs no entry: when the
-    /// earlier one pops, the sweep pushes the current deadline. Stale entries
-    /// (records gone or rescheduled) are dropped when they pop.
-    pub(crate) fn schedule(heap: &mut BinaryHeap<HeapEntry>, rec: &mut Record) {
-        if rec.deadline < rec.heap_at {
-            rec.heap_at = rec.deadline;
-            heap.push(Reverse((rec.deadline, rec.hash, rec.fence)));
-        }
-    }
-
-    /// Rebuilds the heap from the table: one entry per record.
-    pub(crate) fn rebuild_heap(&mut self) {
-        self.aux.heap.clear();
-        for rec in self.table.iter_mut() {
-            rec.heap_at = rec.deadline;
-            self.aux
-                .heap
-                .push(Reverse((rec.deadline, rec.hash, rec.fence)));
-        }
-    }
-
-    /// Whether stale entries outnumber live ones; rebuilding then keeps the
-    /// heap within about twice the table whatever clients do, at amortized
-    /// constant cost per push.
-    pub(crate) fn needs_rebuild(&self) -> bool {
-        self.aux.heap.len() > 2 * self.table.len() + 64
     }
 }
