@@ -137,10 +137,10 @@ pub async fn redis_poll(
                     ready.wait().await;
                     first = false;
                 }
-                if let Frame::Bulk(b) = &v {
-                    if b.starts_with(b"C:") {
-                        return Ok::<_, anyhow::Error>(Instant::now());
-                    }
+                if let Frame::Bulk(b) = &v
+                    && b.starts_with(b"C:")
+                {
+                    return Ok::<_, anyhow::Error>(Instant::now());
                 }
                 tokio::time::sleep(poll).await;
             }

@@ -269,7 +269,7 @@ pub async fn run(spec: &Spec, prepared: &Prepared) -> anyhow::Result<Measured> {
                     return;
                 }
                 let secs = start.elapsed().as_secs();
-                if spec.progress && secs > last && secs % 2 == 0 {
+                if spec.progress && secs > last && secs.is_multiple_of(2) {
                     last = secs;
                     eprintln!(
                         "  ... {} {:?}: {} ops in {}s",

@@ -39,7 +39,7 @@ use idem_protocol::{
 };
 use parking_lot::Mutex;
 
-use record::{Parts, RECORD_OVERHEAD, Record, State};
+use record::{LARGE_BODY, Parts, RECORD_OVERHEAD, Record, State, initial_flags};
 pub use shard::ShardStats;
 use shard::{Aux, Shard, Slab, state_index};
 
@@ -55,6 +55,13 @@ pub const MISMATCH: ServerError = ServerError::new(
 pub const OOM: ServerError = ServerError::new(
     ErrorCode::Oom,
     "store is at max_memory_bytes; new claims are refused, replays still work",
+);
+
+/// `-TOOBIG`: a field is over what a record can hold (the configuration
+/// keeps requests within it; this guards the state machine itself).
+pub const TOOBIG_FIELD: ServerError = ServerError::new(
+    ErrorCode::TooBig,
+    "key or fingerprint over 65535 bytes, or attempt id over 255 bytes",
 );
 
 /// What the store needs to know of the configuration.
@@ -368,7 +375,7 @@ impl Ctx<'_> {
             if rec.on_expire() == OnExpire::Recover {
                 // Retention runs from the moment the lease ran out, whoever
                 // notices it, so every replica computes the same deadline.
-                let until = rec.deadline.saturating_add(rec.retain_ms as u64);
+                let until = rec.deadline.saturating_add(rec.retain_ms() as u64);
                 if until > now {
                     rec.deadline = until;
                     rec.set_state(State::Abandoned);
@@ -388,13 +395,39 @@ impl Ctx<'_> {
 
     /// Removes slot `id` (whose key hashes to `self.hash`).
     fn remove(&mut self, id: u32) {
+        let cost = self.slab.cost(id);
         if let Ok(entry) = self.index.find_entry(self.hash, |&x| x == id) {
             entry.remove();
         }
         if let Some(rec) = self.slab.remove(id) {
             self.aux.by_state[state_index(rec.state())] -= 1;
-            self.store.charge(rec.cost(), 0);
+            self.store.charge(cost, 0);
         }
+    }
+
+    /// Rewrites slot `id` with a new state, retention, attempt and body,
+    /// keeping its identity, and charges the difference.
+    fn rewrite(
+        &mut self,
+        id: u32,
+        state: State,
+        retain_ms: u32,
+        attempt: Option<&[u8]>,
+        body: &[u8],
+    ) {
+        let before = self.slab.cost(id);
+        let large = body.len() > LARGE_BODY;
+        let rec = self.rec(id).rebuilt(
+            state,
+            retain_ms,
+            attempt,
+            if large { &[] } else { body },
+            large,
+        );
+        self.slab
+            .replace(id, rec, large.then(|| Bytes::copy_from_slice(body)));
+        let after = self.slab.cost(id);
+        self.store.charge(before, after);
     }
 
     fn fenced(&mut self) -> Reply {
@@ -418,13 +451,14 @@ impl Ctx<'_> {
             return match rec.state() {
                 State::InFlight if rec.attempt_is(c.attempt.as_ref()) => {
                     // A retry of the claim that owns the key.
+                    let fence = rec.fence;
                     if rec.recovered() {
                         Reply::Claim(ClaimReply::Recover {
-                            fence: rec.fence,
-                            journal: rec.body(),
+                            fence,
+                            journal: self.slab.body(id),
                         })
                     } else {
-                        Reply::Claim(ClaimReply::Acquired { fence: rec.fence })
+                        Reply::Claim(ClaimReply::Acquired { fence })
                     }
                 }
                 State::InFlight => {
@@ -433,32 +467,39 @@ impl Ctx<'_> {
                     Reply::Claim(ClaimReply::InFlight { remaining_ms })
                 }
                 State::Completed(outcome) => {
-                    let value = rec.body();
                     self.aux.stats.replays += 1;
-                    Reply::Claim(ClaimReply::Completed { outcome, value })
+                    Reply::Claim(ClaimReply::Completed {
+                        outcome,
+                        value: self.slab.body(id),
+                    })
                 }
                 State::Abandoned => {
+                    // Take over: new fence, lease, policy and attempt; the
+                    // journal stays for the new owner to recover from.
                     let fence = self.store.next_fence.fetch_add(1, Ordering::AcqRel);
+                    let journal = self.slab.body(id);
+                    self.rewrite(id, State::InFlight, retain, c.attempt.as_deref(), &journal);
                     let rec = self.rec(id);
-                    let before = rec.cost();
-                    rec.take_over(
-                        fence,
-                        now.saturating_add(lease),
-                        retain,
-                        on_expire,
-                        c.attempt.as_deref(),
-                    );
-                    let (after, journal) = (rec.cost(), rec.body());
+                    rec.fence = fence;
+                    rec.deadline = now.saturating_add(lease);
+                    rec.set_on_expire(on_expire);
+                    rec.set_recovered(true);
                     self.aux.by_state[1] -= 1;
                     self.aux.by_state[0] += 1;
                     self.aux.stats.recovered += 1;
-                    self.store.charge(before, after);
                     Reply::Claim(ClaimReply::Recover { fence, journal })
                 }
             };
         }
         let attempt = c.attempt.as_deref();
+        if c.key.len() > u16::MAX as usize
+            || fp.is_some_and(|f| f.len() > u16::MAX as usize)
+            || attempt.is_some_and(|a| a.len() > u8::MAX as usize)
+        {
+            return TOOBIG_FIELD.into();
+        }
         let cost = RECORD_OVERHEAD
+            + 4
             + c.key.len()
             + fp.map_or(0, Bytes::len)
             + attempt.map_or(0, <[u8]>::len);
@@ -471,11 +512,18 @@ impl Ctx<'_> {
             key: &c.key,
             fingerprint: fp.map(|f| &f[..]),
             attempt,
-            body: &[],
         };
-        let rec = Record::in_flight(parts, fence, now.saturating_add(lease), retain, on_expire);
-        self.store.charge(0, rec.cost());
+        let mut rec = Record::new(
+            parts,
+            State::InFlight,
+            retain,
+            &[],
+            initial_flags(on_expire),
+        );
+        rec.fence = fence;
+        rec.deadline = now.saturating_add(lease);
         let id = self.slab.insert(rec);
+        self.store.charge(0, self.slab.cost(id));
         let (store, slab) = (self.store, &*self.slab);
         self.index.insert_unique(self.hash, id, |&i| {
             slab.get(i).map_or(0, |r| store.hash(r.key()))
@@ -496,11 +544,11 @@ impl Ctx<'_> {
                 remaining_ms: rec.deadline - now,
             },
             State::Abandoned => SettleReply::Abandoned {
-                journal: rec.body(),
+                journal: self.slab.body(id),
             },
             State::Completed(outcome) => SettleReply::Completed {
                 outcome,
-                value: rec.body(),
+                value: self.slab.body(id),
             },
         })
     }
@@ -525,16 +573,15 @@ impl Ctx<'_> {
             // nobody took over: the outcome it reports is still the truth.
             State::Abandoned => 1,
         };
-        let before = rec.cost();
+        let retain = c.retain_ms.unwrap_or(rec.retain_ms() as u64);
         let outcome = if c.error { Outcome::Err } else { Outcome::Ok };
-        rec.rewrite(None, &c.value);
-        rec.set_state(State::Completed(outcome));
-        rec.deadline = now.saturating_add(c.retain_ms.unwrap_or(rec.retain_ms as u64));
-        let after = rec.cost();
+        self.rewrite(id, State::Completed(outcome), 0, None, &c.value);
+        let rec = self.rec(id);
+        rec.set_recovered(false);
+        rec.deadline = now.saturating_add(retain);
         self.aux.by_state[from] -= 1;
         self.aux.by_state[2] += 1;
         self.aux.stats.completed += 1;
-        self.store.charge(before, after);
         self.wake = true;
         Reply::Ok
     }
@@ -554,11 +601,9 @@ impl Ctx<'_> {
         match self.owned(&c.key, c.fence) {
             Some(id) if self.rec(id).state() == State::InFlight => {
                 let rec = self.rec(id);
-                let before = rec.cost();
+                let retain = rec.retain_ms();
                 let attempt = rec.parts().attempt.map(<[u8]>::to_vec);
-                rec.rewrite(attempt.as_deref(), &c.journal);
-                let after = rec.cost();
-                self.store.charge(before, after);
+                self.rewrite(id, State::InFlight, retain, attempt.as_deref(), &c.journal);
                 Reply::Ok
             }
             _ => self.fenced(),
@@ -591,7 +636,7 @@ impl Ctx<'_> {
             State::InFlight => {
                 rec.set_state(State::Abandoned);
                 rec.set_recovered(false);
-                rec.deadline = now.saturating_add(rec.retain_ms as u64);
+                rec.deadline = now.saturating_add(rec.retain_ms() as u64);
                 self.aux.by_state[0] -= 1;
                 self.aux.by_state[1] += 1;
                 self.wake = true;
@@ -603,7 +648,7 @@ impl Ctx<'_> {
     fn inspect(&mut self, c: &Inspect) -> Reply {
         let now = self.now;
         let id = self.lookup(&c.key);
-        Reply::Inspect(id.map(|id| self.rec(id).info(now)))
+        Reply::Inspect(id.and_then(|id| self.slab.info(id, now)))
     }
 
     fn forget(&mut self, c: &Forget) -> Reply {

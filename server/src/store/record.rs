@@ -1,14 +1,22 @@
-//! One key's record, packed: 48 bytes in the shard's slab plus one
+//! One key's record, packed: a 40-byte slab slot plus one exact-size
 //! allocation holding its variable-length fields.
-
-use std::sync::Arc;
+//!
+//! The allocation holds `[retain_ms] key | fingerprint | attempt | body`.
+//! `retain_ms` (4 bytes) is present only while the record is in flight or
+//! abandoned: a completed record no longer needs it. The body (the journal,
+//! then the value) is stored inline when it is small; a body over
+//! [`LARGE_BODY`] bytes lives in the slab's side table as shared `Bytes`, so
+//! replies and woken waiters share it without copies.
 
 use bytes::Bytes;
-use idem_protocol::{OnExpire, Outcome, RecordInfo, RecordState};
+use idem_protocol::{OnExpire, Outcome};
 
-/// Bytes a record costs beyond its data allocation, counted against
-/// `max_memory_bytes` (slab slot, index bucket, allocation header).
-pub(crate) const RECORD_OVERHEAD: usize = 80;
+/// Bodies longer than this are kept as shared `Bytes` beside the record.
+pub(crate) const LARGE_BODY: usize = 512;
+
+/// Bytes a record costs beyond its data, counted against
+/// `max_memory_bytes` (slab slot, index bucket, allocator rounding).
+pub(crate) const RECORD_OVERHEAD: usize = 64;
 
 /// The state of a present record (absent records are not stored).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -27,18 +35,15 @@ const RECOVER_ON_EXPIRY: u8 = 1 << 2;
 const RECOVERED: u8 = 1 << 3;
 const HAS_FP: u8 = 1 << 4;
 const HAS_ATTEMPT: u8 = 1 << 5;
+const LARGE: u8 = 1 << 6;
 
-/// A record. `data` holds `key | fingerprint | attempt | body`, where the
-/// body is the value once completed and the journal before.
+/// A record (see the module docs for the layout of `data`).
 #[derive(Debug, Clone)]
 pub(crate) struct Record {
-    data: Arc<[u8]>,
+    data: Box<[u8]>,
     pub(crate) fence: u64,
     /// In flight: lease deadline. Completed or abandoned: drop deadline.
     pub(crate) deadline: u64,
-    /// The retention asked for by the claim (ms), used by COMPLETE without
-    /// RETAIN and for how long an abandoned record is kept.
-    pub(crate) retain_ms: u32,
     key_len: u16,
     fp_len: u16,
     attempt_len: u8,
@@ -46,81 +51,139 @@ pub(crate) struct Record {
 }
 
 /// The variable-length parts of a record.
+#[derive(Debug, Clone, Copy)]
 pub(crate) struct Parts<'a> {
     pub(crate) key: &'a [u8],
     pub(crate) fingerprint: Option<&'a [u8]>,
     pub(crate) attempt: Option<&'a [u8]>,
-    pub(crate) body: &'a [u8],
-}
-
-fn pack(p: &Parts<'_>) -> Arc<[u8]> {
-    let fp = p.fingerprint.unwrap_or_default();
-    let at = p.attempt.unwrap_or_default();
-    let mut v = Vec::with_capacity(p.key.len() + fp.len() + at.len() + p.body.len());
-    v.extend_from_slice(p.key);
-    v.extend_from_slice(fp);
-    v.extend_from_slice(at);
-    v.extend_from_slice(p.body);
-    Arc::from(v)
 }
 
 impl Record {
-    /// A new in-flight record. Lengths must fit the record's fields (the
-    /// configuration bounds keys to 64 KiB, fingerprints to 64 KiB and
-    /// attempt ids to 255 bytes).
-    pub(crate) fn in_flight(
+    /// Builds a record. `retain_ms` is kept unless the state is completed;
+    /// `body` is stored inline (the caller keeps large bodies aside).
+    /// Lengths must fit the fields: the configuration bounds keys and
+    /// fingerprints to 65535 bytes and attempt ids to 255.
+    pub(crate) fn new(
         parts: Parts<'_>,
-        fence: u64,
-        deadline: u64,
+        state: State,
         retain_ms: u32,
-        on_expire: OnExpire,
+        inline_body: &[u8],
+        flags: u8,
     ) -> Record {
-        let mut flags = ST_IN_FLIGHT;
-        if on_expire == OnExpire::Recover {
-            flags |= RECOVER_ON_EXPIRY;
+        let fp = parts.fingerprint.unwrap_or_default();
+        let at = parts.attempt.unwrap_or_default();
+        let prefix = if matches!(state, State::Completed(_)) {
+            0
+        } else {
+            4
+        };
+        let mut v =
+            Vec::with_capacity(prefix + parts.key.len() + fp.len() + at.len() + inline_body.len());
+        if prefix > 0 {
+            v.extend_from_slice(&retain_ms.to_le_bytes());
         }
+        v.extend_from_slice(parts.key);
+        v.extend_from_slice(fp);
+        v.extend_from_slice(at);
+        v.extend_from_slice(inline_body);
+        let mut flags = flags & (RECOVER_ON_EXPIRY | RECOVERED | LARGE);
         if parts.fingerprint.is_some() {
             flags |= HAS_FP;
         }
         if parts.attempt.is_some() {
             flags |= HAS_ATTEMPT;
         }
-        Record {
+        let mut rec = Record {
+            data: v.into_boxed_slice(),
+            fence: 0,
+            deadline: 0,
             key_len: parts.key.len() as u16,
-            fp_len: parts.fingerprint.map_or(0, <[u8]>::len) as u16,
-            attempt_len: parts.attempt.map_or(0, <[u8]>::len) as u8,
-            data: pack(&parts),
-            fence,
-            deadline,
-            retain_ms,
+            fp_len: fp.len() as u16,
+            attempt_len: at.len() as u8,
             flags,
+        };
+        rec.set_state(state);
+        rec
+    }
+
+    /// A copy of this record's identity with a new state, retention,
+    /// attempt and inline body, keeping fence, deadline and flags.
+    pub(crate) fn rebuilt(
+        &self,
+        state: State,
+        retain_ms: u32,
+        attempt: Option<&[u8]>,
+        inline_body: &[u8],
+        large: bool,
+    ) -> Record {
+        let p = self.parts();
+        let mut flags = self.flags & (RECOVER_ON_EXPIRY | RECOVERED);
+        if large {
+            flags |= LARGE;
+        }
+        let mut rec = Record::new(
+            Parts {
+                key: p.key,
+                fingerprint: p.fingerprint,
+                attempt,
+            },
+            state,
+            retain_ms,
+            inline_body,
+            flags,
+        );
+        rec.fence = self.fence;
+        rec.deadline = self.deadline;
+        rec
+    }
+
+    fn prefix(&self) -> usize {
+        if matches!(self.state(), State::Completed(_)) {
+            0
+        } else {
+            4
         }
     }
 
     pub(crate) fn parts(&self) -> Parts<'_> {
-        let k = self.key_len as usize;
+        let k0 = self.prefix();
+        let k = k0 + self.key_len as usize;
         let f = k + self.fp_len as usize;
         let a = f + self.attempt_len as usize;
         Parts {
-            key: &self.data[..k],
+            key: &self.data[k0..k],
             fingerprint: (self.flags & HAS_FP != 0).then(|| &self.data[k..f]),
             attempt: (self.flags & HAS_ATTEMPT != 0).then(|| &self.data[f..a]),
-            body: &self.data[a..],
         }
     }
 
     pub(crate) fn key(&self) -> &[u8] {
-        &self.data[..self.key_len as usize]
+        let k0 = self.prefix();
+        &self.data[k0..k0 + self.key_len as usize]
     }
 
-    /// The body (value or journal) as shared bytes: no copy, the reply
-    /// holds a reference to the record's allocation.
-    pub(crate) fn body(&self) -> Bytes {
-        let start = self.key_len as usize + self.fp_len as usize + self.attempt_len as usize;
-        if start == self.data.len() {
-            return Bytes::new();
+    /// The inline body (empty when the body is large and kept aside).
+    pub(crate) fn inline_body(&self) -> &[u8] {
+        let start = self.prefix()
+            + self.key_len as usize
+            + self.fp_len as usize
+            + self.attempt_len as usize;
+        &self.data[start..]
+    }
+
+    /// Whether the body is kept aside as shared bytes.
+    pub(crate) fn is_large(&self) -> bool {
+        self.flags & LARGE != 0
+    }
+
+    /// The retention asked for by the claim (ms): used by COMPLETE without
+    /// RETAIN and for how long an abandoned record is kept. Zero once
+    /// completed (no longer needed).
+    pub(crate) fn retain_ms(&self) -> u32 {
+        match self.data.get(..4) {
+            Some(b) if self.prefix() == 4 => u32::from_le_bytes([b[0], b[1], b[2], b[3]]),
+            _ => 0,
         }
-        Bytes::from_owner(Arc::clone(&self.data)).slice(start..)
     }
 
     pub(crate) fn state(&self) -> State {
@@ -132,6 +195,8 @@ impl Record {
         }
     }
 
+    /// Moves between in flight and abandoned (both keep `retain_ms`). A
+    /// move to or from completed goes through [`Record::rebuilt`].
     pub(crate) fn set_state(&mut self, s: State) {
         let bits = match s {
             State::InFlight => ST_IN_FLIGHT,
@@ -150,6 +215,13 @@ impl Record {
         }
     }
 
+    pub(crate) fn set_on_expire(&mut self, p: OnExpire) {
+        self.flags &= !RECOVER_ON_EXPIRY;
+        if p == OnExpire::Recover {
+            self.flags |= RECOVER_ON_EXPIRY;
+        }
+    }
+
     pub(crate) fn recovered(&self) -> bool {
         self.flags & RECOVERED != 0
     }
@@ -162,98 +234,9 @@ impl Record {
         }
     }
 
-    /// Replaces the body (journal or value), keeping key and fingerprint;
-    /// `attempt` replaces the attempt id.
-    pub(crate) fn rewrite(&mut self, attempt: Option<&[u8]>, body: &[u8]) {
-        let p = self.parts();
-        let data = pack(&Parts {
-            key: p.key,
-            fingerprint: p.fingerprint,
-            attempt,
-            body,
-        });
-        self.attempt_len = attempt.map_or(0, <[u8]>::len) as u8;
-        if attempt.is_some() {
-            self.flags |= HAS_ATTEMPT;
-        } else {
-            self.flags &= !HAS_ATTEMPT;
-        }
-        self.data = data;
-    }
-
-    /// A takeover of an abandoned record: new fence, lease, policy, attempt.
-    pub(crate) fn take_over(
-        &mut self,
-        fence: u64,
-        deadline: u64,
-        retain_ms: u32,
-        on_expire: OnExpire,
-        attempt: Option<&[u8]>,
-    ) {
-        let journal = self.body();
-        self.rewrite(attempt, &journal);
-        self.fence = fence;
-        self.deadline = deadline;
-        self.retain_ms = retain_ms;
-        self.flags &= !RECOVER_ON_EXPIRY;
-        if on_expire == OnExpire::Recover {
-            self.flags |= RECOVER_ON_EXPIRY;
-        }
-        self.set_state(State::InFlight);
-        self.set_recovered(true);
-    }
-
-    /// Bytes counted against the memory limit.
-    pub(crate) fn cost(&self) -> usize {
-        RECORD_OVERHEAD + self.data.len()
-    }
-
-    /// What INSPECT shows at `now`.
-    pub(crate) fn info(&self, now: u64) -> RecordInfo {
-        let left = self.deadline.saturating_sub(now);
-        let p = self.parts();
-        let attempt = p.attempt.map(Bytes::copy_from_slice);
-        let fingerprint = p.fingerprint.map(Bytes::copy_from_slice);
-        let (state, lease_ms, retain_ms, outcome, value, journal, attempt) = match self.state() {
-            State::InFlight => (
-                RecordState::InFlight,
-                Some(left),
-                None,
-                None,
-                None,
-                Some(self.body()),
-                attempt,
-            ),
-            State::Abandoned => (
-                RecordState::Abandoned,
-                None,
-                Some(left),
-                None,
-                None,
-                Some(self.body()),
-                attempt,
-            ),
-            State::Completed(o) => (
-                RecordState::Completed,
-                None,
-                Some(left),
-                Some(o),
-                Some(self.body()),
-                None,
-                None,
-            ),
-        };
-        RecordInfo {
-            state,
-            fence: self.fence,
-            lease_ms,
-            retain_ms,
-            outcome,
-            value,
-            fingerprint,
-            journal,
-            attempt,
-        }
+    /// Bytes of the allocation.
+    pub(crate) fn data_len(&self) -> usize {
+        self.data.len()
     }
 
     /// Whether the fingerprint of a new request conflicts with the record's:
@@ -268,47 +251,55 @@ impl Record {
     }
 }
 
+/// The flags a new record starts with.
+pub(crate) fn initial_flags(on_expire: OnExpire) -> u8 {
+    if on_expire == OnExpire::Recover {
+        RECOVER_ON_EXPIRY
+    } else {
+        0
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn records_are_small() {
-        assert_eq!(std::mem::size_of::<Record>(), 48);
-        assert_eq!(std::mem::size_of::<Option<Record>>(), 48);
+        assert_eq!(std::mem::size_of::<Record>(), 40);
+        assert_eq!(std::mem::size_of::<Option<Record>>(), 40);
     }
 
     #[test]
     fn parts_round_trip() {
-        let mut r = Record::in_flight(
-            Parts {
-                key: b"key",
-                fingerprint: Some(b"fp"),
-                attempt: None,
-                body: b"",
-            },
-            7,
-            100,
-            5,
-            OnExpire::Recover,
+        let p = Parts {
+            key: b"key",
+            fingerprint: Some(b"fp"),
+            attempt: None,
+        };
+        let r = Record::new(
+            p,
+            State::InFlight,
+            1234,
+            b"",
+            initial_flags(OnExpire::Recover),
         );
         assert_eq!(r.key(), b"key");
         assert_eq!(r.parts().fingerprint, Some(&b"fp"[..]));
         assert_eq!(r.parts().attempt, None);
-        assert!(r.body().is_empty());
+        assert_eq!(r.retain_ms(), 1234);
         assert_eq!(r.on_expire(), OnExpire::Recover);
-        r.rewrite(Some(b"att"), b"journal");
-        assert_eq!(r.parts().attempt, Some(&b"att"[..]));
-        assert_eq!(&r.body()[..], b"journal");
-        assert_eq!(r.parts().fingerprint, Some(&b"fp"[..]));
-        r.set_state(State::Completed(Outcome::Err));
-        assert_eq!(r.state(), State::Completed(Outcome::Err));
-        assert_eq!(r.on_expire(), OnExpire::Recover);
-        r.take_over(9, 200, 6, OnExpire::Free, None);
-        assert_eq!(
-            (r.fence, r.state(), r.recovered(), r.on_expire()),
-            (9, State::InFlight, true, OnExpire::Free)
-        );
-        assert_eq!(&r.body()[..], b"journal");
+        let j = r.rebuilt(State::InFlight, 1234, Some(b"att"), b"journal", false);
+        assert_eq!(j.parts().attempt, Some(&b"att"[..]));
+        assert_eq!(j.inline_body(), b"journal");
+        assert_eq!(j.retain_ms(), 1234);
+        let done = j.rebuilt(State::Completed(Outcome::Err), 0, None, b"value", false);
+        assert_eq!(done.key(), b"key");
+        assert_eq!(done.parts().fingerprint, Some(&b"fp"[..]));
+        assert_eq!(done.inline_body(), b"value");
+        assert_eq!(done.retain_ms(), 0);
+        assert_eq!(done.data_len(), 3 + 2 + 5);
+        assert_eq!(done.state(), State::Completed(Outcome::Err));
+        assert_eq!(done.on_expire(), OnExpire::Recover);
     }
 }

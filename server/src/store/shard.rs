@@ -1,9 +1,16 @@
 //! One lock's worth of the store: a slab of records and a hash index of
 //! slot numbers into it.
 
-use hashbrown::HashTable;
+use bytes::Bytes;
+use std::collections::HashMap;
 
-use super::record::{Record, State};
+use hashbrown::HashTable;
+use idem_protocol::{RecordInfo, RecordState};
+
+use super::record::{RECORD_OVERHEAD, Record, State};
+
+/// Extra bytes charged for a body kept aside (map entry, `Bytes` header).
+const LARGE_OVERHEAD: usize = 64;
 
 /// Counters kept under the shard lock (no atomics on the hot path).
 #[derive(Debug, Default, Clone, Copy)]
@@ -49,12 +56,14 @@ impl ShardStats {
 /// growing the slab never copies records.
 const CHUNK: usize = 4096;
 
-/// Records by slot number, with a free list.
+/// Records by slot number, with a free list, and the large bodies kept
+/// aside by slot number.
 #[derive(Default)]
 pub(crate) struct Slab {
     chunks: Vec<Box<[Option<Record>]>>,
     free: Vec<u32>,
     len: usize,
+    large: HashMap<u32, Bytes>,
 }
 
 impl Slab {
@@ -83,9 +92,106 @@ impl Slab {
 
     pub(crate) fn remove(&mut self, id: u32) -> Option<Record> {
         let rec = self.chunks.get_mut(id as usize / CHUNK)?[id as usize % CHUNK].take()?;
+        if rec.is_large() {
+            self.large.remove(&id);
+        }
         self.free.push(id);
         self.len -= 1;
         Some(rec)
+    }
+
+    /// Puts `rec` in occupied slot `id`; `large_body` is its body when the
+    /// record is large and the body changed.
+    pub(crate) fn replace(&mut self, id: u32, rec: Record, large_body: Option<Bytes>) {
+        match large_body {
+            Some(b) => {
+                self.large.insert(id, b);
+            }
+            None if !rec.is_large() => {
+                self.large.remove(&id);
+            }
+            None => {}
+        }
+        if let Some(slot) = self
+            .chunks
+            .get_mut(id as usize / CHUNK)
+            .map(|c| &mut c[id as usize % CHUNK])
+        {
+            *slot = Some(rec);
+        }
+    }
+
+    /// The body of slot `id`: shared when large, copied when small (a copy
+    /// of a few hundred bytes is cheaper than sharing it).
+    pub(crate) fn body(&self, id: u32) -> Bytes {
+        match self.get(id) {
+            Some(r) if r.is_large() => self.large.get(&id).cloned().unwrap_or_default(),
+            Some(r) => Bytes::copy_from_slice(r.inline_body()),
+            None => Bytes::new(),
+        }
+    }
+
+    /// Bytes slot `id` is charged against the memory limit.
+    pub(crate) fn cost(&self, id: u32) -> usize {
+        match self.get(id) {
+            Some(r) if r.is_large() => {
+                RECORD_OVERHEAD
+                    + r.data_len()
+                    + LARGE_OVERHEAD
+                    + self.large.get(&id).map_or(0, Bytes::len)
+            }
+            Some(r) => RECORD_OVERHEAD + r.data_len(),
+            None => 0,
+        }
+    }
+
+    /// What INSPECT shows of slot `id` at `now`.
+    pub(crate) fn info(&self, id: u32, now: u64) -> Option<RecordInfo> {
+        let r = self.get(id)?;
+        let left = r.deadline.saturating_sub(now);
+        let p = r.parts();
+        let attempt = p.attempt.map(Bytes::copy_from_slice);
+        let body = Some(self.body(id));
+        let (state, lease_ms, retain_ms, outcome, value, journal, attempt) = match r.state() {
+            State::InFlight => (
+                RecordState::InFlight,
+                Some(left),
+                None,
+                None,
+                None,
+                body,
+                attempt,
+            ),
+            State::Abandoned => (
+                RecordState::Abandoned,
+                None,
+                Some(left),
+                None,
+                None,
+                body,
+                attempt,
+            ),
+            State::Completed(o) => (
+                RecordState::Completed,
+                None,
+                Some(left),
+                Some(o),
+                body,
+                None,
+                None,
+            ),
+        };
+        Some(RecordInfo {
+            state,
+            fence: r.fence,
+            lease_ms,
+            retain_ms,
+            outcome,
+            value,
+            fingerprint: p.fingerprint.map(Bytes::copy_from_slice),
+            journal,
+            attempt,
+        })
     }
 
     /// Number of slots (occupied or free).

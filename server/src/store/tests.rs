@@ -513,6 +513,50 @@ fn sweep_reclaims_expired_records_with_bounded_work() {
 }
 
 #[test]
+fn fields_over_the_record_format_are_refused() {
+    let s = store();
+    let mut c = claim("k");
+    c.attempt = Some(Bytes::from(vec![b'a'; 256]));
+    assert_eq!(code(run(&s, Command::Claim(c), 0)), ErrorCode::TooBig);
+    let c = claim(&"k".repeat(70_000));
+    assert_eq!(code(run(&s, Command::Claim(c), 0)), ErrorCode::TooBig);
+    assert_eq!(s.len(), 0);
+}
+
+#[test]
+fn large_values_are_shared_not_copied() {
+    let s = store();
+    let f = acquired(run(&s, Command::Claim(claim("big")), 0));
+    let value = Bytes::from(vec![7u8; 4096]);
+    let c = Command::Complete(Complete {
+        key: b("big"),
+        fence: f,
+        value: value.clone(),
+        retain_ms: None,
+        error: false,
+    });
+    assert_eq!(run(&s, c, 1), Reply::Ok);
+    let replay = |r: Reply| match r {
+        Reply::Claim(ClaimReply::Completed { value, .. }) => value,
+        other => panic!("{other:?}"),
+    };
+    let a = replay(run(&s, Command::Claim(claim("big")), 2));
+    let b2 = replay(run(&s, Command::Claim(claim("big")), 3));
+    assert_eq!(a, value);
+    assert_eq!(
+        a.as_ptr(),
+        b2.as_ptr(),
+        "replays of a large value share one buffer"
+    );
+    assert!(s.stats().memory >= 4096);
+    assert_eq!(
+        run(&s, Command::Forget(Forget { key: b("big") }), 4),
+        Reply::Frame(Frame::Integer(1))
+    );
+    assert_eq!(s.stats().memory, 0);
+}
+
+#[test]
 fn slots_are_reused_under_churn() {
     let s = store();
     for i in 0..20_000u64 {
@@ -792,7 +836,14 @@ fn opt_small<T: std::fmt::Debug + Clone + 'static>(
 
 fn step_s() -> impl Strategy<Value = Step> {
     let fence = 1u64..12;
-    let small = || prop_oneof![Just(b("x")), Just(b("y"))];
+    // Values and journals both small (inline) and large (kept aside).
+    let small = || {
+        prop_oneof![
+            Just(b("x")),
+            Just(b("y")),
+            Just(Bytes::from(vec![b'z'; 600]))
+        ]
+    };
     prop_oneof![
         (0u64..700).prop_map(Step::Advance),
         Just(Step::Sweep),
@@ -802,7 +853,7 @@ fn step_s() -> impl Strategy<Value = Step> {
             opt_small(1u64..3000),
             opt_small(small()),
             opt_small(prop_oneof![Just(OnExpire::Free), Just(OnExpire::Recover)]),
-            opt_small(small())
+            opt_small(prop_oneof![Just(b("a1")), Just(b("a2"))])
         )
             .prop_map(
                 |(key, lease_ms, retain_ms, fingerprint, on_expire, attempt)| Step::Cmd(
