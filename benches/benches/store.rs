@@ -1,1 +1,140 @@
-fn main() {}
+//! Store apply: uncontended, across 1, 2 and 4 threads on distinct keys,
+//! and a hot key claimed and settled by many threads at once.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use idem_protocol::cmd::{Claim, Complete, Settle};
+use idem_protocol::{ClaimReply, Command, Reply};
+use idem_server::store::{Store, StoreConfig};
+
+fn key(t: usize, i: u64) -> Bytes {
+    Bytes::from(format!("k{t:04}{i:027}"))
+}
+
+fn store() -> Store {
+    Store::new(StoreConfig {
+        shards: 64,
+        max_memory_bytes: usize::MAX,
+        ..StoreConfig::default()
+    })
+}
+
+/// One claim + complete of a fresh key, then a replay: the common cycle.
+fn cycle(s: &Store, k: Bytes, now: u64) {
+    let Reply::Claim(ClaimReply::Acquired { fence }) =
+        s.apply(&Command::Claim(Claim::new(k.clone())), now).reply
+    else {
+        panic!("fresh key")
+    };
+    let value = Bytes::from_static(&[b'v'; 64]);
+    s.apply(
+        &Command::Complete(Complete {
+            key: k.clone(),
+            fence,
+            value,
+            retain_ms: None,
+            error: false,
+        }),
+        now,
+    );
+    s.apply(&Command::Claim(Claim::new(k)), now);
+}
+
+fn bench(c: &mut Criterion) {
+    let mut g = c.benchmark_group("store");
+    g.throughput(Throughput::Elements(1));
+    g.bench_function("claim_fresh", |b| {
+        let s = store();
+        let mut i = 0u64;
+        b.iter(|| {
+            i += 1;
+            s.apply(&Command::Claim(Claim::new(key(0, i))), 1)
+        })
+    });
+    g.bench_function("claim_replay", |b| {
+        let s = store();
+        for i in 0..100_000 {
+            cycle(&s, key(0, i), 1);
+        }
+        let mut i = 0u64;
+        b.iter(|| {
+            i = (i + 7919) % 100_000;
+            s.apply(&Command::Claim(Claim::new(key(0, i))), 2)
+        })
+    });
+    g.bench_function("cycle_claim_complete_replay", |b| {
+        let s = store();
+        let mut i = 0u64;
+        b.iter(|| {
+            i += 1;
+            cycle(&s, key(0, i), 1)
+        })
+    });
+    g.finish();
+
+    let mut g = c.benchmark_group("store_threads_distinct_keys");
+    for threads in [1usize, 2, 4] {
+        g.throughput(Throughput::Elements(threads as u64));
+        g.bench_function(format!("{threads}_threads"), |b| {
+            b.iter_custom(|iters| {
+                let s = Arc::new(store());
+                let start = Instant::now();
+                std::thread::scope(|scope| {
+                    for t in 0..threads {
+                        let s = s.clone();
+                        scope.spawn(move || {
+                            for i in 0..iters {
+                                cycle(&s, key(t, i), 1);
+                            }
+                        });
+                    }
+                });
+                start.elapsed()
+            })
+        });
+    }
+    g.finish();
+
+    let mut g = c.benchmark_group("store_hot_key");
+    for threads in [1usize, 2, 4, 8] {
+        g.throughput(Throughput::Elements(threads as u64));
+        g.bench_function(format!("{threads}_threads_claim_settle_one_key"), |b| {
+            let s = Arc::new(store());
+            let k = Bytes::from_static(b"the-hot-key");
+            s.apply(&Command::Claim(Claim::new(k.clone())), 1);
+            b.iter_custom(|iters| {
+                let start = Instant::now();
+                std::thread::scope(|scope| {
+                    for _ in 0..threads {
+                        let s = s.clone();
+                        let k = k.clone();
+                        scope.spawn(move || {
+                            for _ in 0..iters {
+                                s.apply(&Command::Claim(Claim::new(k.clone())), 2);
+                                s.apply(
+                                    &Command::Settle(Settle {
+                                        key: k.clone(),
+                                        wait_ms: None,
+                                    }),
+                                    2,
+                                );
+                            }
+                        });
+                    }
+                });
+                start.elapsed()
+            })
+        });
+    }
+    g.finish();
+}
+
+criterion_group! {
+    name = benches;
+    config = Criterion::default().measurement_time(Duration::from_secs(3));
+    targets = bench
+}
+criterion_main!(benches);

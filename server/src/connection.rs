@@ -17,7 +17,7 @@ use bytes::{Buf, BytesMut};
 use idem_protocol::{
     Command, CommandError, ErrorCode, FrameError, Reply, ServerError, Version, decode, encode,
 };
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncWriteExt, Interest};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -68,6 +68,49 @@ async fn idle(deadline: Option<Instant>) {
     }
 }
 
+/// Reads what the socket has into `buf`.
+///
+/// A read that returns less than the room it was given has drained the
+/// socket; the readiness it started from is then cleared at once, instead
+/// of by a further read that would only return `WouldBlock` (one system
+/// call per request saved). The clear uses the readiness observed before
+/// the read, so data arriving after it still wakes the connection.
+async fn read_some(socket: &TcpStream, buf: &mut BytesMut) -> std::io::Result<usize> {
+    loop {
+        socket.readable().await?;
+        buf.reserve(8 * 1024);
+        let room = buf.capacity() - buf.len();
+        let mut got = None;
+        let result = socket.try_io(Interest::READABLE, || {
+            let n = socket.try_read_buf(buf)?;
+            got = Some(n);
+            if n > 0 && n < room {
+                Err(std::io::ErrorKind::WouldBlock.into())
+            } else {
+                Ok(n)
+            }
+        });
+        match (result, got) {
+            (_, Some(n)) => return Ok(n),
+            (Err(e), None) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+            (Err(e), None) => return Err(e),
+            (Ok(n), None) => return Ok(n),
+        }
+    }
+}
+
+/// Writes as much of `out` as the socket takes.
+async fn write_some(socket: &TcpStream, out: &[u8]) -> std::io::Result<usize> {
+    loop {
+        socket.writable().await?;
+        match socket.try_write(out) {
+            Ok(n) => return Ok(n),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+            Err(e) => return Err(e),
+        }
+    }
+}
+
 async fn run(
     shared: &Arc<Shared>,
     mut socket: TcpStream,
@@ -75,7 +118,6 @@ async fn run(
     mut stop: watch::Receiver<bool>,
 ) -> std::io::Result<()> {
     socket.set_nodelay(true)?;
-    let (mut rd, mut wr) = socket.split();
     let limits = shared.config.limits.frame;
     let max_out = shared.config.max_output_buffer_bytes;
     let idle_for = (shared.config.idle_timeout_ms > 0)
@@ -85,6 +127,10 @@ async fn run(
     let mut parked: Option<WaitHandle> = None;
     let mut closing = *stop.borrow();
     let mut last_read = Instant::now();
+    // Registered once: a fresh `changed()` per turn would lock the shared
+    // notifier every time.
+    let stopped = stop.changed();
+    tokio::pin!(stopped);
     loop {
         // Answer every complete request already buffered, unless one is parked.
         while parked.is_none() && !closing {
@@ -158,8 +204,8 @@ async fn run(
         }
         if closing && parked.is_none() {
             // Write what is owed (bounded in time), then close.
-            let _ = tokio::time::timeout(Duration::from_secs(5), wr.write_all(&out)).await;
-            let _ = wr.shutdown().await;
+            let _ = tokio::time::timeout(Duration::from_secs(5), socket.write_all(&out)).await;
+            let _ = socket.shutdown().await;
             return Ok(());
         }
         let can_read = !closing && (parked.is_none() || inbuf.len() < PARKED_READ_AHEAD);
@@ -169,7 +215,7 @@ async fn run(
         };
         tokio::select! {
             biased;
-            _ = stop.changed(), if !closing => {
+            _ = &mut stopped, if !closing => {
                 if parked.take().is_some() {
                     let e = ServerError::new(ErrorCode::TryAgain, "server is shutting down");
                     push(&mut out, session.version, &Reply::Error(e));
@@ -180,14 +226,14 @@ async fn run(
                 push(&mut out, session.version, &reply);
                 parked = None;
             }
-            n = wr.write(&out), if !out.is_empty() => {
+            n = write_some(&socket, &out), if !out.is_empty() => {
                 let n = n?;
                 if n == 0 {
                     return Ok(());
                 }
                 out.advance(n);
             }
-            n = rd.read_buf(&mut inbuf), if can_read => {
+            n = read_some(&socket, &mut inbuf), if can_read => {
                 if n? == 0 {
                     // The client is gone (or half-closed): a parked request
                     // is withdrawn; replies already due are still written.

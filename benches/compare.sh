@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# Idem vs Redis in one run: starts redis-server and idemd (release build) on
+# free loopback ports, runs every workload at 1 and 50 connections with
+# pipeline 1 and 16, the herd (1,000 waiters) and the memory load (1M
+# completed records, 32-byte keys, 64-byte values), prints the table and
+# cleans up.
+#
+#   bash benches/compare.sh [extra idem-bench flags]
+#
+# Environment: DURATION (seconds per measurement, default 5),
+# IDEM_THREADS (idemd worker threads, default 1: Redis serves from one
+# thread, and on a small machine the load generator needs the other core),
+# RECORDS (default 1000000), WAITERS (default 1000), JSON (output file).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+DURATION=${DURATION:-5}
+IDEM_THREADS=${IDEM_THREADS:-1}
+RECORDS=${RECORDS:-1000000}
+WAITERS=${WAITERS:-1000}
+JSON=${JSON:-target/compare.json}
+
+if ! command -v redis-server >/dev/null; then
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  $SUDO apt-get install -y redis-server redis-tools || { $SUDO apt-get update && $SUDO apt-get install -y redis-server redis-tools; }
+fi
+cargo build --release --bin idemd --bin idem-bench
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+WORK=$(mktemp -d)
+stop_servers() {
+  [ -n "${IDEM_PID:-}" ] && kill "$IDEM_PID" 2>/dev/null && wait "$IDEM_PID" 2>/dev/null || true
+  [ -n "${REDIS_PID:-}" ] && kill "$REDIS_PID" 2>/dev/null && wait "$REDIS_PID" 2>/dev/null || true
+  IDEM_PID=""; REDIS_PID=""
+}
+cleanup() { stop_servers; rm -rf "$WORK"; }
+trap cleanup EXIT
+
+# Fresh servers on free ports: Redis as people deploy it for this (no
+# persistence), idemd with the memory engine.
+start_servers() {
+  REDIS_PORT=$(free_port)
+  IDEM_PORT=$(free_port)
+  redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save '' --appendonly no --dir "$WORK" \
+    --maxclients 10000 --daemonize no > "$WORK/redis.log" 2>&1 &
+  REDIS_PID=$!
+  IDEM_WORKER_THREADS=$IDEM_THREADS IDEM_MAX_MEMORY_BYTES=8589934592 RUST_LOG=warn \
+    ./target/release/idemd --listen "127.0.0.1:$IDEM_PORT" > "$WORK/idemd.log" 2>&1 &
+  IDEM_PID=$!
+  for _ in $(seq 50); do
+    redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1 && redis-cli -p "$IDEM_PORT" ping >/dev/null 2>&1 && return
+    sleep 0.1
+  done
+  echo "servers did not start" >&2; exit 1
+}
+
+echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(free -g | awk '/Mem:/{print $2}') GiB"
+echo "redis: $(redis-server --version | cut -d' ' -f3) (no persistence); idemd: memory engine (no durability), $IDEM_THREADS worker thread(s)"
+echo
+
+# 1. Throughput and latency, then the herd, on fresh servers.
+start_servers
+./target/release/idem-bench --idem "127.0.0.1:$IDEM_PORT" --redis "127.0.0.1:$REDIS_PORT" \
+  --workloads ping,claim,cycle,replay,mixed --connections 1,50 --pipeline 1,16 \
+  --duration "$DURATION" --herd "$WAITERS" --json "$JSON" "$@"
+stop_servers
+
+# 2. Resident memory per completed record, on fresh servers.
+start_servers
+./target/release/idem-bench --idem "127.0.0.1:$IDEM_PORT" --redis "127.0.0.1:$REDIS_PORT" \
+  --no-throughput --memory "$RECORDS" --json "${JSON%.json}-memory.json"
+stop_servers
+echo "JSON: $JSON ${JSON%.json}-memory.json"
