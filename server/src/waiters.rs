@@ -158,7 +158,9 @@ impl Waiters {
             id,
             cmd,
             rx: Some(rx),
-            deadline: Instant::now() + Duration::from_millis(wait_ms),
+            timer: Box::pin(tokio::time::sleep_until(
+                Instant::now() + Duration::from_millis(wait_ms),
+            )),
         })
     }
 
@@ -270,7 +272,8 @@ pub struct WaitHandle {
     id: u64,
     cmd: Command,
     rx: Option<oneshot::Receiver<Reply>>,
-    deadline: Instant,
+    /// The end of the wait, registered once for the handle's life.
+    timer: std::pin::Pin<Box<tokio::time::Sleep>>,
 }
 
 impl WaitHandle {
@@ -280,10 +283,10 @@ impl WaitHandle {
         let Some(rx) = self.rx.as_mut() else {
             return self.waiters.engine.apply(&self.cmd).reply;
         };
-        let reply = match tokio::time::timeout_at(self.deadline, &mut *rx).await {
-            Ok(Ok(reply)) => Some(reply),
-            Ok(Err(_)) => None,
-            Err(_) => {
+        let reply = tokio::select! {
+            biased;
+            r = &mut *rx => r.ok(),
+            _ = self.timer.as_mut() => {
                 self.waiters.cancel(&self.key, self.id);
                 // Served between the timeout and the withdrawal?
                 rx.try_recv().ok()
