@@ -1,6 +1,8 @@
 //! One COMPLETE waking 1,000 and 10,000 parked waiters: the time from the
 //! COMPLETE until the last waiter has its answer.
 
+#![allow(clippy::unwrap_used)]
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 

@@ -1,5 +1,7 @@
 //! Protocol decode and encode, per command.
 
+#![allow(clippy::unwrap_used)]
+
 use bytes::BytesMut;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use idem_protocol::cmd::{Claim, Complete, Release, Settle};

@@ -1,6 +1,8 @@
 //! Store apply: uncontended, across 1, 2 and 4 threads on distinct keys,
 //! and a hot key claimed and settled by many threads at once.
 
+#![allow(clippy::unwrap_used)]
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 

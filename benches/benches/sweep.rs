@@ -1,6 +1,8 @@
 //! The expiry sweep over a store of 1M records: one bounded tick when
 //! nothing is due, and reclaiming 1M expired records tick by tick.
 
+#![allow(clippy::unwrap_used)]
+
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
