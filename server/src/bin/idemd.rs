@@ -57,7 +57,17 @@ fn main() -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .init();
 
-    let runtime = tokio::runtime::Builder::new_multi_thread()
+    // One worker: a single-threaded runtime, like an event loop (no work
+    // stealing, no cross-thread wake-ups). More (or 0, one per CPU): the
+    // work-stealing runtime.
+    let mut builder = match config.worker_threads {
+        1 => tokio::runtime::Builder::new_current_thread(),
+        _ => tokio::runtime::Builder::new_multi_thread(),
+    };
+    if config.worker_threads > 1 {
+        builder.worker_threads(config.worker_threads);
+    }
+    let runtime = builder
         .enable_all()
         .build()
         .context("cannot start the runtime")?;
