@@ -191,16 +191,7 @@ impl Store {
         };
         let hash = self.hash(key);
         let mut guard = self.shard(hash).lock();
-        let sh = &mut *guard;
-        let mut ctx = Ctx {
-            store: self,
-            index: &mut sh.index,
-            slab: &mut sh.slab,
-            aux: &mut sh.aux,
-            hash,
-            now,
-            wake: false,
-        };
+        let mut ctx = Ctx::new(self, &mut guard, hash, now);
         let reply = match cmd {
             Command::Claim(c) => ctx.claim(c),
             Command::Settle(c) => ctx.settle(c),
@@ -225,16 +216,7 @@ impl Store {
         let now = self.tick(now_ms);
         let hash = self.hash(key);
         let mut guard = self.shard(hash).lock();
-        let sh = &mut *guard;
-        let mut ctx = Ctx {
-            store: self,
-            index: &mut sh.index,
-            slab: &mut sh.slab,
-            aux: &mut sh.aux,
-            hash,
-            now,
-            wake: false,
-        };
+        let mut ctx = Ctx::new(self, &mut guard, hash, now);
         let id = ctx.lookup(key)?;
         let rec = ctx.rec(id);
         match rec.state() {
@@ -266,16 +248,7 @@ impl Store {
                     continue;
                 }
                 let hash = self.hash(rec.key());
-                let mut ctx = Ctx {
-                    store: self,
-                    index: &mut sh.index,
-                    slab: &mut sh.slab,
-                    aux: &mut sh.aux,
-                    hash,
-                    now,
-                    wake: false,
-                };
-                if ctx.expire_if_due(id) {
+                if Ctx::new(self, sh, hash, now).expire_if_due(id) {
                     expired += 1;
                 }
             }
@@ -337,7 +310,19 @@ fn ms32(v: u64) -> u32 {
     v.min(u32::MAX as u64) as u32
 }
 
-impl Ctx<'_> {
+impl<'a> Ctx<'a> {
+    fn new(store: &'a Store, sh: &'a mut Shard, hash: u64, now: u64) -> Self {
+        Ctx {
+            store,
+            index: &mut sh.index,
+            slab: &mut sh.slab,
+            aux: &mut sh.aux,
+            hash,
+            now,
+            wake: false,
+        }
+    }
+
     /// The record in slot `id`, which the caller just found.
     fn rec(&mut self, id: u32) -> &mut Record {
         self.slab
