@@ -537,7 +537,7 @@ fn format_double(d: f64) -> String {
     }
 }
 
-fn line_out(dst: &mut BytesMut, kind: u8, s: &[u8]) {
+pub(crate) fn line_out(dst: &mut BytesMut, kind: u8, s: &[u8]) {
     dst.reserve(s.len() + 3);
     dst.extend_from_slice(&[kind]);
     // A simple string or error may not contain CR or LF: replace them so the
@@ -553,7 +553,7 @@ fn line_out(dst: &mut BytesMut, kind: u8, s: &[u8]) {
     dst.extend_from_slice(b"\r\n");
 }
 
-fn number_out(dst: &mut BytesMut, kind: u8, n: i64) {
+pub(crate) fn number_out(dst: &mut BytesMut, kind: u8, n: i64) {
     let mut buf = itoa::Buffer::new();
     let s = buf.format(n);
     dst.reserve(s.len() + 3);
@@ -562,7 +562,7 @@ fn number_out(dst: &mut BytesMut, kind: u8, n: i64) {
     dst.extend_from_slice(b"\r\n");
 }
 
-fn bulk_out(dst: &mut BytesMut, b: &[u8]) {
+pub(crate) fn bulk_out(dst: &mut BytesMut, b: &[u8]) {
     number_out(dst, b'$', b.len() as i64);
     dst.reserve(b.len() + 2);
     dst.extend_from_slice(b);

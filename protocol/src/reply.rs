@@ -16,10 +16,10 @@
 use std::borrow::Cow;
 use std::fmt;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 
 use crate::error::ReplyError;
-use crate::frame::Frame;
+use crate::frame::{Frame, Version};
 
 /// The outcome of a completed operation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -306,6 +306,33 @@ fn opt_bulk(v: &Option<Bytes>) -> Frame {
 }
 
 impl Reply {
+    /// Appends the wire form of the reply to `dst`: the same bytes as
+    /// encoding [`Reply::to_frame`], without building the frame for the
+    /// common replies.
+    pub fn encode(&self, version: Version, dst: &mut BytesMut) {
+        use crate::frame::{bulk_out, line_out, number_out};
+        match self {
+            Reply::Ok => dst.extend_from_slice(b"+OK\r\n"),
+            Reply::Claim(ClaimReply::Acquired { fence }) => {
+                dst.extend_from_slice(b"*2\r\n+ACQUIRED\r\n");
+                number_out(dst, b':', *fence as i64);
+            }
+            Reply::Claim(ClaimReply::InFlight { remaining_ms })
+            | Reply::Settle(SettleReply::InFlight { remaining_ms }) => {
+                dst.extend_from_slice(b"*2\r\n+INFLIGHT\r\n");
+                number_out(dst, b':', *remaining_ms as i64);
+            }
+            Reply::Claim(ClaimReply::Completed { outcome, value })
+            | Reply::Settle(SettleReply::Completed { outcome, value }) => {
+                dst.extend_from_slice(b"*3\r\n+COMPLETED\r\n");
+                line_out(dst, b'+', outcome.as_str().as_bytes());
+                bulk_out(dst, value);
+            }
+            Reply::Frame(f) => crate::frame::encode(f, version, dst),
+            other => crate::frame::encode(&other.to_frame(), version, dst),
+        }
+    }
+
     /// The reply as a frame.
     pub fn to_frame(&self) -> Frame {
         match self {

@@ -139,3 +139,41 @@ fn malformed_replies_are_errors_not_panics() {
     assert!(RecordInfo::from_frame(Frame::Array(vec![Frame::Null])).is_err());
     assert!(RecordInfo::from_frame(Frame::Map(vec![])).is_err());
 }
+
+#[test]
+fn direct_encoding_matches_the_frame_encoding() {
+    let replies = vec![
+        Reply::Ok,
+        Reply::Claim(ClaimReply::Acquired { fence: 42 }),
+        Reply::Claim(ClaimReply::InFlight { remaining_ms: 7 }),
+        Reply::Claim(ClaimReply::Completed {
+            outcome: Outcome::Err,
+            value: Bytes::from_static(b"v\r\nx"),
+        }),
+        Reply::Claim(ClaimReply::Recover {
+            fence: 3,
+            journal: Bytes::from_static(b"j"),
+        }),
+        Reply::Settle(SettleReply::Completed {
+            outcome: Outcome::Ok,
+            value: Bytes::new(),
+        }),
+        Reply::Settle(SettleReply::InFlight { remaining_ms: 0 }),
+        Reply::Settle(SettleReply::Absent),
+        Reply::Settle(SettleReply::Abandoned {
+            journal: Bytes::from_static(b"j"),
+        }),
+        Reply::Inspect(None),
+        Reply::Error(ServerError::new(ErrorCode::Fenced, "no")),
+        Reply::Frame(Frame::Map(vec![(Frame::simple("a"), Frame::Null)])),
+    ];
+    for r in replies {
+        for v in [Version::Resp2, Version::Resp3] {
+            let mut direct = BytesMut::new();
+            r.encode(v, &mut direct);
+            let mut framed = BytesMut::new();
+            encode(&r.to_frame(), v, &mut framed);
+            assert_eq!(direct, framed, "{r:?}");
+        }
+    }
+}

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use bytes::{Buf, BytesMut};
 use idem_protocol::{
-    Command, CommandError, ErrorCode, FrameError, Reply, ServerError, Version, decode, encode,
+    Command, CommandError, ErrorCode, FrameError, Reply, ServerError, Version, decode,
 };
 use tokio::io::{AsyncWriteExt, Interest};
 use tokio::net::TcpStream;
@@ -51,7 +51,7 @@ pub async fn serve(
 }
 
 fn push(out: &mut BytesMut, version: Version, reply: &Reply) {
-    encode(&reply.to_frame(), version, out);
+    reply.encode(version, out);
 }
 
 async fn wait_parked(parked: &mut Option<WaitHandle>) -> Reply {

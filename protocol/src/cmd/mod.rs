@@ -81,20 +81,24 @@ impl Command {
         let Frame::Array(items) = frame else {
             return Err(CommandError::NotAnArray);
         };
-        let mut args = Vec::with_capacity(items.len());
-        for item in items {
-            match item {
-                Frame::Bulk(b) | Frame::Simple(b) => args.push(b),
-                _ => return Err(CommandError::NotAnArray),
-            }
+        if !items
+            .iter()
+            .all(|f| matches!(f, Frame::Bulk(_) | Frame::Simple(_)))
+        {
+            return Err(CommandError::NotAnArray);
         }
-        Command::from_args(args)
+        Command::from_items(items)
     }
 
     /// Parses a request from its arguments, the command name first.
     pub fn from_args(args: Vec<Bytes>) -> Result<Command, CommandError> {
-        let mut it = args.into_iter();
-        let name = it.next().ok_or(CommandError::Empty)?;
+        Command::from_items(args.into_iter().map(Frame::Bulk).collect())
+    }
+
+    /// Parses a request from frames already known to be strings.
+    fn from_items(items: Vec<Frame>) -> Result<Command, CommandError> {
+        let mut it = items.into_iter();
+        let name = string(it.next()).ok_or(CommandError::Empty)?;
         macro_rules! parse {
             ($variant:ident, $ty:ty, $wire:literal) => {
                 Command::$variant(<$ty>::parse(&mut Args::new($wire, it))?)
@@ -235,11 +239,20 @@ pub(crate) fn num(n: u64) -> Frame {
 /// A cursor over a command's arguments.
 pub(crate) struct Args {
     cmd: &'static str,
-    it: std::vec::IntoIter<Bytes>,
+    it: std::vec::IntoIter<Frame>,
+}
+
+/// The string a request argument carries (arguments are checked to be
+/// strings before parsing starts).
+fn string(f: Option<Frame>) -> Option<Bytes> {
+    match f? {
+        Frame::Bulk(b) | Frame::Simple(b) => Some(b),
+        _ => Some(Bytes::new()),
+    }
 }
 
 impl Args {
-    pub(crate) fn new(cmd: &'static str, it: std::vec::IntoIter<Bytes>) -> Self {
+    pub(crate) fn new(cmd: &'static str, it: std::vec::IntoIter<Frame>) -> Self {
         Args { cmd, it }
     }
 
@@ -249,12 +262,12 @@ impl Args {
 
     /// The next argument, if any.
     pub(crate) fn next(&mut self) -> Option<Bytes> {
-        self.it.next()
+        string(self.it.next())
     }
 
     /// The next argument; its absence is an arity error.
     pub(crate) fn required(&mut self) -> Result<Bytes, CommandError> {
-        self.it.next().ok_or(CommandError::WrongArity(self.cmd))
+        string(self.it.next()).ok_or(CommandError::WrongArity(self.cmd))
     }
 
     /// The next argument as a whole number of milliseconds or a fence.
@@ -272,7 +285,7 @@ impl Args {
         if seen {
             return Err(CommandError::DuplicateOption(opt));
         }
-        self.it.next().ok_or(CommandError::MissingValue(opt))
+        string(self.it.next()).ok_or(CommandError::MissingValue(opt))
     }
 
     /// The value of option `opt` as milliseconds.
@@ -283,7 +296,7 @@ impl Args {
 
     /// The arguments left, in order.
     pub(crate) fn rest(&mut self) -> Vec<Bytes> {
-        self.it.by_ref().collect()
+        self.it.by_ref().filter_map(|f| string(Some(f))).collect()
     }
 
     /// Errors if arguments are left over (borrowing form).
