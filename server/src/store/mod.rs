@@ -11,10 +11,11 @@
 //! backwards even if the commands' stamps do. Fences come from one counter
 //! advanced by every grant of ownership, so they strictly increase.
 //!
-//! Records live in a per-shard slab of 48-byte slots (key, fingerprint,
-//! attempt and body share one allocation); an index of slot numbers finds
-//! them by one keyed hash, whose bits 40 and up pick the shard while the
-//! index uses the low bits for buckets and the top bits for tags.
+//! Records live in a per-shard slab of 40-byte slots (key, fingerprint,
+//! attempt and small bodies share one allocation); an index of slot numbers
+//! finds them by one keyed hash: its bits 40 and up pick the shard, its low
+//! 32 bits are kept in the index entry and give the index its buckets and
+//! tags, so the index grows without reading a record.
 //! Expiry is lazy (any access past a deadline sees the lapse) plus an
 //! active sweep ([`Store::sweep`]) that walks each slab from a cursor,
 //! examining a bounded number of slots per call.
@@ -294,10 +295,23 @@ impl Store {
     }
 }
 
+/// An index entry: a slab slot and the low 32 bits of its key's hash, kept
+/// so that the index grows without reading any record and most probes
+/// that do not match are rejected without touching the slab.
+pub(crate) type IndexEntry = (u32, u32);
+
+/// The index's hash of a key, from the low 32 bits of the keyed hash: the
+/// index takes its buckets from the low bits and its tags from the top
+/// bits, both of which this repeats; the shard comes from bits 40 and up of
+/// the full hash, which the index never sees.
+fn table_hash(h32: u32) -> u64 {
+    ((h32 as u64) << 32) | h32 as u64
+}
+
 /// One command's view of its shard.
 struct Ctx<'a> {
     store: &'a Store,
-    index: &'a mut HashTable<u32>,
+    index: &'a mut HashTable<IndexEntry>,
     slab: &'a mut Slab,
     aux: &'a mut Aux,
     /// The hash of the key the command addresses.
@@ -332,9 +346,9 @@ impl<'a> Ctx<'a> {
 
     /// Finds the slot of `key`, applying any deadline that has passed.
     fn lookup(&mut self, key: &[u8]) -> Option<u32> {
-        let slab = &*self.slab;
-        let id = *self.index.find(self.hash, |&id| {
-            slab.get(id).is_some_and(|r| r.key() == key)
+        let (slab, h32) = (&*self.slab, self.hash as u32);
+        let &(id, _) = self.index.find(table_hash(h32), |&(id, h)| {
+            h == h32 && slab.get(id).is_some_and(|r| r.key() == key)
         })?;
         if self.expire_if_due(id) {
             None
@@ -381,7 +395,10 @@ impl<'a> Ctx<'a> {
     /// Removes slot `id` (whose key hashes to `self.hash`).
     fn remove(&mut self, id: u32) {
         let cost = self.slab.cost(id);
-        if let Ok(entry) = self.index.find_entry(self.hash, |&x| x == id) {
+        if let Ok(entry) = self
+            .index
+            .find_entry(table_hash(self.hash as u32), |&(x, _)| x == id)
+        {
             entry.remove();
         }
         if let Some(rec) = self.slab.remove(id) {
@@ -509,10 +526,9 @@ impl<'a> Ctx<'a> {
         rec.deadline = now.saturating_add(lease);
         let id = self.slab.insert(rec);
         self.store.charge(0, self.slab.cost(id));
-        let (store, slab) = (self.store, &*self.slab);
-        self.index.insert_unique(self.hash, id, |&i| {
-            slab.get(i).map_or(0, |r| store.hash(r.key()))
-        });
+        let h32 = self.hash as u32;
+        self.index
+            .insert_unique(table_hash(h32), (id, h32), |&(_, h)| table_hash(h));
         self.aux.by_state[0] += 1;
         self.aux.stats.acquired += 1;
         Reply::Claim(ClaimReply::Acquired { fence })

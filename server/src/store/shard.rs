@@ -206,8 +206,8 @@ impl Slab {
 
 #[derive(Default)]
 pub(crate) struct Shard {
-    /// Slot numbers, found by the key's hash.
-    pub(crate) index: HashTable<u32>,
+    /// Slot numbers (with hash bits), found by the key's hash.
+    pub(crate) index: HashTable<super::IndexEntry>,
     pub(crate) slab: Slab,
     pub(crate) aux: Aux,
 }
