@@ -258,3 +258,35 @@ async fn shutdown_ends_waits_with_tryagain() {
         .expect("status");
     assert!(status.success(), "{status:?}");
 }
+
+#[tokio::test]
+async fn handover_times_the_new_owners_lease_not_the_old_one() {
+    // The first owner has a long lease and releases; the first waiter
+    // acquires with a short lease and dies; the second waiter must get the
+    // key when that short lease runs out, not when the old one would have.
+    let s = Idemd::start().await;
+    let mut owner = s.conn().await;
+    let mut w1 = s.conn().await;
+    let mut w2 = s.conn().await;
+    let k = key("rearm");
+    let f = owner.acquire(&["CLAIM", &k, "LEASE", "60000"]).await;
+    w1.write(&["CLAIM", &k, "WAIT", "10000", "LEASE", "300"])
+        .await;
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    w2.write(&["CLAIM", &k, "WAIT", "10000"]).await;
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    assert_eq!(owner.cmd(&["RELEASE", &k, &f.to_string()]).await, ok());
+    let t = Instant::now();
+    assert!(matches!(
+        claim(w1.reply().await),
+        ClaimReply::Acquired { .. }
+    ));
+    drop(w1); // the new owner never finishes
+    let r = claim(w2.reply().await);
+    let took = t.elapsed();
+    assert!(matches!(r, ClaimReply::Acquired { .. }), "{r:?}");
+    assert!(
+        took >= Duration::from_millis(250) && took < Duration::from_millis(2000),
+        "{took:?}"
+    );
+}

@@ -468,3 +468,31 @@ async fn key_builder_and_fingerprint_reach_the_server() {
         .expect("stored under the encoded key");
     assert_eq!(info.fingerprint, Some(fp));
 }
+
+#[tokio::test]
+async fn ownership_is_presumed_lost_when_renewals_fail_for_a_whole_lease() {
+    let mut s = Idemd::start().await;
+    let c = Client::connect_with_config(
+        s.addr.to_string(),
+        ClientConfig::default()
+            .retries(0)
+            .request_timeout(Duration::from_millis(200)),
+    )
+    .await
+    .unwrap();
+    let k = key("unreachable");
+    let ClaimOutcome::Acquired(claim) = c
+        .claim(k.as_str())
+        .lease(Duration::from_millis(300))
+        .await
+        .unwrap()
+    else {
+        panic!("fresh key")
+    };
+    s.kill().await;
+    let err = tokio::time::timeout(Duration::from_secs(3), claim.lost())
+        .await
+        .expect("loss presumed");
+    assert_eq!(err.kind(), ErrorKind::Timeout);
+    assert!(claim.is_lost());
+}

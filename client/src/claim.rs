@@ -1,5 +1,6 @@
 //! The claim guard: ownership of a key while the effect runs.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -14,8 +15,10 @@ use crate::error::{Error, ErrorKind, Result};
 /// Ownership of a key, from ACQUIRED (or RECOVER) until finished.
 ///
 /// While it lives, the lease is renewed in the background every third of
-/// the lease. If the server refuses a renewal as FENCED (the lease lapsed
-/// and the key moved on), the guard is marked lost: check
+/// the lease, and keeps being renewed until the request that finishes it
+/// is answered. If the server refuses a renewal as FENCED (the lease lapsed
+/// and the key moved on), or no renewal succeeds for a whole lease (the
+/// server was unreachable that long), the guard is marked lost: check
 /// [`Claim::is_lost`] or await [`Claim::lost`] before committing anything
 /// that depends on still owning the key.
 ///
@@ -44,6 +47,11 @@ impl ClaimCtx {
     /// The key.
     pub fn key(&self) -> &Bytes {
         &self.key
+    }
+
+    /// The client the claim was made with.
+    pub fn client(&self) -> &Client {
+        &self.client
     }
 
     /// The fence of this ownership (a fencing token for downstream systems).
@@ -130,52 +138,41 @@ impl Claim {
         }
     }
 
-    /// Completes with a successful result.
-    pub async fn complete(mut self, value: impl Into<Bytes>) -> Result<()> {
+    /// Sends the request that finishes the claim, renewing the lease until
+    /// its answer is in (a finishing request that retries must not outlive
+    /// the lease it is finishing).
+    async fn end(mut self, request: impl Future<Output = Result<()>>) -> Result<()> {
+        let result = request.await;
         self.stop();
-        self.ctx
-            .client
-            .finish(
-                self.ctx.key.clone(),
-                self.ctx.fence,
-                value.into(),
-                None,
-                false,
-            )
+        result
+    }
+
+    fn target(&self) -> (Client, Bytes, u64) {
+        (
+            self.ctx.client.clone(),
+            self.ctx.key.clone(),
+            self.ctx.fence,
+        )
+    }
+
+    /// Completes with a successful result.
+    pub async fn complete(self, value: impl Into<Bytes>) -> Result<()> {
+        let (client, key, fence) = self.target();
+        self.end(client.finish(key, fence, value.into(), None, false))
             .await
     }
 
     /// Completes with a successful result kept for `retain`.
-    pub async fn complete_retain(
-        mut self,
-        value: impl Into<Bytes>,
-        retain: Duration,
-    ) -> Result<()> {
-        self.stop();
-        self.ctx
-            .client
-            .finish(
-                self.ctx.key.clone(),
-                self.ctx.fence,
-                value.into(),
-                Some(retain),
-                false,
-            )
+    pub async fn complete_retain(self, value: impl Into<Bytes>, retain: Duration) -> Result<()> {
+        let (client, key, fence) = self.target();
+        self.end(client.finish(key, fence, value.into(), Some(retain), false))
             .await
     }
 
     /// Completes with a permanent error, replayed to later callers.
-    pub async fn complete_error(mut self, value: impl Into<Bytes>) -> Result<()> {
-        self.stop();
-        self.ctx
-            .client
-            .finish(
-                self.ctx.key.clone(),
-                self.ctx.fence,
-                value.into(),
-                None,
-                true,
-            )
+    pub async fn complete_error(self, value: impl Into<Bytes>) -> Result<()> {
+        let (client, key, fence) = self.target();
+        self.end(client.finish(key, fence, value.into(), None, true))
             .await
     }
 
@@ -188,20 +185,16 @@ impl Claim {
     }
 
     /// Releases: the effect did not happen; a retry may run it.
-    pub async fn release(mut self) -> Result<()> {
-        self.stop();
-        self.ctx
-            .client
-            .release(self.ctx.key.clone(), self.ctx.fence)
+    pub async fn release(self) -> Result<()> {
+        let (client, key, fence) = self.target();
+        self.end(async move { client.release(key, fence).await })
             .await
     }
 
     /// Abandons: the effect may have happened; the next caller recovers.
-    pub async fn abandon(mut self) -> Result<()> {
-        self.stop();
-        self.ctx
-            .client
-            .abandon(self.ctx.key.clone(), self.ctx.fence)
+    pub async fn abandon(self) -> Result<()> {
+        let (client, key, fence) = self.target();
+        self.end(async move { client.abandon(key, fence).await })
             .await
     }
 }
@@ -233,10 +226,22 @@ async fn renew_loop(
     lost: watch::Sender<Option<Arc<Error>>>,
 ) {
     let period = (lease / 3).max(Duration::from_millis(1));
+    let mut last_ok = tokio::time::Instant::now();
     loop {
         tokio::time::sleep(period).await;
         match client.renew(key.clone(), fence, lease).await {
-            Ok(()) => {}
+            Ok(()) => last_ok = tokio::time::Instant::now(),
+            Err(e) if e.kind() != ErrorKind::Fenced && last_ok.elapsed() >= lease => {
+                // No renewal has landed for a whole lease: the lease has
+                // run out and someone else may own the key.
+                warn!(key = ?key, fence, error = %e, "lease renewals failed for a whole lease: ownership presumed lost");
+                let error = Error::new(
+                    ErrorKind::Timeout,
+                    format!("no lease renewal succeeded for {lease:?}; last error: {e}"),
+                );
+                let _ = lost.send(Some(Arc::new(error)));
+                return;
+            }
             Err(e) if e.kind() == ErrorKind::Fenced => {
                 warn!(key = ?key, fence, "lease renewal refused: ownership lost");
                 let _ = lost.send(Some(Arc::new(e)));

@@ -247,10 +247,25 @@ impl Client {
     }
 }
 
+/// Completes the claim with the outcome. If the COMPLETE cannot be
+/// confirmed (retries ran out), the claim is abandoned on a best-effort
+/// basis: the effect happened, so the key must not simply lapse to free and
+/// be run again by the next caller.
 async fn finish<E>(guard: Claim, value: Bytes, outcome: Outcome) -> Result<Completed, RunError<E>> {
-    match outcome {
-        Outcome::Ok => guard.complete(value.clone()).await?,
-        Outcome::Err => guard.complete_error(value.clone()).await?,
+    let (client, key, fence) = (
+        guard.ctx().client().clone(),
+        guard.key().clone(),
+        guard.fence(),
+    );
+    let done = match outcome {
+        Outcome::Ok => guard.complete(value.clone()).await,
+        Outcome::Err => guard.complete_error(value.clone()).await,
+    };
+    if let Err(e) = done {
+        if !e.is_fenced() {
+            let _ = client.abandon(key, fence).await;
+        }
+        return Err(RunError::Client(e));
     }
     Ok(Completed {
         outcome,

@@ -24,6 +24,7 @@ use idem_protocol::cmd::{Abandon, Release};
 use idem_protocol::{ClaimReply, Command, Reply, SettleReply};
 use parking_lot::Mutex;
 use tokio::sync::oneshot;
+use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
 use crate::engine::Engine;
@@ -39,9 +40,20 @@ struct Waiter {
 
 struct Queue {
     list: VecDeque<Waiter>,
-    /// Identifies the lease timer task serving this queue.
-    generation: u64,
+    /// The task that serves the queue when the owner's lease runs out.
+    timer: AbortHandle,
 }
+
+impl Drop for Queue {
+    fn drop(&mut self) {
+        // A queue's timer lives exactly as long as the queue.
+        self.timer.abort();
+    }
+}
+
+/// Longest sleep of a lease timer before it looks again (a lease renewed
+/// shorter, or a lapse noticed elsewhere, is served within this).
+const TIMER_RECHECK_MS: u64 = 1000;
 
 type Map = HashMap<Bytes, Queue>;
 
@@ -121,6 +133,11 @@ impl Waiters {
         };
         let cmd = strip_wait(cmd);
         let mut map = self.shard(&key).lock();
+        if map.contains_key(&key) && self.engine.poke(&key).is_none() {
+            // The owner's lease ran out and the timer has not fired yet:
+            // earlier waiters go first.
+            self.serve_locked(&mut map, &key);
+        }
         let applied = self.engine.apply(&cmd);
         if applied.wake {
             // This very call noticed a lapse: earlier waiters go first.
@@ -131,18 +148,9 @@ impl Waiters {
         };
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
-        let queue = map.entry(key.clone()).or_insert_with(|| {
-            let generation = id;
-            tokio::spawn(lease_timer(
-                Arc::clone(self),
-                key.clone(),
-                generation,
-                remaining,
-            ));
-            Queue {
-                list: VecDeque::new(),
-                generation,
-            }
+        let queue = map.entry(key.clone()).or_insert_with(|| Queue {
+            list: VecDeque::new(),
+            timer: self.arm(key.clone(), remaining),
         });
         queue.list.push_back(Waiter {
             id,
@@ -164,13 +172,19 @@ impl Waiters {
         })
     }
 
+    /// Starts the task that serves `key`'s queue when the lease running now
+    /// (`remaining` ms left) runs out.
+    fn arm(self: &Arc<Self>, key: Bytes, remaining: u64) -> AbortHandle {
+        tokio::spawn(lease_timer(Arc::clone(self), key, remaining)).abort_handle()
+    }
+
     /// Serves the waiters of `key` after it left the in-flight state.
-    pub fn wake(&self, key: &[u8]) {
+    pub fn wake(self: &Arc<Self>, key: &[u8]) {
         let mut map = self.shard(key).lock();
         self.serve_locked(&mut map, key);
     }
 
-    fn serve_locked(&self, map: &mut Map, key: &[u8]) {
+    fn serve_locked(self: &Arc<Self>, map: &mut Map, key: &[u8]) {
         let Some(queue) = map.get_mut(key) else {
             return;
         };
@@ -181,7 +195,11 @@ impl Waiters {
                 continue;
             }
             let applied = self.engine.apply(&front.cmd);
-            if in_flight(&applied.reply).is_some() {
+            if let Some(remaining) = in_flight(&applied.reply) {
+                // A new owner holds the key (an earlier waiter, or a claim
+                // that came in between): time the rest on its lease.
+                queue.timer.abort();
+                queue.timer = self.arm(Bytes::copy_from_slice(key), remaining);
                 break;
             }
             let Some(waiter) = queue.list.pop_front() else {
@@ -242,26 +260,24 @@ impl Waiters {
     }
 }
 
-/// Wakes the key's waiters when the owner's lease runs out (the store only
-/// notices a lapse when something looks). One task per waited-on key; it
-/// ends when the key has no waiters left.
-async fn lease_timer(waiters: Arc<Waiters>, key: Bytes, generation: u64, mut remaining: u64) {
+/// Serves the key's waiters when the owner's lease runs out (the store only
+/// notices a lapse when something looks). One task per waited-on key,
+/// aborted when its queue goes or a new owner's lease replaces it.
+async fn lease_timer(waiters: Arc<Waiters>, key: Bytes, mut remaining: u64) {
     loop {
-        tokio::time::sleep(Duration::from_millis(remaining.max(1))).await;
+        tokio::time::sleep(Duration::from_millis(remaining.clamp(1, TIMER_RECHECK_MS))).await;
         let mut map = waiters.shard(&key).lock();
-        match map.get(&key) {
-            Some(q) if q.generation == generation => {}
-            _ => return,
+        if !map.contains_key(&key) {
+            return;
         }
         if let Some(left) = waiters.engine.poke(&key) {
             remaining = left;
             continue;
         }
+        // Serving re-arms a fresh timer if a waiter becomes the owner and
+        // others stay; this one then ends at its next sleep.
         waiters.serve_locked(&mut map, &key);
-        if !map.contains_key(&key) {
-            return;
-        }
-        remaining = waiters.engine.poke(&key).unwrap_or(1);
+        remaining = TIMER_RECHECK_MS;
     }
 }
 
@@ -297,7 +313,11 @@ impl WaitHandle {
             Some(reply) => reply,
             None => {
                 self.waiters.stats.timed_out.fetch_add(1, Ordering::Relaxed);
-                self.waiters.engine.apply(&self.cmd).reply
+                let applied = self.waiters.engine.apply(&self.cmd);
+                if applied.wake {
+                    self.waiters.wake(&self.key);
+                }
+                applied.reply
             }
         }
     }

@@ -452,7 +452,10 @@ impl<'a> Ctx<'a> {
             }
             return match rec.state() {
                 State::InFlight if rec.attempt_is(c.attempt.as_ref()) => {
-                    // A retry of the claim that owns the key.
+                    // A retry of the claim that owns the key (its reply was
+                    // lost): same fence, and the lease runs from now at
+                    // least, so the owner does not start out of time.
+                    rec.deadline = rec.deadline.max(now.saturating_add(lease));
                     let fence = rec.fence;
                     if rec.recovered() {
                         Reply::Claim(ClaimReply::Recover {

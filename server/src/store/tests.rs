@@ -297,6 +297,12 @@ fn attempt_retry_gets_the_same_fence() {
     c.attempt = Some(b("attempt-1"));
     let f = acquired(run(&s, Command::Claim(c.clone()), 0));
     assert_eq!(acquired(run(&s, Command::Claim(c.clone()), 5)), f);
+    // The retry restarts the lease (the owner learns of it only now).
+    assert_eq!(acquired(run(&s, Command::Claim(c.clone()), 900)), f);
+    assert_eq!(
+        run(&s, Command::Claim(claim("k")), 1500),
+        Reply::Claim(ClaimReply::InFlight { remaining_ms: 400 })
+    );
     let mut other = c.clone();
     other.attempt = Some(b("attempt-2"));
     assert!(matches!(
@@ -654,6 +660,7 @@ impl Model {
                             value: r.body.clone(),
                         }),
                         MState::Flight if c.attempt.is_some() && r.attempt == c.attempt => {
+                            r.deadline = r.deadline.max(now + lease);
                             if r.recovered {
                                 Reply::Claim(C::Recover {
                                     fence: r.fence,
