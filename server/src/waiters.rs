@@ -219,7 +219,7 @@ impl Waiters {
                 }
                 // The waiter left between the check and the send: give back
                 // what it was handed, and serve the next one.
-                Err(reply) => self.undo(key, reply),
+                Err(reply) => self.undo(key, &waiter.cmd, reply),
             }
         }
         if queue.list.is_empty() {
@@ -227,7 +227,13 @@ impl Waiters {
         }
     }
 
-    fn undo(&self, key: &[u8], reply: Reply) {
+    /// Gives back ownership handed to a waiter that has left. Not for a
+    /// claim with an ATTEMPT id: a retry of the same attempt may hold the
+    /// same fence on another connection; that claim's lease decides.
+    fn undo(&self, key: &[u8], cmd: &Command, reply: Reply) {
+        if matches!(cmd, Command::Claim(c) if c.attempt.is_some()) {
+            return;
+        }
         let key = Bytes::copy_from_slice(key);
         match reply {
             Reply::Claim(ClaimReply::Acquired { fence }) => {
@@ -330,7 +336,7 @@ impl Drop for WaitHandle {
             self.waiters.cancel(&self.key, self.id);
             // Handed ownership just before leaving: give it back.
             if let Ok(reply) = rx.try_recv() {
-                self.waiters.undo(&self.key, reply);
+                self.waiters.undo(&self.key, &self.cmd, reply);
                 self.waiters.wake(&self.key);
             }
         }
