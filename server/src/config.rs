@@ -208,6 +208,36 @@ fn invalid(key: &'static str, reason: impl Into<String>) -> ConfigError {
     }
 }
 
+/// Calls `$m!` with every numeric key: the one list that setting from text
+/// and listing for `CONFIG GET` share.
+macro_rules! numeric_keys {
+    ($m:ident) => {
+        $m!(
+            shards,
+            default_lease_ms,
+            max_lease_ms,
+            default_retain_ms,
+            max_retain_ms,
+            max_wait_ms,
+            max_key_bytes,
+            max_value_bytes,
+            max_journal_bytes,
+            max_fingerprint_bytes,
+            max_attempt_bytes,
+            max_frame_bytes,
+            max_args,
+            max_inline_bytes,
+            max_connections,
+            max_memory_bytes,
+            max_output_buffer_bytes,
+            idle_timeout_ms,
+            sweep_interval_ms,
+            sweep_batch,
+            worker_threads
+        )
+    };
+}
+
 impl RawConfig {
     /// Reads a TOML file over the defaults.
     pub fn from_file(path: &Path) -> Result<RawConfig, ConfigError> {
@@ -253,66 +283,23 @@ impl RawConfig {
                 }
             };
         }
-        keys!(
-            shards,
-            default_lease_ms,
-            max_lease_ms,
-            default_retain_ms,
-            max_retain_ms,
-            max_wait_ms,
-            max_key_bytes,
-            max_value_bytes,
-            max_journal_bytes,
-            max_fingerprint_bytes,
-            max_attempt_bytes,
-            max_frame_bytes,
-            max_args,
-            max_inline_bytes,
-            max_connections,
-            max_memory_bytes,
-            max_output_buffer_bytes,
-            idle_timeout_ms,
-            sweep_interval_ms,
-            sweep_batch,
-            worker_threads
-        );
+        numeric_keys!(keys);
         Ok(())
     }
 
-    /// Every key and its value as text, in file order (for `CONFIG GET`).
+    /// Every key and its value as text (for `CONFIG GET`).
     pub fn entries(&self) -> Vec<(&'static str, String)> {
-        vec![
-            ("listen", self.listen.clone()),
-            ("engine", self.engine.clone()),
-            ("shards", self.shards.to_string()),
-            ("default_lease_ms", self.default_lease_ms.to_string()),
-            ("max_lease_ms", self.max_lease_ms.to_string()),
-            ("default_retain_ms", self.default_retain_ms.to_string()),
-            ("max_retain_ms", self.max_retain_ms.to_string()),
-            ("max_wait_ms", self.max_wait_ms.to_string()),
-            ("max_key_bytes", self.max_key_bytes.to_string()),
-            ("max_value_bytes", self.max_value_bytes.to_string()),
-            ("max_journal_bytes", self.max_journal_bytes.to_string()),
-            (
-                "max_fingerprint_bytes",
-                self.max_fingerprint_bytes.to_string(),
-            ),
-            ("max_attempt_bytes", self.max_attempt_bytes.to_string()),
-            ("max_frame_bytes", self.max_frame_bytes.to_string()),
-            ("max_args", self.max_args.to_string()),
-            ("max_inline_bytes", self.max_inline_bytes.to_string()),
-            ("max_connections", self.max_connections.to_string()),
-            ("max_memory_bytes", self.max_memory_bytes.to_string()),
-            (
-                "max_output_buffer_bytes",
-                self.max_output_buffer_bytes.to_string(),
-            ),
-            ("idle_timeout_ms", self.idle_timeout_ms.to_string()),
-            ("sweep_interval_ms", self.sweep_interval_ms.to_string()),
-            ("sweep_batch", self.sweep_batch.to_string()),
-            ("log", self.log.clone()),
-            ("worker_threads", self.worker_threads.to_string()),
-        ]
+        macro_rules! keys {
+            ($($name:ident),*) => {
+                vec![
+                    ("listen", self.listen.clone()),
+                    ("engine", self.engine.clone()),
+                    ("log", self.log.clone()),
+                    $((stringify!($name), self.$name.to_string()),)*
+                ]
+            };
+        }
+        numeric_keys!(keys)
     }
 
     /// Checks every key and builds the [`Config`].
