@@ -326,15 +326,10 @@ impl Client {
 
     /// Starts a claim of `key`; set options, then `.await` it.
     pub fn claim(&self, key: impl Into<Key>) -> ClaimBuilder {
-        let cfg = &self.inner.config;
         ClaimBuilder {
             client: self.clone(),
             key: key.into().to_bytes(),
-            lease: cfg.default_lease.unwrap_or(Duration::from_secs(30)),
-            retain: cfg.default_retain,
-            wait: cfg.default_wait,
-            fingerprint: None,
-            on_expire: None,
+            opts: ClaimOptions::default(),
             attempt: attempt_id(),
         }
     }
@@ -504,43 +499,51 @@ impl Client {
 pub struct ClaimBuilder {
     client: Client,
     key: Bytes,
-    lease: Duration,
-    retain: Option<Duration>,
-    wait: Option<Duration>,
-    fingerprint: Option<Bytes>,
-    on_expire: Option<OnExpire>,
+    pub(crate) opts: ClaimOptions,
     attempt: Bytes,
+}
+
+/// The options of a claim a caller may set; those left unset take the
+/// client's defaults when the claim is sent. Shared by [`ClaimBuilder`] and
+/// [`RunOptions`](crate::RunOptions).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct ClaimOptions {
+    pub(crate) lease: Option<Duration>,
+    pub(crate) retain: Option<Duration>,
+    pub(crate) wait: Option<Duration>,
+    pub(crate) fingerprint: Option<Bytes>,
+    pub(crate) on_expire: Option<OnExpire>,
 }
 
 impl ClaimBuilder {
     /// Lease length (default 30 s or the config's); renewed in the
     /// background while the guard lives.
     pub fn lease(mut self, d: Duration) -> Self {
-        self.lease = d;
+        self.opts.lease = Some(d);
         self
     }
 
     /// Retention of the completed record.
     pub fn retain(mut self, d: Duration) -> Self {
-        self.retain = Some(d);
+        self.opts.retain = Some(d);
         self
     }
 
     /// Wait server-side this long for a live owner to finish.
     pub fn wait(mut self, d: Duration) -> Self {
-        self.wait = Some(d);
+        self.opts.wait = Some(d);
         self
     }
 
     /// Fingerprint of the request payload.
     pub fn fingerprint(mut self, fp: impl Into<Bytes>) -> Self {
-        self.fingerprint = Some(fp.into());
+        self.opts.fingerprint = Some(fp.into());
         self
     }
 
     /// What a lapsed lease leaves behind (default FREE).
     pub fn on_expire(mut self, policy: OnExpire) -> Self {
-        self.on_expire = Some(policy);
+        self.opts.on_expire = Some(policy);
         self
     }
 
@@ -553,20 +556,27 @@ impl ClaimBuilder {
 
     /// Sends the claim.
     pub async fn send(self) -> Result<ClaimOutcome> {
-        let wait = self.wait.filter(|w| !w.is_zero());
+        let cfg = &self.client.inner.config;
+        let lease = self
+            .opts
+            .lease
+            .or(cfg.default_lease)
+            .unwrap_or(Duration::from_secs(30));
+        let retain = self.opts.retain.or(cfg.default_retain);
+        let wait = self.opts.wait.or(cfg.default_wait).filter(|w| !w.is_zero());
         let cmd = Command::Claim(ClaimCmd {
             key: self.key.clone(),
-            lease_ms: Some(ms(self.lease)),
-            retain_ms: self.retain.map(ms),
+            lease_ms: Some(ms(lease)),
+            retain_ms: retain.map(ms),
             wait_ms: wait.map(|d| d.as_millis() as u64),
-            fingerprint: self.fingerprint.clone(),
-            on_expire: self.on_expire,
+            fingerprint: self.opts.fingerprint.clone(),
+            on_expire: self.opts.on_expire,
             attempt: Some(self.attempt.clone()),
         });
         let frame = self.client.request(&cmd, wait.unwrap_or_default()).await?;
         Ok(match typed(ClaimReply::from_frame(frame))? {
             ClaimReply::Acquired { fence } => {
-                ClaimOutcome::Acquired(Claim::new(self.client, self.key, fence, self.lease))
+                ClaimOutcome::Acquired(Claim::new(self.client, self.key, fence, lease))
             }
             ClaimReply::Completed { outcome, value } => ClaimOutcome::Completed(Completed {
                 outcome,
@@ -577,7 +587,7 @@ impl ClaimBuilder {
                 remaining: Duration::from_millis(remaining_ms),
             },
             ClaimReply::Recover { fence, journal } => ClaimOutcome::Recover {
-                claim: Claim::new(self.client, self.key, fence, self.lease),
+                claim: Claim::new(self.client, self.key, fence, lease),
                 journal,
             },
         })

@@ -13,7 +13,7 @@ use futures_util::FutureExt;
 use idem_protocol::{OnExpire, Outcome};
 
 use crate::claim::{Claim, ClaimCtx};
-use crate::client::{ClaimOutcome, Client, Completed};
+use crate::client::{ClaimOptions, ClaimOutcome, Client, Completed};
 use crate::error::Error;
 use crate::key::Key;
 
@@ -52,11 +52,7 @@ type Recoverer =
 
 /// Options of [`Client::run_once`].
 pub struct RunOptions<E> {
-    lease: Option<Duration>,
-    retain: Option<Duration>,
-    wait: Duration,
-    fingerprint: Option<Bytes>,
-    on_expire: Option<OnExpire>,
+    claim: ClaimOptions,
     classify: Classifier<E>,
     recover: Option<Recoverer>,
 }
@@ -64,11 +60,10 @@ pub struct RunOptions<E> {
 impl<E> Default for RunOptions<E> {
     fn default() -> Self {
         RunOptions {
-            lease: None,
-            retain: None,
-            wait: Duration::from_secs(10),
-            fingerprint: None,
-            on_expire: None,
+            claim: ClaimOptions {
+                wait: Some(Duration::from_secs(10)),
+                ..ClaimOptions::default()
+            },
             classify: Arc::new(|_| Failure::Unknown),
             recover: None,
         }
@@ -84,31 +79,31 @@ impl<E> RunOptions<E> {
 
     /// Lease of the claim (renewed while the effect runs).
     pub fn lease(mut self, d: Duration) -> Self {
-        self.lease = Some(d);
+        self.claim.lease = Some(d);
         self
     }
 
     /// Retention of the outcome.
     pub fn retain(mut self, d: Duration) -> Self {
-        self.retain = Some(d);
+        self.claim.retain = Some(d);
         self
     }
 
     /// How long to wait for a live owner (default 10 s; zero: do not wait).
     pub fn wait(mut self, d: Duration) -> Self {
-        self.wait = d;
+        self.claim.wait = Some(d);
         self
     }
 
     /// Fingerprint of the request payload.
     pub fn fingerprint(mut self, fp: impl Into<Bytes>) -> Self {
-        self.fingerprint = Some(fp.into());
+        self.claim.fingerprint = Some(fp.into());
         self
     }
 
     /// What a lapsed lease leaves behind.
     pub fn on_expire(mut self, policy: OnExpire) -> Self {
-        self.on_expire = Some(policy);
+        self.claim.on_expire = Some(policy);
         self
     }
 
@@ -203,19 +198,8 @@ impl Client {
         F: FnOnce(ClaimCtx) -> Fut,
         Fut: Future<Output = Result<Bytes, E>>,
     {
-        let mut claim = self.claim(key).wait(opts.wait);
-        if let Some(l) = opts.lease {
-            claim = claim.lease(l);
-        }
-        if let Some(r) = opts.retain {
-            claim = claim.retain(r);
-        }
-        if let Some(fp) = &opts.fingerprint {
-            claim = claim.fingerprint(fp.clone());
-        }
-        if let Some(p) = opts.on_expire {
-            claim = claim.on_expire(p);
-        }
+        let mut claim = self.claim(key);
+        claim.opts = opts.claim.clone();
         let guard = match claim.send().await? {
             ClaimOutcome::Completed(done) => return Ok(done),
             ClaimOutcome::InFlight { remaining } => return Err(RunError::InFlight { remaining }),
