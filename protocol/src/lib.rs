@@ -13,6 +13,7 @@
 //! - [`cmd`]: the typed [`Command`] enum, one file per command.
 //! - [`reply`]: typed replies ([`ClaimReply`], [`SettleReply`],
 //!   [`RecordInfo`], [`ServerError`]).
+//! - [`spec`]: the command table (name, arity, flags, key position).
 //! - [`error`]: frame and command errors.
 //!
 //! # Example
@@ -38,6 +39,7 @@ pub mod codec;
 pub mod error;
 pub mod frame;
 pub mod reply;
+pub mod spec;
 
 pub use cmd::{Command, OnExpire};
 pub use codec::RespCodec;
@@ -46,6 +48,7 @@ pub use frame::{Frame, Limits, Version, decode, encode};
 pub use reply::{
     ClaimReply, ErrorCode, Outcome, RecordInfo, RecordState, Reply, ServerError, SettleReply,
 };
+pub use spec::{CommandId, CommandSpec, Flags};
 
 #[cfg(test)]
 mod proptests;

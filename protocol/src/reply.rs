@@ -174,6 +174,11 @@ pub enum ErrorCode {
     TryAgain,
     /// The protocol version asked for by `HELLO` is not supported.
     NoProto,
+    /// Ask another node: the message is `slot host:port` (Redis Cluster's
+    /// redirect to the leader).
+    Moved,
+    /// The cluster cannot serve (no quorum).
+    ClusterDown,
 }
 
 impl ErrorCode {
@@ -191,6 +196,8 @@ impl ErrorCode {
             ErrorCode::NotLeader => "NOTLEADER",
             ErrorCode::TryAgain => "TRYAGAIN",
             ErrorCode::NoProto => "NOPROTO",
+            ErrorCode::Moved => "MOVED",
+            ErrorCode::ClusterDown => "CLUSTERDOWN",
         }
     }
 
@@ -207,6 +214,8 @@ impl ErrorCode {
             "NOTLEADER" => ErrorCode::NotLeader,
             "TRYAGAIN" => ErrorCode::TryAgain,
             "NOPROTO" => ErrorCode::NoProto,
+            "MOVED" => ErrorCode::Moved,
+            "CLUSTERDOWN" => ErrorCode::ClusterDown,
             _ => return None,
         })
     }

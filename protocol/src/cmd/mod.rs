@@ -30,6 +30,7 @@ use bytes::Bytes;
 
 use crate::error::CommandError;
 use crate::frame::{Frame, parse_u64};
+use crate::spec::{CommandId, CommandSpec};
 
 /// A request, typed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -104,33 +105,35 @@ impl Command {
                 Command::$variant(<$ty>::parse(&mut Args::new($wire, it))?)
             };
         }
-        let cmd = match name.len() {
-            4 if name.eq_ignore_ascii_case(b"PING") => parse!(Ping, Ping, "ping"),
-            4 if name.eq_ignore_ascii_case(b"ECHO") => parse!(Echo, Echo, "echo"),
-            4 if name.eq_ignore_ascii_case(b"AUTH") => parse!(Auth, Auth, "auth"),
-            4 if name.eq_ignore_ascii_case(b"QUIT") => {
+        let Some(spec) = crate::spec::lookup(&name) else {
+            return Err(CommandError::Unknown(name));
+        };
+        let cmd = match spec.id {
+            CommandId::Ping => parse!(Ping, Ping, "ping"),
+            CommandId::Echo => parse!(Echo, Echo, "echo"),
+            CommandId::Auth => parse!(Auth, Auth, "auth"),
+            CommandId::Quit => {
                 Args::new("quit", it).finish()?;
                 Command::Quit
             }
-            4 if name.eq_ignore_ascii_case(b"INFO") => parse!(Info, Info, "info"),
-            5 if name.eq_ignore_ascii_case(b"CLAIM") => parse!(Claim, Claim, "claim"),
-            5 if name.eq_ignore_ascii_case(b"HELLO") => parse!(Hello, Hello, "hello"),
-            6 if name.eq_ignore_ascii_case(b"SETTLE") => parse!(Settle, Settle, "settle"),
-            6 if name.eq_ignore_ascii_case(b"FORGET") => parse!(Forget, Forget, "forget"),
-            6 if name.eq_ignore_ascii_case(b"DBSIZE") => {
+            CommandId::Info => parse!(Info, Info, "info"),
+            CommandId::Claim => parse!(Claim, Claim, "claim"),
+            CommandId::Hello => parse!(Hello, Hello, "hello"),
+            CommandId::Settle => parse!(Settle, Settle, "settle"),
+            CommandId::Forget => parse!(Forget, Forget, "forget"),
+            CommandId::DbSize => {
                 Args::new("dbsize", it).finish()?;
                 Command::DbSize
             }
-            6 if name.eq_ignore_ascii_case(b"CLIENT") => parse!(Client, ClientCmd, "client"),
-            6 if name.eq_ignore_ascii_case(b"CONFIG") => parse!(Config, ConfigCmd, "config"),
-            5 if name.eq_ignore_ascii_case(b"RENEW") => parse!(Renew, Renew, "renew"),
-            7 if name.eq_ignore_ascii_case(b"JOURNAL") => parse!(Journal, Journal, "journal"),
-            7 if name.eq_ignore_ascii_case(b"RELEASE") => parse!(Release, Release, "release"),
-            7 if name.eq_ignore_ascii_case(b"ABANDON") => parse!(Abandon, Abandon, "abandon"),
-            7 if name.eq_ignore_ascii_case(b"INSPECT") => parse!(Inspect, Inspect, "inspect"),
-            7 if name.eq_ignore_ascii_case(b"COMMAND") => parse!(Command, CommandCmd, "command"),
-            8 if name.eq_ignore_ascii_case(b"COMPLETE") => parse!(Complete, Complete, "complete"),
-            _ => return Err(CommandError::Unknown(name)),
+            CommandId::Client => parse!(Client, ClientCmd, "client"),
+            CommandId::Config => parse!(Config, ConfigCmd, "config"),
+            CommandId::Renew => parse!(Renew, Renew, "renew"),
+            CommandId::Journal => parse!(Journal, Journal, "journal"),
+            CommandId::Release => parse!(Release, Release, "release"),
+            CommandId::Abandon => parse!(Abandon, Abandon, "abandon"),
+            CommandId::Inspect => parse!(Inspect, Inspect, "inspect"),
+            CommandId::Command => parse!(Command, CommandCmd, "command"),
+            CommandId::Complete => parse!(Complete, Complete, "complete"),
         };
         Ok(cmd)
     }
@@ -162,29 +165,39 @@ impl Command {
         Frame::Array(out)
     }
 
+    /// Which command this is.
+    pub fn id(&self) -> CommandId {
+        match self {
+            Command::Claim(_) => CommandId::Claim,
+            Command::Settle(_) => CommandId::Settle,
+            Command::Complete(_) => CommandId::Complete,
+            Command::Renew(_) => CommandId::Renew,
+            Command::Journal(_) => CommandId::Journal,
+            Command::Release(_) => CommandId::Release,
+            Command::Abandon(_) => CommandId::Abandon,
+            Command::Inspect(_) => CommandId::Inspect,
+            Command::Forget(_) => CommandId::Forget,
+            Command::Ping(_) => CommandId::Ping,
+            Command::Echo(_) => CommandId::Echo,
+            Command::Hello(_) => CommandId::Hello,
+            Command::Auth(_) => CommandId::Auth,
+            Command::Quit => CommandId::Quit,
+            Command::Info(_) => CommandId::Info,
+            Command::DbSize => CommandId::DbSize,
+            Command::Client(_) => CommandId::Client,
+            Command::Command(_) => CommandId::Command,
+            Command::Config(_) => CommandId::Config,
+        }
+    }
+
+    /// The command's metadata from the command table.
+    pub fn spec(&self) -> &'static CommandSpec {
+        crate::spec::of(self.id())
+    }
+
     /// The command's name in lower case, as `CLIENT LIST` and metrics show it.
     pub fn name(&self) -> &'static str {
-        match self {
-            Command::Claim(_) => "claim",
-            Command::Settle(_) => "settle",
-            Command::Complete(_) => "complete",
-            Command::Renew(_) => "renew",
-            Command::Journal(_) => "journal",
-            Command::Release(_) => "release",
-            Command::Abandon(_) => "abandon",
-            Command::Inspect(_) => "inspect",
-            Command::Forget(_) => "forget",
-            Command::Ping(_) => "ping",
-            Command::Echo(_) => "echo",
-            Command::Hello(_) => "hello",
-            Command::Auth(_) => "auth",
-            Command::Quit => "quit",
-            Command::Info(_) => "info",
-            Command::DbSize => "dbsize",
-            Command::Client(_) => "client",
-            Command::Command(_) => "command",
-            Command::Config(_) => "config",
-        }
+        self.spec().name
     }
 
     /// The record key the command addresses, if any.
@@ -203,30 +216,6 @@ impl Command {
         }
     }
 }
-
-/// Every command name the server knows, with its arity in the `COMMAND`
-/// reply convention (negative: at least that many arguments).
-pub const COMMAND_TABLE: &[(&str, i64)] = &[
-    ("claim", -2),
-    ("settle", -2),
-    ("complete", -4),
-    ("renew", 5),
-    ("journal", 4),
-    ("release", 3),
-    ("abandon", 3),
-    ("inspect", 2),
-    ("forget", 2),
-    ("ping", -1),
-    ("echo", 2),
-    ("hello", -1),
-    ("auth", -2),
-    ("quit", 1),
-    ("info", -1),
-    ("dbsize", 1),
-    ("client", -2),
-    ("command", -1),
-    ("config", -2),
-];
 
 pub(crate) fn word(w: &'static str) -> Frame {
     Frame::Bulk(Bytes::from_static(w.as_bytes()))
