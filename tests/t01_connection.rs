@@ -93,14 +93,49 @@ async fn client_info_dbsize_command_config() {
         stats.contains("claims_acquired:1") && !stats.contains("# Server"),
         "{stats}"
     );
+    // Every command the protocol defines, written out here rather than read
+    // from the table the server uses, so a command missing from it fails.
+    let expected = [
+        "claim", "settle", "complete", "renew", "journal", "release", "abandon", "inspect",
+        "forget", "ping", "echo", "hello", "auth", "quit", "info", "dbsize", "client", "command",
+        "config",
+    ];
     assert_eq!(
         int(&c.cmd(&["COMMAND", "COUNT"]).await),
-        idem_protocol::cmd::COMMAND_TABLE.len() as i64
+        expected.len() as i64
     );
     let Frame::Array(all) = c.cmd(&["COMMAND"]).await else {
         panic!("COMMAND is an array")
     };
-    assert_eq!(all.len(), idem_protocol::cmd::COMMAND_TABLE.len());
+    let mut listed: Vec<String> = all
+        .iter()
+        .map(|e| match e {
+            Frame::Array(f) => match &f[0] {
+                Frame::Bulk(n) => String::from_utf8_lossy(n).into_owned(),
+                other => panic!("name {other:?}"),
+            },
+            other => panic!("entry {other:?}"),
+        })
+        .collect();
+    listed.sort();
+    let mut want: Vec<String> = expected.iter().map(|s| s.to_string()).collect();
+    want.sort();
+    assert_eq!(listed, want);
+    let Frame::Array(claim) = c.cmd(&["COMMAND", "INFO", "CLAIM"]).await else {
+        panic!("array")
+    };
+    let Frame::Array(entry) = &claim[0] else {
+        panic!("entry")
+    };
+    assert_eq!(entry[1], Frame::Integer(-2));
+    assert_eq!(
+        entry[2],
+        Frame::Array(vec![Frame::simple("write"), Frame::simple("blocking")])
+    );
+    assert_eq!(
+        &entry[3..],
+        &[Frame::Integer(1), Frame::Integer(1), Frame::Integer(1)]
+    );
     let Frame::Array(one) = c.cmd(&["COMMAND", "INFO", "claim", "nope"]).await else {
         panic!("array")
     };

@@ -1,8 +1,13 @@
 //! The node's clock: milliseconds since the Unix epoch, read once at start
-//! and advanced by a monotonic timer, so it never jumps back when the wall
-//! clock is set back. The store only ever receives its readings as input.
+//! and advanced by the runtime's monotonic clock (`tokio::time`), so it
+//! never jumps back when the wall clock is set back, and tests can pause and
+//! advance it (`tokio::time::pause`). The store only ever receives its
+//! readings as input, as the stamp of an entry; the waiters' timers run on
+//! the same clock.
 
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use tokio::time::Instant;
 
 /// A monotonic millisecond clock anchored to the wall clock at start.
 #[derive(Debug, Clone, Copy)]
@@ -17,6 +22,11 @@ impl Clock {
         let epoch_ms = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as u64);
+        Clock::starting_at(epoch_ms)
+    }
+
+    /// A clock that reads `epoch_ms` now (for tests).
+    pub fn starting_at(epoch_ms: u64) -> Self {
         Clock {
             start: Instant::now(),
             epoch_ms,

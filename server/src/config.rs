@@ -10,7 +10,7 @@ use std::path::Path;
 
 use serde::Deserialize;
 
-use crate::store::StoreConfig;
+use crate::store::{Defaults, MemoryLimits, StoreConfig};
 
 /// The storage engine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -18,6 +18,15 @@ use crate::store::StoreConfig;
 pub enum EngineKind {
     /// In memory; nothing survives a restart.
     Memory,
+}
+
+impl EngineKind {
+    /// The engine's name, as configured and reported.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EngineKind::Memory => "memory",
+        }
+    }
 }
 
 impl std::str::FromStr for EngineKind {
@@ -74,14 +83,23 @@ pub struct RawConfig {
     pub max_connections: usize,
     /// Accounted record bytes at which new claims are refused with OOM.
     pub max_memory_bytes: usize,
+    /// Room beyond `max_memory_bytes`, in percent of it, within which owners
+    /// already in flight may still COMPLETE and JOURNAL.
+    pub memory_headroom_percent: u64,
     /// Most reply bytes held for one client before it is disconnected.
     pub max_output_buffer_bytes: usize,
     /// Close connections idle this long, ms (0: never).
     pub idle_timeout_ms: u64,
     /// Interval of the active expiry sweep, ms.
     pub sweep_interval_ms: u64,
-    /// Most expiry entries examined per shard per sweep tick.
+    /// Most slots examined per shard per sweep round, looking for expired
+    /// records.
     pub sweep_batch: usize,
+    /// Most keys one expiry op carries.
+    pub expire_batch: usize,
+    /// Most requests one connection may have in progress (decoded, not yet
+    /// answered); when full, the connection stops reading.
+    pub max_pending_per_connection: usize,
     /// Log filter (tracing `EnvFilter` syntax); `RUST_LOG` overrides it.
     pub log: String,
     /// Runtime worker threads (0: one per CPU).
@@ -109,10 +127,13 @@ impl Default for RawConfig {
             max_inline_bytes: 64 * 1024,
             max_connections: 10_000,
             max_memory_bytes: 1 << 30,
+            memory_headroom_percent: 10,
             max_output_buffer_bytes: 32 * 1024 * 1024,
             idle_timeout_ms: 0,
             sweep_interval_ms: 100,
             sweep_batch: 2000,
+            expire_batch: 1000,
+            max_pending_per_connection: 1024,
             log: "info".into(),
             worker_threads: 0,
         }
@@ -156,8 +177,12 @@ pub struct Config {
     pub listen: SocketAddr,
     /// Storage engine.
     pub engine: EngineKind,
-    /// What the store needs.
+    /// How the store is laid out.
     pub store: StoreConfig,
+    /// Defaults this node resolves into the ops it accepts.
+    pub defaults: Defaults,
+    /// The memory limits this node proposes (replicated state).
+    pub memory: MemoryLimits,
     /// Request limits.
     pub limits: RequestLimits,
     /// Most client connections at once.
@@ -168,8 +193,12 @@ pub struct Config {
     pub idle_timeout_ms: u64,
     /// Sweep interval, ms.
     pub sweep_interval_ms: u64,
-    /// Sweep batch per shard.
+    /// Slots examined per shard per sweep round.
     pub sweep_batch: usize,
+    /// Most keys per expiry op.
+    pub expire_batch: usize,
+    /// Most requests in progress per connection.
+    pub max_pending_per_connection: usize,
     /// Log filter.
     pub log: String,
     /// Runtime worker threads (0: one per CPU).
@@ -229,10 +258,13 @@ macro_rules! numeric_keys {
             max_inline_bytes,
             max_connections,
             max_memory_bytes,
+            memory_headroom_percent,
             max_output_buffer_bytes,
             idle_timeout_ms,
             sweep_interval_ms,
             sweep_batch,
+            expire_batch,
+            max_pending_per_connection,
             worker_threads
         )
     };
@@ -329,6 +361,17 @@ impl RawConfig {
         positive("max_connections", self.max_connections as u64)?;
         positive("sweep_interval_ms", self.sweep_interval_ms)?;
         positive("sweep_batch", self.sweep_batch as u64)?;
+        positive("expire_batch", self.expire_batch as u64)?;
+        positive(
+            "max_pending_per_connection",
+            self.max_pending_per_connection as u64,
+        )?;
+        if self.memory_headroom_percent > 100 {
+            return Err(invalid(
+                "memory_headroom_percent",
+                format!("{} is over 100", self.memory_headroom_percent),
+            ));
+        }
         if self.default_lease_ms > self.max_lease_ms {
             return Err(invalid(
                 "default_lease_ms",
@@ -404,11 +447,16 @@ impl RawConfig {
         Ok(Config {
             listen,
             engine,
-            store: StoreConfig {
-                shards,
-                default_lease_ms: self.default_lease_ms,
-                default_retain_ms: self.default_retain_ms,
-                max_memory_bytes: self.max_memory_bytes,
+            store: StoreConfig { shards, seed: None },
+            defaults: Defaults {
+                lease_ms: self.default_lease_ms,
+                retain_ms: self.default_retain_ms,
+            },
+            memory: MemoryLimits {
+                max_memory_bytes: self.max_memory_bytes as u64,
+                headroom_bytes: (self.max_memory_bytes as u128
+                    * self.memory_headroom_percent as u128
+                    / 100) as u64,
             },
             limits: RequestLimits {
                 max_lease_ms: self.max_lease_ms,
@@ -437,6 +485,8 @@ impl RawConfig {
             idle_timeout_ms: self.idle_timeout_ms,
             sweep_interval_ms: self.sweep_interval_ms,
             sweep_batch: self.sweep_batch,
+            expire_batch: self.expire_batch,
+            max_pending_per_connection: self.max_pending_per_connection,
             log: self.log.clone(),
             worker_threads: self.worker_threads,
             raw: self,

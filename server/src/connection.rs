@@ -1,16 +1,24 @@
 //! One client connection: decode requests, dispatch them in order, write
 //! replies in the same order.
 //!
+//! Requests are decoded and submitted while earlier replies are still
+//! pending (a write going through a replicated log takes a round trip):
+//! their replies wait in a FIFO, at most `max_pending_per_connection` of
+//! them, and go out strictly in request order; when the FIFO is full the
+//! connection stops reading. A request that may WAIT holds back the
+//! execution of later requests on this connection only, as Redis blocking
+//! commands do; while it is parked the connection still reads ahead (up to
+//! a bound) to notice the client leaving.
+//!
 //! Reading and writing proceed together, so a client that pipelines
 //! without reading does not deadlock against the server; replies it does
 //! not read accumulate up to `max_output_buffer_bytes`, and past that the
-//! client is disconnected. A parked request (WAIT) holds back the replies
-//! of later requests on this connection only, as Redis blocking commands
-//! do; while parked, the connection still notices the client leaving.
+//! client is disconnected.
 
+use std::collections::VecDeque;
+use std::future::poll_fn;
 use std::net::SocketAddr;
-use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::task::Poll;
 use std::time::Duration;
 
 use bytes::{Buf, BytesMut};
@@ -23,41 +31,114 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::{debug, warn};
 
-use crate::dispatch::{Action, Session, dispatch};
-use crate::server::Shared;
-use crate::waiters::WaitHandle;
+use crate::dispatch::{Action, Later, dispatch};
+use crate::metrics::bump;
+use crate::node::Node;
+use crate::session::Session;
 
 /// Bytes read ahead while a request is parked (to notice a disconnect).
 const PARKED_READ_AHEAD: usize = 64 * 1024;
+/// How long owed replies may take to go out when the connection closes.
+const CLOSE_FLUSH: Duration = Duration::from_secs(5);
+/// Room kept free in the read buffer before each read.
+const READ_RESERVE: usize = 8 * 1024;
+/// Initial size of the read and write buffers.
+const BUFFER: usize = 16 * 1024;
 
 /// Serves a connection until it closes, the client leaves, or shutdown.
-pub async fn serve(
-    shared: Arc<Shared>,
-    socket: TcpStream,
-    addr: SocketAddr,
-    stop: watch::Receiver<bool>,
-) {
-    let laddr = socket.local_addr().unwrap_or(shared.local_addr);
-    let info = shared.clients.register(addr, laddr);
+pub async fn serve(node: Node, socket: TcpStream, addr: SocketAddr, stop: watch::Receiver<bool>) {
+    let laddr = socket.local_addr().unwrap_or(node.local_addr());
+    let info = node.clients().register(addr, laddr);
     let id = info.id;
     let session = Session {
         info,
         version: Version::Resp2,
     };
-    if let Err(e) = run(&shared, socket, session, stop).await {
+    if let Err(e) = run(&node, socket, session, stop).await {
         debug!(client = id, error = %e, "connection ended with an error");
     }
-    shared.clients.unregister(id);
+    node.clients().unregister(id);
 }
 
 fn push(out: &mut BytesMut, version: Version, reply: &Reply) {
     reply.encode(version, out);
 }
 
-async fn wait_parked(parked: &mut Option<WaitHandle>) -> Reply {
-    match parked {
-        Some(h) => h.wait().await,
-        None => std::future::pending().await,
+/// A reply owed, in request order.
+enum Owed {
+    /// Known, waiting for earlier ones.
+    Ready(Reply),
+    /// Not known yet.
+    Later(Later),
+    /// A request that may WAIT: later requests run after it.
+    Blocking(Later),
+}
+
+/// The replies owed, in request order.
+#[derive(Default)]
+struct Pending {
+    queue: VecDeque<Owed>,
+    /// A blocking request is in the queue.
+    blocked: bool,
+}
+
+impl Pending {
+    fn is_empty(&self) -> bool {
+        self.queue.is_empty()
+    }
+
+    fn len(&self) -> usize {
+        self.queue.len()
+    }
+
+    /// Adds a reply that is known now: straight out if nothing is owed
+    /// before it.
+    fn reply(&mut self, out: &mut BytesMut, version: Version, reply: Reply) {
+        if self.queue.is_empty() {
+            push(out, version, &reply);
+        } else {
+            self.queue.push_back(Owed::Ready(reply));
+        }
+    }
+
+    /// The reply at the front, once it is known.
+    fn poll_front(&mut self, cx: &mut std::task::Context<'_>) -> Poll<Reply> {
+        let ready = match self.queue.front_mut() {
+            None => return Poll::Pending,
+            Some(Owed::Ready(_)) => true,
+            Some(Owed::Later(f) | Owed::Blocking(f)) => match f.as_mut().poll(cx) {
+                Poll::Ready(r) => {
+                    if matches!(self.queue.pop_front(), Some(Owed::Blocking(_))) {
+                        self.blocked = false;
+                    }
+                    return Poll::Ready(r);
+                }
+                Poll::Pending => false,
+            },
+        };
+        if !ready {
+            return Poll::Pending;
+        }
+        match self.queue.pop_front() {
+            Some(Owed::Ready(r)) => Poll::Ready(r),
+            _ => Poll::Pending,
+        }
+    }
+
+    /// Answers blocking requests with `reply` at once (shutdown).
+    fn unblock_with(&mut self, reply: &Reply) {
+        for owed in &mut self.queue {
+            if matches!(owed, Owed::Blocking(_)) {
+                *owed = Owed::Ready(reply.clone());
+            }
+        }
+        self.blocked = false;
+    }
+
+    /// Withdraws blocking requests (the client left).
+    fn withdraw_blocking(&mut self) {
+        self.queue.retain(|o| !matches!(o, Owed::Blocking(_)));
+        self.blocked = false;
     }
 }
 
@@ -78,7 +159,7 @@ async fn idle(deadline: Option<Instant>) {
 async fn read_some(socket: &TcpStream, buf: &mut BytesMut) -> std::io::Result<usize> {
     loop {
         socket.readable().await?;
-        buf.reserve(8 * 1024);
+        buf.reserve(READ_RESERVE);
         let room = buf.capacity() - buf.len();
         let mut got = None;
         let result = socket.try_io(Interest::READABLE, || {
@@ -112,19 +193,21 @@ async fn write_some(socket: &TcpStream, out: &[u8]) -> std::io::Result<usize> {
 }
 
 async fn run(
-    shared: &Arc<Shared>,
+    node: &Node,
     mut socket: TcpStream,
     mut session: Session,
     mut stop: watch::Receiver<bool>,
 ) -> std::io::Result<()> {
     socket.set_nodelay(true)?;
-    let limits = shared.config.limits.frame;
-    let max_out = shared.config.max_output_buffer_bytes;
-    let idle_for = (shared.config.idle_timeout_ms > 0)
-        .then(|| Duration::from_millis(shared.config.idle_timeout_ms));
-    let mut inbuf = BytesMut::with_capacity(16 * 1024);
-    let mut out = BytesMut::with_capacity(16 * 1024);
-    let mut parked: Option<WaitHandle> = None;
+    let config = node.config();
+    let limits = config.limits.frame;
+    let max_out = config.max_output_buffer_bytes;
+    let max_pending = config.max_pending_per_connection;
+    let idle_for =
+        (config.idle_timeout_ms > 0).then(|| Duration::from_millis(config.idle_timeout_ms));
+    let mut inbuf = BytesMut::with_capacity(BUFFER);
+    let mut out = BytesMut::with_capacity(BUFFER);
+    let mut pending = Pending::default();
     let mut closing = *stop.borrow();
     let mut last_read = Instant::now();
     // Registered once: a fresh `changed()` per turn would lock the shared
@@ -132,57 +215,51 @@ async fn run(
     let stopped = stop.changed();
     tokio::pin!(stopped);
     loop {
-        // Answer every complete request already buffered, unless one is parked.
-        while parked.is_none() && !closing {
+        // Run every complete request already buffered, unless one blocks
+        // or too many replies are owed.
+        while !pending.blocked && !closing && pending.len() < max_pending {
             let frame = match decode(&mut inbuf, &limits) {
                 Ok(Some(frame)) => frame,
                 Ok(None) => break,
                 Err(e) => {
                     let reply = match e {
                         FrameError::TooBig { .. } => {
-                            shared.metrics.toobig.fetch_add(1, Ordering::Relaxed);
+                            bump(&node.metrics().toobig);
                             ServerError::owned(ErrorCode::TooBig, e.to_string())
                         }
                         _ => {
-                            shared
-                                .metrics
-                                .protocol_errors
-                                .fetch_add(1, Ordering::Relaxed);
+                            bump(&node.metrics().protocol_errors);
                             ServerError::owned(ErrorCode::Err, e.to_string())
                         }
                     };
-                    push(&mut out, session.version, &Reply::Error(reply));
+                    pending.reply(&mut out, session.version, Reply::Error(reply));
                     closing = true;
                     break;
                 }
             };
             let action = match Command::from_frame(frame) {
-                Ok(cmd) => dispatch(shared, &mut session, cmd),
+                Ok(cmd) => dispatch(node, &mut session, cmd),
                 Err(e) => {
+                    let reply = Reply::Error(ServerError::owned(ErrorCode::Err, e.to_string()));
                     // A frame that is not an array of strings breaks the
                     // protocol: answer and close, like a malformed frame.
                     if e == CommandError::NotAnArray {
-                        shared
-                            .metrics
-                            .protocol_errors
-                            .fetch_add(1, Ordering::Relaxed);
-                        Action::Close(Reply::Error(ServerError::owned(
-                            ErrorCode::Err,
-                            e.to_string(),
-                        )))
+                        bump(&node.metrics().protocol_errors);
+                        Action::Close(reply)
                     } else {
-                        Action::Reply(Reply::Error(ServerError::owned(
-                            ErrorCode::Err,
-                            e.to_string(),
-                        )))
+                        Action::Reply(reply)
                     }
                 }
             };
             match action {
-                Action::Reply(reply) => push(&mut out, session.version, &reply),
-                Action::Park(handle) => parked = Some(handle),
+                Action::Reply(reply) => pending.reply(&mut out, session.version, reply),
+                Action::Pending(later) => pending.queue.push_back(Owed::Later(later)),
+                Action::Block(later) => {
+                    pending.queue.push_back(Owed::Blocking(later));
+                    pending.blocked = true;
+                }
                 Action::Close(reply) => {
-                    push(&mut out, session.version, &reply);
+                    pending.reply(&mut out, session.version, reply);
                     closing = true;
                 }
             }
@@ -191,10 +268,7 @@ async fn run(
             }
         }
         if out.len() > max_out {
-            shared
-                .metrics
-                .output_limit_disconnects
-                .fetch_add(1, Ordering::Relaxed);
+            bump(&node.metrics().output_limit_disconnects);
             warn!(
                 client = session.info.id,
                 bytes = out.len(),
@@ -202,9 +276,9 @@ async fn run(
             );
             return Ok(());
         }
-        if closing && parked.is_none() {
+        if closing && pending.is_empty() {
             // Write what is owed (bounded in time), then close.
-            let _ = tokio::time::timeout(Duration::from_secs(5), socket.write_all(&out)).await;
+            let _ = tokio::time::timeout(CLOSE_FLUSH, socket.write_all(&out)).await;
             let _ = socket.shutdown().await;
             return Ok(());
         }
@@ -217,24 +291,29 @@ async fn run(
                 Err(e) => return Err(e),
             }
         }
-        let can_read = !closing && (parked.is_none() || inbuf.len() < PARKED_READ_AHEAD);
+        let can_read = !closing
+            && pending.len() < max_pending
+            && (!pending.blocked || inbuf.len() < PARKED_READ_AHEAD);
         let idle_deadline = match idle_for {
-            Some(d) if parked.is_none() && out.is_empty() => Some(last_read + d),
+            Some(d) if pending.is_empty() && out.is_empty() => Some(last_read + d),
             _ => None,
         };
+        let version = session.version;
         tokio::select! {
             biased;
             _ = &mut stopped, if !closing => {
-                if parked.take().is_some() {
-                    let e = ServerError::new(ErrorCode::TryAgain, "server is shutting down");
-                    push(&mut out, session.version, &Reply::Error(e));
-                }
+                let e = ServerError::new(ErrorCode::TryAgain, "server is shutting down");
+                pending.unblock_with(&Reply::Error(e));
                 closing = true;
             }
-            reply = wait_parked(&mut parked) => {
-                push(&mut out, session.version, &reply);
-                parked = None;
-                continue;
+            reply = poll_fn(|cx| pending.poll_front(cx)), if !pending.is_empty() => {
+                push(&mut out, version, &reply);
+                // Replies known right behind it go out in the same turn.
+                while let Some(Owed::Ready(_)) = pending.queue.front() {
+                    if let Some(Owed::Ready(r)) = pending.queue.pop_front() {
+                        push(&mut out, version, &r);
+                    }
+                }
             }
             n = write_some(&socket, &out), if !out.is_empty() => {
                 let n = n?;
@@ -247,7 +326,7 @@ async fn run(
                 if n? == 0 {
                     // The client is gone (or half-closed): a parked request
                     // is withdrawn; replies already due are still written.
-                    parked = None;
+                    pending.withdraw_blocking();
                     closing = true;
                 }
                 last_read = Instant::now();

@@ -1,36 +1,38 @@
 //! Dispatch: the one place a typed command meets the server. Record
-//! commands are checked against the request limits and go to the engine
-//! (and the waiters when they WAIT); connection and server commands are
-//! answered here.
+//! commands are checked against the request limits; writes go to the
+//! engine as ops, reads to the local store, waits to the waiters;
+//! connection and server commands go to `admin`.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 
 use bytes::Bytes;
-use idem_protocol::cmd::{ClientCmd, CommandCmd, ConfigCmd, Hello};
-use idem_protocol::{Command, ErrorCode, Frame, Reply, ServerError, Version};
+use idem_protocol::{Command, ErrorCode, Frame, Reply, ServerError};
 
-use crate::clients::ClientInfo;
+use crate::admin;
 use crate::config::RequestLimits;
-use crate::server::Shared;
-use crate::waiters::{Parked, WaitHandle};
+use crate::engine::Submitted;
+use crate::metrics::bump;
+use crate::node::Node;
+use crate::session::Session;
+use crate::store::{Op, Read};
+use crate::waiters::Waiters;
+
+/// A reply that comes later.
+pub type Later = Pin<Box<dyn Future<Output = Reply> + Send>>;
 
 /// What the connection does with a command's result.
 pub enum Action {
     /// Send this reply.
     Reply(Reply),
-    /// The request is parked: send its reply when the handle resolves.
-    Park(WaitHandle),
+    /// The reply comes later; later commands may run meanwhile.
+    Pending(Later),
+    /// The request may wait (WAIT): later commands on the connection run
+    /// only after it is answered, as with Redis blocking commands.
+    Block(Later),
     /// Send this reply, then close.
     Close(Reply),
-}
-
-/// Per-connection state commands can change.
-pub struct Session {
-    /// The registry entry of this connection.
-    pub info: Arc<ClientInfo>,
-    /// The protocol version (HELLO).
-    pub version: Version,
 }
 
 fn err(message: &'static str) -> Reply {
@@ -105,36 +107,22 @@ fn validate(cmd: &Command, l: &RequestLimits) -> Result<(), ServerError> {
     Ok(())
 }
 
+fn reply_of(result: Submitted) -> Reply {
+    match result {
+        Ok(applied) => applied.reply,
+        Err(e) => Reply::Error(e.to_server_error()),
+    }
+}
+
 /// Runs one command.
-pub fn dispatch(shared: &Arc<Shared>, session: &mut Session, cmd: Command) -> Action {
-    shared.metrics.commands.fetch_add(1, Ordering::Relaxed);
+pub fn dispatch(node: &Node, session: &mut Session, cmd: Command) -> Action {
+    bump(&node.metrics().commands);
     {
         let mut last = session.info.last.lock();
         *last = (cmd.name(), session.info.since.elapsed().as_millis() as u64);
     }
     if cmd.key().is_some() {
-        if let Err(e) = validate(&cmd, &shared.config.limits) {
-            if e.code == ErrorCode::TooBig {
-                shared.metrics.toobig.fetch_add(1, Ordering::Relaxed);
-            }
-            return Action::Reply(Reply::Error(e));
-        }
-        let wait = match &cmd {
-            Command::Claim(c) => c.wait_ms.unwrap_or(0),
-            Command::Settle(s) => s.wait_ms.unwrap_or(0),
-            _ => 0,
-        };
-        if wait > 0 {
-            return match shared.waiters.apply_or_park(&cmd, wait) {
-                Parked::Done(reply) => Action::Reply(reply),
-                Parked::Waiting(handle) => Action::Park(handle),
-            };
-        }
-        let applied = shared.engine.apply(&cmd);
-        if let Some(key) = cmd.key().filter(|_| applied.wake) {
-            shared.waiters.wake(key);
-        }
-        return Action::Reply(applied.reply);
+        return record(node, cmd);
     }
     Action::Reply(match cmd {
         Command::Ping(p) => match p.message {
@@ -142,203 +130,56 @@ pub fn dispatch(shared: &Arc<Shared>, session: &mut Session, cmd: Command) -> Ac
             Some(m) => Reply::Frame(Frame::Bulk(m)),
         },
         Command::Echo(e) => Reply::Frame(Frame::Bulk(e.message)),
-        Command::Hello(h) => hello(shared, session, h),
-        Command::Auth(_) => {
-            err("AUTH <password> called without any password configured for the default user")
-        }
+        Command::Hello(h) => admin::hello(node, session, h),
+        Command::Auth(_) => err(admin::NO_PASSWORD),
         Command::Quit => return Action::Close(Reply::Ok),
-        Command::Info(i) => {
-            let wanted: Vec<String> = i
-                .sections
-                .iter()
-                .map(|s| String::from_utf8_lossy(s).to_ascii_lowercase())
-                .collect();
-            Reply::Frame(Frame::Bulk(Bytes::from(crate::metrics::info(
-                shared, &wanted,
-            ))))
-        }
-        Command::DbSize => Reply::Frame(Frame::Integer(shared.engine.len() as i64)),
-        Command::Client(c) => client(shared, session, c),
-        Command::Command(c) => command(c),
-        Command::Config(ConfigCmd::Get(patterns)) => {
-            let mut pairs = Vec::new();
-            for (k, v) in shared.config.raw.entries() {
-                if patterns
-                    .iter()
-                    .any(|p| glob(&p.to_ascii_lowercase(), k.as_bytes()))
-                {
-                    pairs.push((
-                        Frame::Bulk(Bytes::from_static(k.as_bytes())),
-                        Frame::Bulk(Bytes::from(v)),
-                    ));
-                }
-            }
-            Reply::Frame(Frame::Map(pairs))
-        }
+        Command::Info(i) => admin::info(node, &i.sections),
+        Command::DbSize => Reply::Frame(Frame::Integer(node.engine().len() as i64)),
+        Command::Client(c) => admin::client(node, session, c),
+        Command::Command(c) => admin::command(c),
+        Command::Config(c) => admin::config(node, c),
         _ => err("unsupported command"),
     })
 }
 
-fn hello(shared: &Shared, session: &mut Session, h: Hello) -> Reply {
-    if h.auth.is_some() {
-        return err("AUTH <password> called without any password configured for the default user");
-    }
-    match h.version {
-        None => {}
-        Some(2) => session.version = Version::Resp2,
-        Some(3) => session.version = Version::Resp3,
-        Some(_) => {
-            return Reply::Error(ServerError::new(
-                ErrorCode::NoProto,
-                "unsupported protocol version",
-            ));
+/// A record command: a wait, a read or a write.
+fn record(node: &Node, cmd: Command) -> Action {
+    if let Err(e) = validate(&cmd, &node.config().limits) {
+        if e.code == ErrorCode::TooBig {
+            bump(&node.metrics().toobig);
         }
+        return Action::Reply(Reply::Error(e));
     }
-    let proto = if session.version == Version::Resp3 {
-        3
-    } else {
-        2
+    let wait = match &cmd {
+        Command::Claim(c) => c.wait_ms.unwrap_or(0),
+        Command::Settle(s) => s.wait_ms.unwrap_or(0),
+        _ => 0,
     };
-    session.info.resp.store(proto, Ordering::Relaxed);
-    if let Some(name) = h.setname {
-        *session.info.name.lock() = Some(name);
+    if wait > 0 {
+        let waiters: Arc<Waiters> = Arc::clone(node.waiters());
+        return Action::Block(Box::pin(waiters.wait(cmd, wait)));
     }
-    let s = |v: &'static str| Frame::Bulk(Bytes::from_static(v.as_bytes()));
-    Reply::Frame(Frame::Map(vec![
-        (s("server"), s("idem")),
-        (s("version"), s(env!("CARGO_PKG_VERSION"))),
-        (s("proto"), Frame::Integer(proto as i64)),
-        (s("id"), Frame::Integer(session.info.id as i64)),
-        (s("mode"), s("standalone")),
-        (s("role"), s("master")),
-        (
-            s("engine"),
-            Frame::Bulk(Bytes::from(
-                format!("{:?}", shared.engine.kind()).to_lowercase(),
-            )),
-        ),
-        (s("modules"), Frame::Array(vec![])),
-    ]))
-}
-
-fn client(shared: &Shared, session: &mut Session, c: ClientCmd) -> Reply {
-    match c {
-        ClientCmd::Id => Reply::Frame(Frame::Integer(session.info.id as i64)),
-        ClientCmd::SetName(name) => {
-            *session.info.name.lock() = if name.is_empty() { None } else { Some(name) };
-            Reply::Ok
+    let engine = node.engine();
+    let read = match &cmd {
+        Command::Settle(s) => Some(engine.read(Read::Settle(&s.key))),
+        Command::Inspect(i) => Some(engine.read(Read::Inspect(&i.key))),
+        _ => None,
+    };
+    if let Some(seen) = read {
+        if seen.due
+            && let Some(key) = cmd.key()
+        {
+            // Apply the passed deadline through the engine, so waiters are
+            // served and memory freed at the same point everywhere.
+            engine.expire_soon(key);
         }
-        ClientCmd::GetName => Reply::Frame(
-            session
-                .info
-                .name
-                .lock()
-                .clone()
-                .map_or(Frame::Null, Frame::Bulk),
-        ),
-        ClientCmd::List => Reply::Frame(Frame::Bulk(Bytes::from(shared.clients.list()))),
-        ClientCmd::Info => Reply::Frame(Frame::Bulk(Bytes::from(session.info.line() + "\n"))),
-        _ => err("unsupported CLIENT subcommand"),
+        return Action::Reply(seen.reply.unwrap_or_else(|| err("no reply")));
     }
-}
-
-fn command_entry(name: &'static str, arity: i64) -> Frame {
-    let keyed = !matches!(
-        name,
-        "ping"
-            | "echo"
-            | "hello"
-            | "auth"
-            | "quit"
-            | "info"
-            | "dbsize"
-            | "client"
-            | "command"
-            | "config"
-    );
-    let write = matches!(
-        name,
-        "claim" | "complete" | "renew" | "journal" | "release" | "abandon" | "forget"
-    );
-    let mut flags = vec![Frame::simple(if write { "write" } else { "readonly" })];
-    if matches!(name, "claim" | "settle") {
-        flags.push(Frame::simple("blocking"));
-    }
-    let k = if keyed { 1 } else { 0 };
-    Frame::Array(vec![
-        Frame::Bulk(Bytes::from_static(name.as_bytes())),
-        Frame::Integer(arity),
-        Frame::Array(flags),
-        Frame::Integer(k),
-        Frame::Integer(k),
-        Frame::Integer(k),
-    ])
-}
-
-fn command(c: CommandCmd) -> Reply {
-    use idem_protocol::cmd::COMMAND_TABLE;
-    Reply::Frame(match c {
-        CommandCmd::All => Frame::Array(
-            COMMAND_TABLE
-                .iter()
-                .map(|&(n, a)| command_entry(n, a))
-                .collect(),
-        ),
-        CommandCmd::Count => Frame::Integer(COMMAND_TABLE.len() as i64),
-        // No documentation entries: redis-cli then simply shows no hints.
-        CommandCmd::Docs(_) => Frame::Map(vec![]),
-        CommandCmd::Info(names) => Frame::Array(
-            names
-                .iter()
-                .map(|n| {
-                    COMMAND_TABLE
-                        .iter()
-                        .find(|(name, _)| n.eq_ignore_ascii_case(name.as_bytes()))
-                        .map_or(Frame::Null, |&(name, a)| command_entry(name, a))
-                })
-                .collect(),
-        ),
-        _ => Frame::Array(vec![]),
-    })
-}
-
-/// Glob matching with `*` and `?` (as `CONFIG GET` patterns use).
-fn glob(pattern: &[u8], text: &[u8]) -> bool {
-    let (mut p, mut t) = (0, 0);
-    let (mut star, mut mark) = (None, 0);
-    while t < text.len() {
-        if p < pattern.len() && (pattern[p] == b'?' || pattern[p] == text[t]) {
-            p += 1;
-            t += 1;
-        } else if p < pattern.len() && pattern[p] == b'*' {
-            star = Some(p);
-            mark = t;
-            p += 1;
-        } else if let Some(s) = star {
-            p = s + 1;
-            mark += 1;
-            t = mark;
-        } else {
-            return false;
-        }
-    }
-    while p < pattern.len() && pattern[p] == b'*' {
-        p += 1;
-    }
-    p == pattern.len()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::glob;
-
-    #[test]
-    fn glob_matches_like_redis() {
-        assert!(glob(b"*", b"anything"));
-        assert!(glob(b"max_*_ms", b"max_wait_ms"));
-        assert!(glob(b"max_?ait_ms", b"max_wait_ms"));
-        assert!(!glob(b"max_*", b"listen"));
-        assert!(glob(b"listen", b"listen"));
-        assert!(!glob(b"liste", b"listen"));
+    let Some(op) = Op::from_command(cmd, &node.config().defaults) else {
+        return Action::Reply(err("not a record command"));
+    };
+    match engine.submit(op).into_ready() {
+        Ok(result) => Action::Reply(reply_of(result)),
+        Err(later) => Action::Pending(Box::pin(async move { reply_of(later.await) })),
     }
 }

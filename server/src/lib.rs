@@ -3,13 +3,23 @@
 //! # Layout
 //!
 //! - [`config`]: raw configuration with defaults, validated into [`Config`].
-//! - [`server`]: the listener, connection cap, sweeper and shutdown.
-//! - [`connection`]: one client: decode, dispatch in order, write back.
-//! - [`dispatch`]: the one place commands are routed.
-//! - [`store`]: the deterministic, lock-sharded state machine of records.
-//! - [`waiters`]: server-side waiting beside the store.
-//! - [`engine`]: how commands reach the store (`memory`).
-//! - [`clock`], [`clients`], [`metrics`]: time, the client registry, INFO.
+//! - [`server`]: the listener, connection cap and shutdown.
+//! - [`node`]: the handle every connection shares (engine, waiters,
+//!   config, clients, counters).
+//! - [`connection`]: one client: decode, submit in order, write replies in
+//!   request order from a bounded FIFO.
+//! - [`dispatch`]: the one place commands are routed; [`admin`] answers
+//!   HELLO, CLIENT, COMMAND, CONFIG and INFO; [`session`] is per-connection
+//!   state.
+//! - [`store`]: the deterministic, lock-sharded state machine of records:
+//!   replicated ops in, replies and key events out; pure reads; canonical
+//!   snapshots.
+//! - [`engine`]: how ops reach the store (`memory`), as futures, and the
+//!   expiry proposer.
+//! - [`waiters`]: server-side waiting beside the store, driven by the
+//!   engine's key events.
+//! - [`clock`], [`clients`], [`metrics`]: time, the client registry,
+//!   counters.
 //!
 //! # Example
 //!
@@ -26,6 +36,7 @@
 
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
+pub mod admin;
 pub mod clients;
 pub mod clock;
 pub mod config;
@@ -33,7 +44,9 @@ pub mod connection;
 pub mod dispatch;
 pub mod engine;
 pub mod metrics;
+pub mod node;
 pub mod server;
+pub mod session;
 pub mod store;
 pub mod waiters;
 

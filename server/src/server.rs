@@ -1,45 +1,31 @@
 //! The listener: accepts connections, caps their number, runs the expiry
-//! sweeper, and shuts down gracefully when the `shutdown` future resolves.
+//! proposer, and shuts down gracefully when the `shutdown` future resolves.
 
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpListener;
 use tokio::sync::{Semaphore, mpsc, watch};
 use tracing::{info, warn};
 
-use crate::clients::Clients;
-use crate::config::{Config, EngineKind};
-use crate::engine::Engine;
-use crate::metrics::Metrics;
-use crate::waiters::Waiters;
+use crate::config::Config;
+use crate::metrics::bump;
+use crate::node::Node;
 
-/// State shared by every connection: a cheap handle behind an `Arc`.
-pub struct Shared {
-    /// The engine.
-    pub engine: Arc<Engine>,
-    /// Parked requests.
-    pub waiters: Arc<Waiters>,
-    /// The configuration.
-    pub config: Config,
-    /// Connected clients.
-    pub clients: Clients,
-    /// Counters.
-    pub metrics: Metrics,
-    /// Start time.
-    pub started: Instant,
-    /// The address actually bound.
-    pub local_addr: SocketAddr,
-}
+/// Backoff after a failed accept (out of descriptors, say), so the loop
+/// does not spin.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
+/// How long a refused connection may take to receive its error.
+const REJECT_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// A bound, not yet running server.
 pub struct Server {
     listener: TcpListener,
-    shared: Arc<Shared>,
+    node: Node,
 }
 
 impl Server {
@@ -47,37 +33,36 @@ impl Server {
     pub async fn bind(config: Config) -> io::Result<Server> {
         let listener = TcpListener::bind(config.listen).await?;
         let local_addr = listener.local_addr()?;
-        let engine = Arc::new(match config.engine {
-            EngineKind::Memory => Engine::memory(config.store.clone()),
-        });
-        let waiters = Waiters::new(Arc::clone(&engine));
-        let shared = Arc::new(Shared {
-            engine,
-            waiters,
-            config,
-            clients: Clients::default(),
-            metrics: Metrics::default(),
-            started: Instant::now(),
-            local_addr,
-        });
-        Ok(Server { listener, shared })
+        let node = Node::new(config, local_addr);
+        Ok(Server { listener, node })
+    }
+
+    /// The node this server serves.
+    pub fn node(&self) -> &Node {
+        &self.node
     }
 
     /// The address the server listens on.
     pub fn local_addr(&self) -> SocketAddr {
-        self.shared.local_addr
+        self.node.local_addr()
     }
 
     /// Serves until `shutdown` resolves, then stops accepting, answers
     /// parked requests with `-TRYAGAIN`, lets every connection write what it
     /// owes, and returns once all have closed.
     pub async fn run(self, shutdown: impl Future<Output = ()>) -> io::Result<()> {
-        let Server { listener, shared } = self;
+        let Server { listener, node } = self;
         let (stop_tx, stop_rx) = watch::channel(false);
         let (done_tx, mut done_rx) = mpsc::channel::<()>(1);
-        let limit = Arc::new(Semaphore::new(shared.config.max_connections));
-        let sweeper = tokio::spawn(sweep(Arc::clone(&shared), stop_rx.clone()));
-        info!(addr = %shared.local_addr, engine = ?shared.config.engine, "idemd listening");
+        let config = node.config();
+        let limit = Arc::new(Semaphore::new(config.max_connections));
+        let expiry = tokio::spawn(Arc::clone(node.engine()).run_expiry(
+            Duration::from_millis(config.sweep_interval_ms),
+            config.sweep_batch,
+            config.expire_batch,
+            stop_rx.clone(),
+        ));
+        info!(addr = %node.local_addr(), engine = config.engine.as_str(), "idemd listening");
         tokio::pin!(shutdown);
         loop {
             let accepted = tokio::select! {
@@ -90,21 +75,15 @@ impl Server {
                     // Out of descriptors or a transient network error: do not
                     // spin; try again shortly.
                     warn!(error = %e, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    tokio::time::sleep(ACCEPT_BACKOFF).await;
                     continue;
                 }
             };
-            shared
-                .metrics
-                .connections
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            bump(&node.metrics().connections);
             let Ok(permit) = Arc::clone(&limit).try_acquire_owned() else {
-                shared
-                    .metrics
-                    .rejected
-                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                bump(&node.metrics().rejected);
                 tokio::spawn(async move {
-                    let _ = tokio::time::timeout(Duration::from_secs(1), async {
+                    let _ = tokio::time::timeout(REJECT_TIMEOUT, async {
                         let _ = socket
                             .write_all(b"-ERR max number of clients reached\r\n")
                             .await;
@@ -114,11 +93,11 @@ impl Server {
                 });
                 continue;
             };
-            let shared = Arc::clone(&shared);
+            let node = node.clone();
             let stop = stop_rx.clone();
             let done = done_tx.clone();
             tokio::spawn(async move {
-                crate::connection::serve(shared, socket, addr, stop).await;
+                crate::connection::serve(node, socket, addr, stop).await;
                 drop(permit);
                 drop(done);
             });
@@ -128,24 +107,8 @@ impl Server {
         let _ = stop_tx.send(true);
         drop(done_tx);
         let _ = done_rx.recv().await;
-        sweeper.abort();
+        expiry.abort();
         info!("shutdown complete");
         Ok(())
-    }
-}
-
-/// The active expiry sweep: every interval, a bounded pass over each
-/// shard; while passes hit their bound, more follow, yielding in between.
-async fn sweep(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
-    let mut tick = tokio::time::interval(Duration::from_millis(shared.config.sweep_interval_ms));
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            _ = tick.tick() => {}
-            _ = stop.changed() => return,
-        }
-        while shared.engine.sweep(shared.config.sweep_batch) {
-            tokio::task::yield_now().await;
-        }
     }
 }

@@ -1,19 +1,37 @@
 //! Server-side waiting: `CLAIM ... WAIT` and `SETTLE ... WAIT` park here,
 //! beside the store, until the key leaves the in-flight state.
 //!
-//! A waiter is registered under the same lock that is taken to serve the
-//! key's waiters, and its command is applied while that lock is held, so a
-//! change can never slip between "still in flight" and "parked" (no lost
-//! wake-ups). When a key changes, its waiters are served in arrival order:
-//! each one's command is applied again; the first that finds the key in
-//! flight (because an earlier waiter just acquired it) stops the pass and
-//! the rest keep waiting. So one COMPLETE answers every waiter with the same
-//! shared value, and a RELEASE, lapse or ABANDON hands the key to the first
-//! waiter only.
+//! Waiters never apply anything under their own lock. A request parks with
+//! the apply index at which it saw the key in flight; the engine's key
+//! events (published after every applied op, in apply order) with a larger
+//! index start a *serve pass* for the key, one at a time per key:
 //!
-//! Lock order: waiter shard, then store shard; the store never calls back.
+//! - the waiters are served in arrival order; a waiter that left is
+//!   skipped;
+//! - a SETTLE waiter, or a CLAIM waiter that would only replay (completed,
+//!   or a fingerprint mismatch), is answered from a read of the store;
+//! - a CLAIM waiter that would take the key (released, lapsed, abandoned)
+//!   gets a *handover*: its CLAIM is submitted through the engine, carrying
+//!   its ATTEMPT id (a waiter that sent none is given a unique one), so it is
+//!   ordered like any other write and can be retried safely; the pass then
+//!   stops, as the key is in flight again, and the rest keep waiting;
+//! - ownership handed to a waiter that left just before is given back (a
+//!   RELEASE or ABANDON submitted), unless the waiter's own ATTEMPT id was
+//!   used: a retry of that attempt on another connection may hold it.
+//!
+//! So one COMPLETE answers every waiter with the same shared value, and a
+//! RELEASE, lapse or ABANDON hands the key to the first waiter only. While
+//! a key has waiters, a new CLAIM WAIT queues behind them.
+//!
+//! No wake-up is lost: events for a key are matched against its queue
+//! under the waiter shard lock, and a request that parks after an event it
+//! may have missed (the shard saw an event past the index it parks with)
+//! reads the key again first. A lapse is noticed by a timer per waited key
+//! on the owner's lease, which submits an `Op::Expire` of the key rather
+//! than changing the store itself.
 
 use std::collections::{HashMap, VecDeque};
+use std::hash::BuildHasher;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -25,37 +43,15 @@ use idem_protocol::{ClaimReply, Command, Reply, SettleReply};
 use parking_lot::Mutex;
 use tokio::sync::oneshot;
 use tokio::task::AbortHandle;
-use tokio::time::Instant;
 
-use crate::engine::Engine;
+use crate::engine::{Engine, EventSink};
+use crate::store::{ClaimOp, Defaults, KeyEvent, Op, Read};
 
 const SHARDS: usize = 64;
 
-struct Waiter {
-    id: u64,
-    /// The command to apply again, without its WAIT.
-    cmd: Command,
-    tx: oneshot::Sender<Reply>,
-}
-
-struct Queue {
-    list: VecDeque<Waiter>,
-    /// The task that serves the queue when the owner's lease runs out.
-    timer: AbortHandle,
-}
-
-impl Drop for Queue {
-    fn drop(&mut self) {
-        // A queue's timer lives exactly as long as the queue.
-        self.timer.abort();
-    }
-}
-
 /// Longest sleep of a lease timer before it looks again (a lease renewed
-/// shorter, or a lapse noticed elsewhere, is served within this).
+/// shorter is served within this).
 const TIMER_RECHECK_MS: u64 = 1000;
-
-type Map = HashMap<Bytes, Queue>;
 
 /// Counters for INFO.
 #[derive(Debug, Default)]
@@ -70,22 +66,64 @@ pub struct WaitStats {
     pub parked_now: AtomicU64,
 }
 
+/// What a parked request asks again when the key changes.
+#[derive(Debug, Clone)]
+enum Ask {
+    Claim {
+        op: ClaimOp,
+        /// The ATTEMPT id was made up here (the client sent none): the
+        /// client cannot retry with it, so a handover to a departed waiter
+        /// can be given back.
+        made_up: bool,
+    },
+    Settle(Bytes),
+}
+
+struct Waiter {
+    id: u64,
+    ask: Ask,
+    tx: oneshot::Sender<Reply>,
+}
+
+struct Queue {
+    list: VecDeque<Waiter>,
+    /// The apply index at which the key was last seen in flight.
+    seen: u64,
+    /// A serve pass runs.
+    serving: bool,
+    /// An event arrived during the pass: look again before it ends.
+    again: bool,
+    /// The task that notices the owner's lease running out.
+    timer: Option<AbortHandle>,
+}
+
+impl Drop for Queue {
+    fn drop(&mut self) {
+        // A queue's timer lives exactly as long as the queue.
+        if let Some(t) = self.timer.take() {
+            t.abort();
+        }
+    }
+}
+
+#[derive(Default)]
+struct Shard {
+    queues: HashMap<Bytes, Queue>,
+    /// The largest event index this shard has seen.
+    last_event: u64,
+}
+
 /// The registry of parked requests, keyed by record key.
 pub struct Waiters {
-    shards: Box<[CachePadded<Mutex<Map>>]>,
+    shards: Box<[CachePadded<Mutex<Shard>>]>,
     engine: Arc<Engine>,
+    defaults: Defaults,
     next_id: AtomicU64,
+    /// Distinguishes the attempt ids made up by this process.
+    tag: u64,
     hasher: std::hash::RandomState,
     /// Counters.
     pub stats: WaitStats,
-}
-
-/// The outcome of [`Waiters::apply_or_park`].
-pub enum Parked {
-    /// Answered at once.
-    Done(Reply),
-    /// Parked: await the handle.
-    Waiting(WaitHandle),
 }
 
 fn in_flight(reply: &Reply) -> Option<u64> {
@@ -96,249 +134,466 @@ fn in_flight(reply: &Reply) -> Option<u64> {
     }
 }
 
-fn strip_wait(cmd: &Command) -> Command {
-    let mut cmd = cmd.clone();
-    match &mut cmd {
-        Command::Claim(c) => c.wait_ms = None,
-        Command::Settle(s) => s.wait_ms = None,
-        _ => {}
-    }
-    cmd
+fn is_hit(reply: &Reply) -> bool {
+    matches!(
+        reply,
+        Reply::Claim(ClaimReply::Completed { .. }) | Reply::Settle(SettleReply::Completed { .. })
+    )
+}
+
+fn engine_error(e: &crate::engine::EngineError) -> Reply {
+    Reply::Error(e.to_server_error())
 }
 
 impl Waiters {
-    /// An empty registry over `engine`.
-    pub fn new(engine: Arc<Engine>) -> Arc<Self> {
-        Arc::new(Waiters {
+    /// An empty registry over `engine`, subscribed to its key events.
+    /// `defaults` resolve the options a waiting CLAIM left out.
+    pub fn new(engine: Arc<Engine>, defaults: Defaults) -> Arc<Self> {
+        let hasher = std::hash::RandomState::new();
+        let tag = hasher.hash_one(std::process::id());
+        let waiters = Arc::new(Waiters {
             shards: (0..SHARDS)
-                .map(|_| CachePadded::new(Mutex::new(HashMap::new())))
+                .map(|_| CachePadded::new(Mutex::new(Shard::default())))
                 .collect(),
-            engine,
+            engine: Arc::clone(&engine),
+            defaults,
             next_id: AtomicU64::new(1),
-            hasher: std::hash::RandomState::new(),
+            tag,
+            hasher,
             stats: WaitStats::default(),
-        })
+        });
+        let sink: Arc<dyn EventSink> = waiters.clone();
+        engine.subscribe(Arc::downgrade(&sink));
+        waiters
     }
 
-    fn shard(&self, key: &[u8]) -> &Mutex<Map> {
-        use std::hash::BuildHasher;
+    fn shard(&self, key: &[u8]) -> &Mutex<Shard> {
         &self.shards[self.hasher.hash_one(key) as usize % SHARDS]
-    }
-
-    /// Applies a CLAIM or SETTLE; if the key is in flight and `wait_ms` is
-    /// above zero, parks it until the key changes or the wait ends.
-    pub fn apply_or_park(self: &Arc<Self>, cmd: &Command, wait_ms: u64) -> Parked {
-        let Some(key) = cmd.key().cloned() else {
-            return Parked::Done(self.engine.apply(cmd).reply);
-        };
-        let cmd = strip_wait(cmd);
-        let mut map = self.shard(&key).lock();
-        if map.contains_key(&key) && self.engine.poke(&key).is_none() {
-            // The owner's lease ran out and the timer has not fired yet:
-            // earlier waiters go first.
-            self.serve_locked(&mut map, &key);
-        }
-        let applied = self.engine.apply(&cmd);
-        if applied.wake {
-            // This very call noticed a lapse: earlier waiters go first.
-            self.serve_locked(&mut map, &key);
-        }
-        let Some(remaining) = in_flight(&applied.reply).filter(|_| wait_ms > 0) else {
-            return Parked::Done(applied.reply);
-        };
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let (tx, rx) = oneshot::channel();
-        let queue = map.entry(key.clone()).or_insert_with(|| Queue {
-            list: VecDeque::new(),
-            timer: self.arm(key.clone(), remaining),
-        });
-        queue.list.push_back(Waiter {
-            id,
-            cmd: cmd.clone(),
-            tx,
-        });
-        self.stats.parked_total.fetch_add(1, Ordering::Relaxed);
-        self.stats.parked_now.fetch_add(1, Ordering::Relaxed);
-        drop(map);
-        Parked::Waiting(WaitHandle {
-            waiters: Arc::clone(self),
-            key,
-            id,
-            cmd,
-            rx: Some(rx),
-            timer: Box::pin(tokio::time::sleep_until(
-                Instant::now() + Duration::from_millis(wait_ms),
-            )),
-        })
-    }
-
-    /// Starts the task that serves `key`'s queue when the lease running now
-    /// (`remaining` ms left) runs out.
-    fn arm(self: &Arc<Self>, key: Bytes, remaining: u64) -> AbortHandle {
-        tokio::spawn(lease_timer(Arc::clone(self), key, remaining)).abort_handle()
-    }
-
-    /// Serves the waiters of `key` after it left the in-flight state.
-    pub fn wake(self: &Arc<Self>, key: &[u8]) {
-        let mut map = self.shard(key).lock();
-        self.serve_locked(&mut map, key);
-    }
-
-    fn serve_locked(self: &Arc<Self>, map: &mut Map, key: &[u8]) {
-        let Some(queue) = map.get_mut(key) else {
-            return;
-        };
-        while let Some(front) = queue.list.front() {
-            if front.tx.is_closed() {
-                queue.list.pop_front();
-                self.stats.parked_now.fetch_sub(1, Ordering::Relaxed);
-                continue;
-            }
-            let applied = self.engine.apply(&front.cmd);
-            if let Some(remaining) = in_flight(&applied.reply) {
-                // A new owner holds the key (an earlier waiter, or a claim
-                // that came in between): time the rest on its lease.
-                queue.timer.abort();
-                queue.timer = self.arm(Bytes::copy_from_slice(key), remaining);
-                break;
-            }
-            let Some(waiter) = queue.list.pop_front() else {
-                break;
-            };
-            self.stats.parked_now.fetch_sub(1, Ordering::Relaxed);
-            let hit = matches!(
-                applied.reply,
-                Reply::Claim(ClaimReply::Completed { .. })
-                    | Reply::Settle(SettleReply::Completed { .. })
-            );
-            match waiter.tx.send(applied.reply) {
-                Ok(()) => {
-                    if hit {
-                        self.stats.hits_after_wait.fetch_add(1, Ordering::Relaxed);
-                    }
-                }
-                // The waiter left between the check and the send: give back
-                // what it was handed, and serve the next one.
-                Err(reply) => self.undo(key, &waiter.cmd, reply),
-            }
-        }
-        if queue.list.is_empty() {
-            map.remove(key);
-        }
-    }
-
-    /// Gives back ownership handed to a waiter that has left. Not for a
-    /// claim with an ATTEMPT id: a retry of the same attempt may hold the
-    /// same fence on another connection; that claim's lease decides.
-    fn undo(&self, key: &[u8], cmd: &Command, reply: Reply) {
-        if matches!(cmd, Command::Claim(c) if c.attempt.is_some()) {
-            return;
-        }
-        let key = Bytes::copy_from_slice(key);
-        match reply {
-            Reply::Claim(ClaimReply::Acquired { fence }) => {
-                self.engine.apply(&Command::Release(Release { key, fence }));
-            }
-            Reply::Claim(ClaimReply::Recover { fence, .. }) => {
-                self.engine.apply(&Command::Abandon(Abandon { key, fence }));
-            }
-            _ => {}
-        }
-    }
-
-    fn cancel(&self, key: &[u8], id: u64) {
-        let mut map = self.shard(key).lock();
-        let Some(queue) = map.get_mut(key) else {
-            return;
-        };
-        if let Some(pos) = queue.list.iter().position(|w| w.id == id) {
-            queue.list.remove(pos);
-            self.stats.parked_now.fetch_sub(1, Ordering::Relaxed);
-        }
-        if queue.list.is_empty() {
-            map.remove(key);
-        }
     }
 
     /// Parked requests now.
     pub fn parked(&self) -> u64 {
         self.stats.parked_now.load(Ordering::Relaxed)
     }
+
+    /// Runs a CLAIM or SETTLE that may WAIT `wait_ms`: answers at once if
+    /// the key is not in flight (or `wait_ms` is 0), else parks until the
+    /// key changes or the wait ends. Dropping the future withdraws the
+    /// request (and gives back ownership handed to it in the meantime).
+    pub async fn wait(self: Arc<Self>, cmd: Command, wait_ms: u64) -> Reply {
+        let (key, ask) = match cmd {
+            Command::Claim(c) => {
+                let Some(Op::Claim(op)) = Op::from_command(Command::Claim(c), &self.defaults)
+                else {
+                    return Reply::Error(idem_protocol::ServerError::new(
+                        idem_protocol::ErrorCode::Err,
+                        "not a waitable command",
+                    ));
+                };
+                (op.key.clone(), Ask::Claim { op, made_up: false })
+            }
+            Command::Settle(s) => (s.key.clone(), Ask::Settle(s.key)),
+            _ => {
+                return Reply::Error(idem_protocol::ServerError::new(
+                    idem_protocol::ErrorCode::Err,
+                    "not a waitable command",
+                ));
+            }
+        };
+        let deadline = tokio::time::Instant::now() + Duration::from_millis(wait_ms);
+        let mut parked = match self.park_or_answer(&key, ask.clone(), wait_ms > 0).await {
+            Ok(reply) => return reply,
+            Err(parked) => parked,
+        };
+        let got = tokio::select! {
+            biased;
+            r = &mut parked.rx => r.ok(),
+            _ = tokio::time::sleep_until(deadline) => None,
+        };
+        if let Some(reply) = got.or_else(|| parked.withdraw()) {
+            parked.done = true;
+            if is_hit(&reply) {
+                self.stats.hits_after_wait.fetch_add(1, Ordering::Relaxed);
+            }
+            return reply;
+        }
+        parked.done = true;
+        self.stats.timed_out.fetch_add(1, Ordering::Relaxed);
+        // The wait ran out: answer with the key's state now.
+        match self.ask_now(&ask).await {
+            Ok(r) => r,
+            Err(r) => r,
+        }
+    }
+
+    /// Asks once, without waiting: `Ok` with the reply if the key is not in
+    /// flight (or is the caller's), `Err` with the reply (INFLIGHT) and the
+    /// index it was seen at otherwise.
+    async fn ask_once(&self, ask: &Ask) -> Result<Reply, (Reply, u64)> {
+        match ask {
+            Ask::Settle(key) => {
+                let seen = self.engine.read(Read::Settle(key));
+                if seen.due {
+                    self.engine.expire_soon(key);
+                }
+                let reply = seen.reply.unwrap_or(Reply::Settle(SettleReply::Absent));
+                match in_flight(&reply) {
+                    Some(_) => Err((reply, seen.index)),
+                    None => Ok(reply),
+                }
+            }
+            Ask::Claim { op, .. } => match self.engine.submit(Op::Claim(op.clone())).await {
+                Err(e) => Ok(engine_error(&e)),
+                Ok(applied) => match in_flight(&applied.reply) {
+                    Some(_) => Err((applied.reply, applied.index)),
+                    None => Ok(applied.reply),
+                },
+            },
+        }
+    }
+
+    async fn ask_now(&self, ask: &Ask) -> Result<Reply, Reply> {
+        self.ask_once(ask).await.map_err(|(r, _)| r)
+    }
+
+    /// Answers at once, or parks (`Err`). A CLAIM behind queued waiters
+    /// queues without asking, so earlier waiters go first.
+    async fn park_or_answer(
+        self: &Arc<Self>,
+        key: &Bytes,
+        ask: Ask,
+        may_wait: bool,
+    ) -> Result<Reply, Parked> {
+        if may_wait {
+            let mut sh = self.shard(key).lock();
+            if let Some(q) = sh.queues.get_mut(key) {
+                let seen = q.seen;
+                let parked = self.enqueue(&mut sh, key, ask, seen, None);
+                drop(sh);
+                // The key may have left flight with no event yet (a lapse
+                // not applied): look now, earlier waiters first.
+                self.kick_if_not_in_flight(key);
+                return Err(parked);
+            }
+        }
+        // Bounded: each round trip sees a change of the key.
+        for _ in 0..16 {
+            let (reply, index) = match self.ask_once(&ask).await {
+                Ok(reply) => return Ok(reply),
+                Err(r) => r,
+            };
+            if !may_wait {
+                return Ok(reply);
+            }
+            let remaining = in_flight(&reply).unwrap_or(0);
+            let mut sh = self.shard(key).lock();
+            if sh.last_event > index && !sh.queues.contains_key(key) {
+                // An event may have passed between the ask and now.
+                let seen = self.engine.read(Read::Settle(key));
+                if seen.reply.as_ref().and_then(in_flight).is_none() {
+                    drop(sh);
+                    continue;
+                }
+            }
+            return Err(self.enqueue(&mut sh, key, ask, index, Some(remaining)));
+        }
+        self.ask_now(&ask).await.map_or_else(Ok, Ok)
+    }
+
+    /// Adds a waiter to `key`'s queue (made if missing, with a lease timer
+    /// of `remaining` ms).
+    fn enqueue(
+        self: &Arc<Self>,
+        sh: &mut Shard,
+        key: &Bytes,
+        mut ask: Ask,
+        seen: u64,
+        remaining: Option<u64>,
+    ) -> Parked {
+        if let Ask::Claim { op, made_up } = &mut ask
+            && op.attempt.is_none()
+        {
+            let n = self.next_id.fetch_add(1, Ordering::Relaxed);
+            op.attempt = Some(Bytes::from(format!("~w{:x}.{n}", self.tag)));
+            *made_up = true;
+        }
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        let queue = sh.queues.entry(key.clone()).or_insert_with(|| Queue {
+            list: VecDeque::new(),
+            seen,
+            serving: false,
+            again: false,
+            timer: None,
+        });
+        if queue.timer.is_none() {
+            queue.timer = Some(self.arm(key.clone(), remaining.unwrap_or(TIMER_RECHECK_MS)));
+        }
+        queue.list.push_back(Waiter {
+            id,
+            ask: ask.clone(),
+            tx,
+        });
+        self.stats.parked_total.fetch_add(1, Ordering::Relaxed);
+        self.stats.parked_now.fetch_add(1, Ordering::Relaxed);
+        Parked {
+            waiters: Arc::clone(self),
+            key: key.clone(),
+            id,
+            ask,
+            rx,
+            done: false,
+        }
+    }
+
+    /// Starts the task that looks at `key` when the lease running now
+    /// (`remaining` ms left) runs out.
+    fn arm(self: &Arc<Self>, key: Bytes, remaining: u64) -> AbortHandle {
+        tokio::spawn(lease_timer(Arc::clone(self), key, remaining)).abort_handle()
+    }
+
+    /// Starts a serve pass of `key` if the key is not in flight now.
+    fn kick_if_not_in_flight(self: &Arc<Self>, key: &Bytes) {
+        let seen = self.engine.read(Read::Settle(key));
+        if seen.due {
+            // The owner's lease ran out: applying it sends the event.
+            self.engine.expire_soon(key);
+        } else if seen.reply.as_ref().and_then(in_flight).is_none() {
+            self.kick(key);
+        }
+    }
+
+    /// Starts a serve pass of `key` (or asks the running one to look again).
+    fn kick(self: &Arc<Self>, key: &Bytes) {
+        let mut sh = self.shard(key).lock();
+        let Some(q) = sh.queues.get_mut(key) else {
+            return;
+        };
+        if q.serving {
+            q.again = true;
+            return;
+        }
+        q.serving = true;
+        drop(sh);
+        tokio::spawn(Arc::clone(self).serve(key.clone()));
+    }
+
+    /// Serves `key`'s waiters in order until one finds it in flight.
+    async fn serve(self: Arc<Self>, key: Bytes) {
+        loop {
+            let head = {
+                let mut sh = self.shard(&key).lock();
+                let Some(q) = sh.queues.get_mut(&key) else {
+                    return;
+                };
+                while q.list.front().is_some_and(|w| w.tx.is_closed()) {
+                    q.list.pop_front();
+                    self.stats.parked_now.fetch_sub(1, Ordering::Relaxed);
+                }
+                match q.list.front() {
+                    Some(w) => (w.id, w.ask.clone()),
+                    None => {
+                        sh.queues.remove(&key);
+                        return;
+                    }
+                }
+            };
+            let (id, ask) = head;
+            let outcome = match &ask {
+                Ask::Settle(k) => {
+                    let seen = self.engine.read(Read::Settle(k));
+                    let reply = seen.reply.unwrap_or(Reply::Settle(SettleReply::Absent));
+                    match in_flight(&reply) {
+                        Some(left) => Err((seen.index, left)),
+                        None => Ok(reply),
+                    }
+                }
+                Ask::Claim { op, .. } => {
+                    let seen = self.engine.read(Read::Claim(op));
+                    match seen.reply {
+                        Some(reply) => match in_flight(&reply) {
+                            Some(left) => Err((seen.index, left)),
+                            None => Ok(reply),
+                        },
+                        // It would take the key: hand it over, in order.
+                        None => match self.engine.submit(Op::Claim(op.clone())).await {
+                            Err(e) => Ok(engine_error(&e)),
+                            Ok(applied) => match in_flight(&applied.reply) {
+                                Some(left) => Err((applied.index, left)),
+                                None => Ok(applied.reply),
+                            },
+                        },
+                    }
+                }
+            };
+            match outcome {
+                Ok(reply) => self.answer(&key, id, &ask, reply),
+                Err((index, left)) => {
+                    // In flight: the rest wait for the next event.
+                    let mut sh = self.shard(&key).lock();
+                    let Some(q) = sh.queues.get_mut(&key) else {
+                        return;
+                    };
+                    q.seen = q.seen.max(index);
+                    if let Some(t) = q.timer.take() {
+                        t.abort();
+                    }
+                    q.timer = Some(self.arm(key.clone(), left));
+                    if q.again {
+                        q.again = false;
+                        continue;
+                    }
+                    q.serving = false;
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Sends `reply` to waiter `id` (the head of `key`'s queue); gives back
+    /// ownership if it left meanwhile. The send happens under the shard
+    /// lock, so a waiter that cannot withdraw any more has its reply.
+    fn answer(&self, key: &Bytes, id: u64, ask: &Ask, reply: Reply) {
+        let undelivered = {
+            let mut sh = self.shard(key).lock();
+            let waiter = match sh.queues.get_mut(key) {
+                Some(q) if q.list.front().is_some_and(|w| w.id == id) => q.list.pop_front(),
+                _ => None,
+            };
+            match waiter {
+                Some(w) => {
+                    self.stats.parked_now.fetch_sub(1, Ordering::Relaxed);
+                    w.tx.send(reply).err()
+                }
+                // Withdrawn while its claim was being applied.
+                None => Some(reply),
+            }
+        };
+        if let Some(reply) = undelivered {
+            self.give_back(key, ask, reply);
+        }
+    }
+
+    /// Gives back ownership handed to a waiter that has left (not for a
+    /// claim with the client's own ATTEMPT id: a retry of the same attempt
+    /// may hold the same fence on another connection; its lease decides).
+    fn give_back(&self, key: &Bytes, ask: &Ask, reply: Reply) {
+        let Ask::Claim { made_up: true, .. } = ask else {
+            return;
+        };
+        let op = match reply {
+            Reply::Claim(ClaimReply::Acquired { fence }) => Op::Release(Release {
+                key: key.clone(),
+                fence,
+            }),
+            Reply::Claim(ClaimReply::Recover { fence, .. }) => Op::Abandon(Abandon {
+                key: key.clone(),
+                fence,
+            }),
+            _ => return,
+        };
+        // Applying it sends the event that serves the next waiter.
+        drop(self.engine.submit(op));
+    }
+
+    /// Removes waiter `id` from `key`'s queue; false if it was not there.
+    fn cancel(&self, key: &Bytes, id: u64) -> bool {
+        let mut sh = self.shard(key).lock();
+        let Some(q) = sh.queues.get_mut(key) else {
+            return false;
+        };
+        let Some(pos) = q.list.iter().position(|w| w.id == id) else {
+            return false;
+        };
+        q.list.remove(pos);
+        self.stats.parked_now.fetch_sub(1, Ordering::Relaxed);
+        if q.list.is_empty() && !q.serving {
+            sh.queues.remove(key);
+        }
+        true
+    }
 }
 
-/// Serves the key's waiters when the owner's lease runs out (the store only
-/// notices a lapse when something looks). One task per waited-on key,
-/// aborted when its queue goes or a new owner's lease replaces it.
+impl EventSink for Waiters {
+    fn on_events(self: Arc<Self>, events: &[KeyEvent]) {
+        for ev in events {
+            let mut sh = self.shard(&ev.key).lock();
+            sh.last_event = sh.last_event.max(ev.index);
+            let Some(q) = sh.queues.get_mut(&ev.key) else {
+                continue;
+            };
+            if q.serving {
+                q.again = true;
+                continue;
+            }
+            if ev.index <= q.seen {
+                continue;
+            }
+            q.serving = true;
+            drop(sh);
+            tokio::spawn(Arc::clone(&self).serve(ev.key.clone()));
+        }
+    }
+}
+
+/// Looks at the key's state when the owner's lease runs out: a lapse is
+/// applied through the engine (`Op::Expire`), whose event serves the queue.
+/// One task per waited-on key, aborted when its queue goes or a new owner's
+/// lease replaces it.
 async fn lease_timer(waiters: Arc<Waiters>, key: Bytes, mut remaining: u64) {
     loop {
         tokio::time::sleep(Duration::from_millis(remaining.clamp(1, TIMER_RECHECK_MS))).await;
-        let mut map = waiters.shard(&key).lock();
-        if !map.contains_key(&key) {
-            return;
-        }
-        if let Some(left) = waiters.engine.poke(&key) {
+        let seen = waiters.engine.read(Read::Settle(&key));
+        if let Some(left) = seen.reply.as_ref().and_then(in_flight) {
             remaining = left;
             continue;
         }
-        // Serving re-arms a fresh timer if a waiter becomes the owner and
-        // others stay; this one then ends at its next sleep.
-        waiters.serve_locked(&mut map, &key);
+        if seen.due {
+            waiters.engine.expire_soon(&key);
+        } else {
+            waiters.kick(&key);
+        }
         remaining = TIMER_RECHECK_MS;
     }
 }
 
-/// A parked request. Dropping it withdraws the request.
-pub struct WaitHandle {
+/// A parked request. Dropping it withdraws the request, giving back
+/// ownership handed to it meanwhile.
+struct Parked {
     waiters: Arc<Waiters>,
     key: Bytes,
     id: u64,
-    cmd: Command,
-    rx: Option<oneshot::Receiver<Reply>>,
-    /// The end of the wait, registered once for the handle's life.
-    timer: std::pin::Pin<Box<tokio::time::Sleep>>,
+    ask: Ask,
+    rx: oneshot::Receiver<Reply>,
+    /// Answered (or given up): nothing to withdraw.
+    done: bool,
 }
 
-impl WaitHandle {
-    /// Waits for the reply: the key's new state, or, when the wait runs
-    /// out, its state then (usually INFLIGHT with the lease left).
-    pub async fn wait(&mut self) -> Reply {
-        let Some(rx) = self.rx.as_mut() else {
-            return self.waiters.engine.apply(&self.cmd).reply;
-        };
-        let reply = tokio::select! {
-            biased;
-            r = &mut *rx => r.ok(),
-            _ = self.timer.as_mut() => {
-                self.waiters.cancel(&self.key, self.id);
-                // Served between the timeout and the withdrawal?
-                rx.try_recv().ok()
-            }
-        };
-        self.rx = None;
-        match reply {
-            Some(reply) => reply,
-            None => {
-                self.waiters.stats.timed_out.fetch_add(1, Ordering::Relaxed);
-                let applied = self.waiters.engine.apply(&self.cmd);
-                if applied.wake {
-                    self.waiters.wake(&self.key);
-                }
-                applied.reply
-            }
+impl Parked {
+    /// Withdraws the request after its wait ran out; a reply sent in the
+    /// meantime is returned instead.
+    fn withdraw(&mut self) -> Option<Reply> {
+        if self.waiters.cancel(&self.key, self.id) {
+            return None;
         }
+        self.rx.try_recv().ok()
     }
 }
 
-impl Drop for WaitHandle {
+impl Drop for Parked {
     fn drop(&mut self) {
-        if let Some(mut rx) = self.rx.take() {
-            rx.close();
-            self.waiters.cancel(&self.key, self.id);
+        if self.done {
+            return;
+        }
+        self.rx.close();
+        if !self.waiters.cancel(&self.key, self.id)
+            && let Ok(reply) = self.rx.try_recv()
+        {
             // Handed ownership just before leaving: give it back.
-            if let Ok(reply) = rx.try_recv() {
-                self.waiters.undo(&self.key, &self.cmd, reply);
-                self.waiters.wake(&self.key);
-            }
+            self.waiters.give_back(&self.key, &self.ask, reply);
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

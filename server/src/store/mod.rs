@@ -1,48 +1,64 @@
 //! The store: a deterministic, lock-sharded state machine of records.
 //!
-//! [`Store::apply`] takes a command and the time it was stamped with and
-//! returns the reply and whether waiters of the key must be woken. It reads
-//! no clock and draws no random numbers, so replicas applying the same
-//! commands in the same order reach the same state and give the same
-//! replies. (The hash seed is random, but it only decides where a record
-//! lives, never what a reply says.)
+//! The store is changed only by applying [`Op`]s (in [`Entry`]s), each
+//! stamped with a time by the node that proposed it. Applying reads no
+//! clock, draws no random numbers and reads no node configuration (the
+//! defaults are resolved into the op; the memory limits are replicated
+//! state set by [`Op::SetLimits`]), so replicas applying the same entries in
+//! the same order reach the same state and give the same replies. Reads
+//! ([`Store::read`]) never change anything: a deadline that has passed is
+//! shown as applied and reported (`due`), and applied later by an
+//! [`Op::Expire`] of the key, so records are freed at the same point of
+//! every replica's history.
 //!
-//! Time: the store keeps `clock = max(clock, now_ms)`, so time never runs
-//! backwards even if the commands' stamps do. Fences come from one counter
-//! advanced by every grant of ownership, so they strictly increase.
+//! Time: the store keeps `clock = max(clock, stamp_ms)`, so time never runs
+//! backwards even if the stamps do. Fences come from one counter advanced
+//! by every grant of ownership, so they strictly increase. Every key an op
+//! touches takes the next number of one apply sequence (the op's *index*):
+//! waiters compare it with the index at which they saw the key in flight.
 //!
-//! Records live in a per-shard slab of 40-byte slots (key, fingerprint,
-//! attempt and small bodies share one allocation); an index of slot numbers
-//! finds them by one keyed hash: its bits 40 and up pick the shard, its low
-//! 32 bits are kept in the index entry and give the index its buckets and
-//! tags, so the index grows without reading a record.
-//! Expiry is lazy (any access past a deadline sees the lapse) plus an
-//! active sweep ([`Store::sweep`]) that walks each slab from a cursor,
-//! examining a bounded number of slots per call.
+//! Admission at the memory limit: a fresh CLAIM that would take the store
+//! over `max_memory_bytes` gets `-OOM`; an owner's COMPLETE or JOURNAL, and
+//! a take-over of an abandoned key, that grow the store are admitted up to
+//! `max_memory_bytes + headroom_bytes` and get `-OOM` beyond; RENEW,
+//! RELEASE, ABANDON, FORGET and expiry are never refused.
+//!
+//! Layout: records live in a per-shard slab of 40-byte slots (key,
+//! fingerprint, attempt and small bodies share one allocation); an index of
+//! slot numbers finds them by one keyed hash: its bits 40 and up pick the
+//! shard, its low 32 bits are kept in the index entry and give the index its
+//! buckets and tags, so the index grows without reading a record. The hash
+//! seed and the shard count decide only where a record lives: replies,
+//! events and [`Store::snapshot`] (written in key order) do not depend on
+//! them.
 
+mod expiry;
+mod op;
 mod record;
+mod rules;
 mod shard;
+mod snapshot;
 
 use std::hash::{BuildHasher, RandomState};
 use std::sync::OnceLock;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 
-use bytes::Bytes;
 use crossbeam_utils::CachePadded;
 use foldhash::SharedSeed;
 use foldhash::fast::SeedableRandomState;
 use hashbrown::HashTable;
-use idem_protocol::cmd::{
-    Abandon, Claim, Complete, Forget, Inspect, Journal, Release, Renew, Settle,
-};
-use idem_protocol::{
-    ClaimReply, Command, ErrorCode, OnExpire, Outcome, Reply, ServerError, SettleReply,
-};
+use idem_protocol::{ClaimReply, ErrorCode, Frame, OnExpire, Reply, ServerError, SettleReply};
 use parking_lot::Mutex;
 
-use record::{LARGE_BODY, Parts, RECORD_OVERHEAD, Record, State, initial_flags};
+pub use expiry::Candidates;
+pub use op::{
+    Applied, ClaimOp, Defaults, Entry, KeyEvent, KeyEvents, MemoryLimits, Observed, Op, Read,
+};
+use record::State;
+use rules::Ctx;
 pub use shard::ShardStats;
-use shard::{Aux, Shard, Slab, state_index};
+use shard::{Shard, Slab, state_index};
+pub use snapshot::{SNAPSHOT_VERSION, SnapshotError};
 
 /// `-FENCED`: the caller's fence does not own the key.
 pub const FENCED: ServerError =
@@ -65,50 +81,20 @@ pub const TOOBIG_FIELD: ServerError = ServerError::new(
     "key or fingerprint over 65535 bytes, or attempt id over 255 bytes",
 );
 
-/// What the store needs to know of the configuration.
-#[derive(Debug, Clone)]
+/// How a store is laid out in memory (node-local: it never changes what
+/// the store answers).
+#[derive(Debug, Clone, Default)]
 pub struct StoreConfig {
-    /// Number of shards (rounded up to a power of two).
+    /// Number of shards (rounded up to a power of two; 0 means 1).
     pub shards: usize,
-    /// Lease when CLAIM gives no LEASE, in ms.
-    pub default_lease_ms: u64,
-    /// Retention when neither CLAIM nor COMPLETE gives RETAIN, in ms.
-    pub default_retain_ms: u64,
-    /// Accounted bytes at which new claims are refused.
-    pub max_memory_bytes: usize,
-}
-
-impl Default for StoreConfig {
-    fn default() -> Self {
-        StoreConfig {
-            shards: 64,
-            default_lease_ms: 30_000,
-            default_retain_ms: 86_400_000,
-            max_memory_bytes: 1 << 30,
-        }
-    }
-}
-
-/// The result of applying one command.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Applied {
-    /// The reply to send.
-    pub reply: Reply,
-    /// The key left the in-flight state (completed, released, abandoned,
-    /// forgotten or lapsed): its waiters must be served.
-    pub wake: bool,
-}
-
-impl Applied {
-    fn new(reply: Reply) -> Self {
-        Applied { reply, wake: false }
-    }
+    /// The hash seed; `None` draws a random one (HashDoS).
+    pub seed: Option<u64>,
 }
 
 /// A summary for INFO.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct StoreStats {
-    /// Records stored (including ones past their deadline not yet swept).
+    /// Records stored (including ones past their deadline not yet expired).
     pub records: usize,
     /// Records in flight.
     pub in_flight: usize,
@@ -117,13 +103,17 @@ pub struct StoreStats {
     /// Records completed.
     pub completed: usize,
     /// Accounted bytes.
-    pub memory: usize,
-    /// Event counters.
+    pub memory: u64,
+    /// The memory limits in force.
+    pub limits: Option<MemoryLimits>,
+    /// Event counters (node-local, not replicated).
     pub counters: ShardStats,
     /// The store clock (ms).
     pub clock: u64,
     /// The last fence handed out.
     pub last_fence: u64,
+    /// The last apply index.
+    pub applied_index: u64,
 }
 
 /// The sharded record store. Share it behind an `Arc`.
@@ -133,8 +123,11 @@ pub struct Store {
     hasher: SeedableRandomState,
     clock: AtomicU64,
     next_fence: AtomicU64,
-    memory: AtomicUsize,
-    cfg: StoreConfig,
+    /// The last apply index handed out.
+    seq: AtomicU64,
+    memory: AtomicU64,
+    max_memory: AtomicU64,
+    headroom: AtomicU64,
 }
 
 fn shared_seed() -> &'static SharedSeed {
@@ -143,29 +136,26 @@ fn shared_seed() -> &'static SharedSeed {
 }
 
 impl Store {
-    /// An empty store.
+    /// An empty store, without memory limits until [`Op::SetLimits`].
     pub fn new(cfg: StoreConfig) -> Self {
         let n = cfg.shards.max(1).next_power_of_two();
         let shards = (0..n)
             .map(|_| CachePadded::new(Mutex::new(Shard::default())))
             .collect();
+        let seed = cfg
+            .seed
+            .unwrap_or_else(|| RandomState::new().hash_one(0x5eed_u64));
         Store {
             shards,
             mask: n - 1,
-            hasher: SeedableRandomState::with_seed(
-                RandomState::new().hash_one(0x5eed_u64),
-                shared_seed(),
-            ),
+            hasher: SeedableRandomState::with_seed(seed, shared_seed()),
             clock: AtomicU64::new(0),
             next_fence: AtomicU64::new(1),
-            memory: AtomicUsize::new(0),
-            cfg,
+            seq: AtomicU64::new(0),
+            memory: AtomicU64::new(0),
+            max_memory: AtomicU64::new(MemoryLimits::UNLIMITED.max_memory_bytes),
+            headroom: AtomicU64::new(MemoryLimits::UNLIMITED.headroom_bytes),
         }
-    }
-
-    /// The configuration in force.
-    pub fn config(&self) -> &StoreConfig {
-        &self.cfg
     }
 
     fn hash(&self, key: &[u8]) -> u64 {
@@ -180,84 +170,146 @@ impl Store {
         self.clock.fetch_max(now_ms, Ordering::AcqRel).max(now_ms)
     }
 
-    /// Applies a record command stamped with `now_ms`. Commands that are not
-    /// about records get an `ERR`.
-    pub fn apply(&self, cmd: &Command, now_ms: u64) -> Applied {
-        let now = self.tick(now_ms);
-        let Some(key) = cmd.key() else {
-            return Applied::new(Reply::Error(ServerError::new(
-                ErrorCode::Err,
-                "not a record command",
-            )));
-        };
-        let hash = self.hash(key);
-        let mut guard = self.shard(hash).lock();
-        let mut ctx = Ctx::new(self, &mut guard, hash, now);
-        let reply = match cmd {
-            Command::Claim(c) => ctx.claim(c),
-            Command::Settle(c) => ctx.settle(c),
-            Command::Complete(c) => ctx.complete(c),
-            Command::Renew(c) => ctx.renew(c),
-            Command::Journal(c) => ctx.journal(c),
-            Command::Release(c) => ctx.release(c),
-            Command::Abandon(c) => ctx.abandon(c),
-            Command::Inspect(c) => ctx.inspect(c),
-            Command::Forget(c) => ctx.forget(c),
-            _ => Reply::Error(ServerError::new(ErrorCode::Err, "not a record command")),
-        };
-        Applied {
-            reply,
-            wake: ctx.wake,
+    /// The next apply index (taken under the lock of the key it numbers,
+    /// so a key's changes are numbered in the order they happen).
+    fn next_seq(&self) -> u64 {
+        self.seq.fetch_add(1, Ordering::AcqRel) + 1
+    }
+
+    fn memory(&self) -> u64 {
+        self.memory.load(Ordering::Relaxed)
+    }
+
+    /// The memory limits in force.
+    pub fn limits(&self) -> MemoryLimits {
+        MemoryLimits {
+            max_memory_bytes: self.max_memory.load(Ordering::Relaxed),
+            headroom_bytes: self.headroom.load(Ordering::Relaxed),
         }
     }
 
-    /// Applies pending lapses of `key` at `now_ms`. Returns the lease time
-    /// left if the key is still in flight, `None` if it is not.
-    pub fn poke(&self, key: &[u8], now_ms: u64) -> Option<u64> {
-        let now = self.tick(now_ms);
-        let hash = self.hash(key);
-        let mut guard = self.shard(hash).lock();
-        let mut ctx = Ctx::new(self, &mut guard, hash, now);
-        let id = ctx.lookup(key)?;
-        let rec = ctx.rec(id);
-        match rec.state() {
-            State::InFlight => Some(rec.deadline - now),
-            _ => None,
-        }
+    /// Applies an entry: its ops in order, all at the entry's stamp.
+    pub fn apply(&self, entry: &Entry) -> Vec<Applied> {
+        entry
+            .ops
+            .iter()
+            .map(|op| self.apply_op(entry.stamp_ms, op))
+            .collect()
     }
 
-    /// Expires records whose deadlines have passed, examining at most
-    /// `budget` slots per shard, each shard resuming where the last call
-    /// stopped. Returns true when more than a quarter of the occupied slots
-    /// examined had expired: more are likely due, call again.
-    pub fn sweep(&self, now_ms: u64, budget: usize) -> bool {
-        let now = self.tick(now_ms);
-        let (mut seen, mut expired) = (0usize, 0usize);
-        for shard in self.shards.iter() {
-            let mut guard = shard.lock();
-            let sh = &mut *guard;
-            let slots = sh.slab.slots();
-            if sh.slab.len() == 0 {
-                continue;
-            }
-            for _ in 0..budget.min(slots) {
-                let id = (sh.aux.cursor % slots) as u32;
-                sh.aux.cursor = (sh.aux.cursor + 1) % slots;
-                let Some(rec) = sh.slab.get(id) else { continue };
-                seen += 1;
-                if rec.deadline > now {
-                    continue;
+    /// Applies one op stamped `stamp_ms`: an entry of that op alone.
+    pub fn apply_op(&self, stamp_ms: u64, op: &Op) -> Applied {
+        let now = self.tick(stamp_ms);
+        match op {
+            Op::Expire { keys } => {
+                let mut events = KeyEvents::new();
+                let mut changed = 0;
+                let mut index = 0;
+                for key in keys {
+                    let hash = self.hash(key);
+                    let mut guard = self.shard(hash).lock();
+                    index = self.next_seq();
+                    let mut ctx = Ctx::new(self, &mut guard, hash, now, index);
+                    changed += i64::from(ctx.expire(key));
+                    events.extend(ctx.events(key));
                 }
-                let hash = self.hash(rec.key());
-                if Ctx::new(self, sh, hash, now).expire_if_due(id) {
-                    expired += 1;
+                if keys.is_empty() {
+                    index = self.next_seq();
+                }
+                Applied {
+                    reply: Reply::Frame(Frame::Integer(changed)),
+                    events,
+                    index,
                 }
             }
+            Op::SetLimits(l) => {
+                self.max_memory.store(l.max_memory_bytes, Ordering::Relaxed);
+                self.headroom.store(l.headroom_bytes, Ordering::Relaxed);
+                Applied {
+                    reply: Reply::Ok,
+                    events: KeyEvents::new(),
+                    index: self.next_seq(),
+                }
+            }
+            Op::Claim(_)
+            | Op::Complete(_)
+            | Op::Renew(_)
+            | Op::Journal(_)
+            | Op::Release(_)
+            | Op::Abandon(_)
+            | Op::Forget(_) => {
+                let Some(key) = op.key() else {
+                    return Applied {
+                        reply: Reply::Error(ServerError::new(ErrorCode::Err, "op without a key")),
+                        events: KeyEvents::new(),
+                        index: self.next_seq(),
+                    };
+                };
+                let hash = self.hash(key);
+                let mut guard = self.shard(hash).lock();
+                let index = self.next_seq();
+                let mut ctx = Ctx::new(self, &mut guard, hash, now, index);
+                let reply = match op {
+                    Op::Claim(c) => ctx.claim(c),
+                    Op::Complete(c) => ctx.complete(c),
+                    Op::Renew(c) => ctx.renew(c),
+                    Op::Journal(c) => ctx.journal(c),
+                    Op::Release(c) => ctx.release(c),
+                    Op::Abandon(c) => ctx.abandon(c),
+                    Op::Forget(c) => ctx.forget(c),
+                    Op::Expire { .. } | Op::SetLimits(_) => Reply::Ok,
+                };
+                Applied {
+                    reply,
+                    events: ctx.events(key),
+                    index,
+                }
+            }
         }
-        seen > 0 && expired * 4 > seen
     }
 
-    /// Number of records stored.
+    /// Answers a read from the store as it is at `now_ms`, changing
+    /// nothing of the replicated state (only node-local counters).
+    pub fn read(&self, read: Read<'_>, now_ms: u64) -> Observed {
+        let key = match read {
+            Read::Settle(k) | Read::Inspect(k) => k,
+            Read::Claim(c) => &c.key,
+        };
+        let now = self.clock.load(Ordering::Acquire).max(now_ms);
+        let hash = self.hash(key);
+        let mut guard = self.shard(hash).lock();
+        let index = self.seq.load(Ordering::Acquire);
+        let sh = &mut *guard;
+        let found = find(&sh.index, &sh.slab, hash, key);
+        let view = found.and_then(|id| Some((id, view(sh.slab.get(id)?, now))));
+        let due = matches!(view, Some((_, v)) if v.due);
+        let seen = view.and_then(|(id, v)| Some((id, v.state?, v.deadline)));
+        let reply = match read {
+            Read::Settle(_) => Some(Reply::Settle(match seen {
+                None => SettleReply::Absent,
+                Some((_, State::InFlight, deadline)) => SettleReply::InFlight {
+                    remaining_ms: deadline - now,
+                },
+                Some((id, State::Abandoned, _)) => SettleReply::Abandoned {
+                    journal: sh.slab.body(id),
+                },
+                Some((id, State::Completed(outcome), _)) => SettleReply::Completed {
+                    outcome,
+                    value: sh.slab.body(id),
+                },
+            })),
+            Read::Inspect(_) => {
+                Some(Reply::Inspect(seen.and_then(|(id, state, deadline)| {
+                    sh.slab.info(id, state, deadline, now)
+                })))
+            }
+            Read::Claim(c) => peek_claim(sh, seen, c, now),
+        };
+        Observed { reply, due, index }
+    }
+
+    /// Number of records stored (including ones past their deadline that
+    /// no `Op::Expire` has reached yet).
     pub fn len(&self) -> usize {
         self.shards.iter().map(|s| s.lock().slab.len()).sum()
     }
@@ -270,17 +322,20 @@ impl Store {
     /// Counters and sizes for INFO.
     pub fn stats(&self) -> StoreStats {
         let mut st = StoreStats {
-            memory: self.memory.load(Ordering::Relaxed),
+            memory: self.memory(),
+            limits: Some(self.limits()),
             clock: self.clock.load(Ordering::Relaxed),
             last_fence: self.next_fence.load(Ordering::Relaxed) - 1,
+            applied_index: self.seq.load(Ordering::Relaxed),
             ..StoreStats::default()
         };
         for shard in self.shards.iter() {
             let sh = shard.lock();
             st.records += sh.slab.len();
-            st.in_flight += sh.aux.by_state[0];
-            st.abandoned += sh.aux.by_state[1];
-            st.completed += sh.aux.by_state[2];
+            st.in_flight += sh.aux.by_state[state_index(State::InFlight)];
+            st.abandoned += sh.aux.by_state[state_index(State::Abandoned)];
+            st.completed +=
+                sh.aux.by_state[state_index(State::Completed(idem_protocol::Outcome::Ok))];
             st.counters.add(&sh.aux.stats);
         }
         st
@@ -288,10 +343,81 @@ impl Store {
 
     fn charge(&self, before: usize, after: usize) {
         if after > before {
-            self.memory.fetch_add(after - before, Ordering::Relaxed);
+            self.memory
+                .fetch_add((after - before) as u64, Ordering::Relaxed);
         } else {
-            self.memory.fetch_sub(before - after, Ordering::Relaxed);
+            self.memory
+                .fetch_sub((before - after) as u64, Ordering::Relaxed);
         }
+    }
+}
+
+/// What a record looks like at `now` once its passed deadline is applied.
+#[derive(Debug, Clone, Copy)]
+struct View {
+    /// `None`: gone.
+    state: Option<State>,
+    deadline: u64,
+    /// A deadline has passed that is not applied yet.
+    due: bool,
+}
+
+fn view(rec: &record::Record, now: u64) -> View {
+    let state = rec.state();
+    if rec.deadline > now {
+        return View {
+            state: Some(state),
+            deadline: rec.deadline,
+            due: false,
+        };
+    }
+    if state == State::InFlight && rec.on_expire() == OnExpire::Recover {
+        let until = rec.deadline.saturating_add(rec.retain_ms() as u64);
+        if until > now {
+            return View {
+                state: Some(State::Abandoned),
+                deadline: until,
+                due: true,
+            };
+        }
+    }
+    View {
+        state: None,
+        deadline: rec.deadline,
+        due: true,
+    }
+}
+
+/// What a CLAIM would answer from the state seen, if it would change
+/// nothing; `None` if it would take the key (or extend its own lease).
+fn peek_claim(
+    sh: &mut Shard,
+    seen: Option<(u32, State, u64)>,
+    c: &ClaimOp,
+    now: u64,
+) -> Option<Reply> {
+    let (id, state, deadline) = seen?;
+    let rec = sh.slab.get(id)?;
+    if rec.mismatches(c.fingerprint.as_ref()) {
+        sh.aux.stats.mismatches += 1;
+        return Some(MISMATCH.into());
+    }
+    match state {
+        State::InFlight if rec.attempt_is(c.attempt.as_ref()) => None,
+        State::InFlight => {
+            sh.aux.stats.conflicts += 1;
+            Some(Reply::Claim(ClaimReply::InFlight {
+                remaining_ms: deadline - now,
+            }))
+        }
+        State::Completed(outcome) => {
+            sh.aux.stats.replays += 1;
+            Some(Reply::Claim(ClaimReply::Completed {
+                outcome,
+                value: sh.slab.body(id),
+            }))
+        }
+        State::Abandoned => None,
     }
 }
 
@@ -308,362 +434,17 @@ fn table_hash(h32: u32) -> u64 {
     ((h32 as u64) << 32) | h32 as u64
 }
 
-/// One command's view of its shard.
-struct Ctx<'a> {
-    store: &'a Store,
-    index: &'a mut HashTable<IndexEntry>,
-    slab: &'a mut Slab,
-    aux: &'a mut Aux,
-    /// The hash of the key the command addresses.
-    hash: u64,
-    now: u64,
-    wake: bool,
-}
-
-fn ms32(v: u64) -> u32 {
-    v.min(u32::MAX as u64) as u32
-}
-
-impl<'a> Ctx<'a> {
-    fn new(store: &'a Store, sh: &'a mut Shard, hash: u64, now: u64) -> Self {
-        Ctx {
-            store,
-            index: &mut sh.index,
-            slab: &mut sh.slab,
-            aux: &mut sh.aux,
-            hash,
-            now,
-            wake: false,
-        }
-    }
-
-    /// The record in slot `id`, which the caller just found.
-    fn rec(&mut self, id: u32) -> &mut Record {
-        self.slab
-            .get_mut(id)
-            .expect("slot found under the shard lock is occupied")
-    }
-
-    /// Finds the slot of `key`, applying any deadline that has passed.
-    fn lookup(&mut self, key: &[u8]) -> Option<u32> {
-        let (slab, h32) = (&*self.slab, self.hash as u32);
-        let &(id, _) = self.index.find(table_hash(h32), |&(id, h)| {
+/// The slot of `key` (whose keyed hash is `hash`) in a shard's index.
+fn find(index: &HashTable<IndexEntry>, slab: &Slab, hash: u64, key: &[u8]) -> Option<u32> {
+    let h32 = hash as u32;
+    index
+        .find(table_hash(h32), |&(id, h)| {
             h == h32 && slab.get(id).is_some_and(|r| r.key() == key)
-        })?;
-        if self.expire_if_due(id) {
-            None
-        } else {
-            Some(id)
-        }
-    }
-
-    /// Applies a passed deadline to slot `id`: a lapsed lease frees the key
-    /// (FREE) or abandons it (RECOVER); a completed or abandoned record past
-    /// retention is dropped. Returns true if the record is gone.
-    fn expire_if_due(&mut self, id: u32) -> bool {
-        let now = self.now;
-        let Some(rec) = self.slab.get_mut(id) else {
-            return true;
-        };
-        if rec.deadline > now {
-            return false;
-        }
-        if rec.state() == State::InFlight {
-            self.wake = true;
-            self.aux.stats.lapses += 1;
-            if rec.on_expire() == OnExpire::Recover {
-                // Retention runs from the moment the lease ran out, whoever
-                // notices it, so every replica computes the same deadline.
-                let until = rec.deadline.saturating_add(rec.retain_ms() as u64);
-                if until > now {
-                    rec.deadline = until;
-                    rec.set_state(State::Abandoned);
-                    rec.set_recovered(false);
-                    self.aux.by_state[0] -= 1;
-                    self.aux.by_state[1] += 1;
-                    return false;
-                }
-                self.aux.stats.expired += 1;
-            }
-        } else {
-            self.aux.stats.expired += 1;
-        }
-        self.remove(id);
-        true
-    }
-
-    /// Removes slot `id` (whose key hashes to `self.hash`).
-    fn remove(&mut self, id: u32) {
-        let cost = self.slab.cost(id);
-        if let Ok(entry) = self
-            .index
-            .find_entry(table_hash(self.hash as u32), |&(x, _)| x == id)
-        {
-            entry.remove();
-        }
-        if let Some(rec) = self.slab.remove(id) {
-            self.aux.by_state[state_index(rec.state())] -= 1;
-            self.store.charge(cost, 0);
-        }
-    }
-
-    /// Rewrites slot `id` with a new state, retention, attempt and body,
-    /// keeping its identity, and charges the difference.
-    fn rewrite(
-        &mut self,
-        id: u32,
-        state: State,
-        retain_ms: u32,
-        attempt: Option<&[u8]>,
-        body: &[u8],
-    ) {
-        let before = self.slab.cost(id);
-        let large = body.len() > LARGE_BODY;
-        let rec = self.rec(id).rebuilt(
-            state,
-            retain_ms,
-            attempt,
-            if large { &[] } else { body },
-            large,
-        );
-        self.slab
-            .replace(id, rec, large.then(|| Bytes::copy_from_slice(body)));
-        let after = self.slab.cost(id);
-        self.store.charge(before, after);
-    }
-
-    fn fenced(&mut self) -> Reply {
-        self.aux.stats.fenced += 1;
-        FENCED.into()
-    }
-
-    fn claim(&mut self, c: &Claim) -> Reply {
-        let now = self.now;
-        let cfg = &self.store.cfg;
-        let lease = c.lease_ms.unwrap_or(cfg.default_lease_ms);
-        let retain = ms32(c.retain_ms.unwrap_or(cfg.default_retain_ms));
-        let on_expire = c.on_expire.unwrap_or_default();
-        let fp = c.fingerprint.as_ref();
-        if let Some(id) = self.lookup(&c.key) {
-            let rec = self.rec(id);
-            if rec.mismatches(fp) {
-                self.aux.stats.mismatches += 1;
-                return MISMATCH.into();
-            }
-            return match rec.state() {
-                State::InFlight if rec.attempt_is(c.attempt.as_ref()) => {
-                    // A retry of the claim that owns the key (its reply was
-                    // lost): same fence, and the lease runs from now at
-                    // least, so the owner does not start out of time.
-                    rec.deadline = rec.deadline.max(now.saturating_add(lease));
-                    let fence = rec.fence;
-                    if rec.recovered() {
-                        Reply::Claim(ClaimReply::Recover {
-                            fence,
-                            journal: self.slab.body(id),
-                        })
-                    } else {
-                        Reply::Claim(ClaimReply::Acquired { fence })
-                    }
-                }
-                State::InFlight => {
-                    let remaining_ms = rec.deadline - now;
-                    self.aux.stats.conflicts += 1;
-                    Reply::Claim(ClaimReply::InFlight { remaining_ms })
-                }
-                State::Completed(outcome) => {
-                    self.aux.stats.replays += 1;
-                    Reply::Claim(ClaimReply::Completed {
-                        outcome,
-                        value: self.slab.body(id),
-                    })
-                }
-                State::Abandoned => {
-                    // Take over: new fence, lease, policy and attempt; the
-                    // journal stays for the new owner to recover from.
-                    let fence = self.store.next_fence.fetch_add(1, Ordering::AcqRel);
-                    let journal = self.slab.body(id);
-                    self.rewrite(id, State::InFlight, retain, c.attempt.as_deref(), &journal);
-                    let rec = self.rec(id);
-                    rec.fence = fence;
-                    rec.deadline = now.saturating_add(lease);
-                    rec.set_on_expire(on_expire);
-                    rec.set_recovered(true);
-                    self.aux.by_state[1] -= 1;
-                    self.aux.by_state[0] += 1;
-                    self.aux.stats.recovered += 1;
-                    Reply::Claim(ClaimReply::Recover { fence, journal })
-                }
-            };
-        }
-        let attempt = c.attempt.as_deref();
-        if c.key.len() > u16::MAX as usize
-            || fp.is_some_and(|f| f.len() > u16::MAX as usize)
-            || attempt.is_some_and(|a| a.len() > u8::MAX as usize)
-        {
-            return TOOBIG_FIELD.into();
-        }
-        let cost = RECORD_OVERHEAD
-            + 4
-            + c.key.len()
-            + fp.map_or(0, Bytes::len)
-            + attempt.map_or(0, <[u8]>::len);
-        if self.store.memory.load(Ordering::Relaxed) + cost > cfg.max_memory_bytes {
-            self.aux.stats.oom += 1;
-            return OOM.into();
-        }
-        let fence = self.store.next_fence.fetch_add(1, Ordering::AcqRel);
-        let parts = Parts {
-            key: &c.key,
-            fingerprint: fp.map(|f| &f[..]),
-            attempt,
-        };
-        let mut rec = Record::new(
-            parts,
-            State::InFlight,
-            retain,
-            &[],
-            initial_flags(on_expire),
-        );
-        rec.fence = fence;
-        rec.deadline = now.saturating_add(lease);
-        let id = self.slab.insert(rec);
-        self.store.charge(0, self.slab.cost(id));
-        let h32 = self.hash as u32;
-        self.index
-            .insert_unique(table_hash(h32), (id, h32), |&(_, h)| table_hash(h));
-        self.aux.by_state[0] += 1;
-        self.aux.stats.acquired += 1;
-        Reply::Claim(ClaimReply::Acquired { fence })
-    }
-
-    fn settle(&mut self, c: &Settle) -> Reply {
-        let now = self.now;
-        let Some(id) = self.lookup(&c.key) else {
-            return Reply::Settle(SettleReply::Absent);
-        };
-        let rec = self.rec(id);
-        Reply::Settle(match rec.state() {
-            State::InFlight => SettleReply::InFlight {
-                remaining_ms: rec.deadline - now,
-            },
-            State::Abandoned => SettleReply::Abandoned {
-                journal: self.slab.body(id),
-            },
-            State::Completed(outcome) => SettleReply::Completed {
-                outcome,
-                value: self.slab.body(id),
-            },
         })
-    }
-
-    /// The slot of `key` if it is held under `fence`.
-    fn owned(&mut self, key: &[u8], fence: u64) -> Option<u32> {
-        let id = self.lookup(key)?;
-        (self.rec(id).fence == fence).then_some(id)
-    }
-
-    fn complete(&mut self, c: &Complete) -> Reply {
-        let now = self.now;
-        let Some(id) = self.owned(&c.key, c.fence) else {
-            return self.fenced();
-        };
-        let rec = self.rec(id);
-        let from = match rec.state() {
-            // A retry of the COMPLETE that already landed: change nothing.
-            State::Completed(_) => return Reply::Ok,
-            State::InFlight => 0,
-            // The owner's lease lapsed under RECOVER (or it abandoned) and
-            // nobody took over: the outcome it reports is still the truth.
-            State::Abandoned => 1,
-        };
-        let retain = c.retain_ms.unwrap_or(rec.retain_ms() as u64);
-        let outcome = if c.error { Outcome::Err } else { Outcome::Ok };
-        self.rewrite(id, State::Completed(outcome), 0, None, &c.value);
-        let rec = self.rec(id);
-        rec.set_recovered(false);
-        rec.deadline = now.saturating_add(retain);
-        self.aux.by_state[from] -= 1;
-        self.aux.by_state[2] += 1;
-        self.aux.stats.completed += 1;
-        self.wake = true;
-        Reply::Ok
-    }
-
-    fn renew(&mut self, c: &Renew) -> Reply {
-        let now = self.now;
-        match self.owned(&c.key, c.fence) {
-            Some(id) if self.rec(id).state() == State::InFlight => {
-                self.rec(id).deadline = now.saturating_add(c.lease_ms);
-                Reply::Ok
-            }
-            _ => self.fenced(),
-        }
-    }
-
-    fn journal(&mut self, c: &Journal) -> Reply {
-        match self.owned(&c.key, c.fence) {
-            Some(id) if self.rec(id).state() == State::InFlight => {
-                let rec = self.rec(id);
-                let retain = rec.retain_ms();
-                let attempt = rec.parts().attempt.map(<[u8]>::to_vec);
-                self.rewrite(id, State::InFlight, retain, attempt.as_deref(), &c.journal);
-                Reply::Ok
-            }
-            _ => self.fenced(),
-        }
-    }
-
-    fn release(&mut self, c: &Release) -> Reply {
-        let Some(id) = self.lookup(&c.key) else {
-            return Reply::Ok;
-        };
-        let rec = self.rec(id);
-        let state = rec.state();
-        if rec.fence != c.fence || matches!(state, State::Completed(_)) {
-            return self.fenced();
-        }
-        self.wake |= state == State::InFlight;
-        self.remove(id);
-        Reply::Ok
-    }
-
-    fn abandon(&mut self, c: &Abandon) -> Reply {
-        let now = self.now;
-        let Some(id) = self.owned(&c.key, c.fence) else {
-            return self.fenced();
-        };
-        let rec = self.rec(id);
-        match rec.state() {
-            State::Abandoned => Reply::Ok,
-            State::Completed(_) => self.fenced(),
-            State::InFlight => {
-                rec.set_state(State::Abandoned);
-                rec.set_recovered(false);
-                rec.deadline = now.saturating_add(rec.retain_ms() as u64);
-                self.aux.by_state[0] -= 1;
-                self.aux.by_state[1] += 1;
-                self.wake = true;
-                Reply::Ok
-            }
-        }
-    }
-
-    fn inspect(&mut self, c: &Inspect) -> Reply {
-        let now = self.now;
-        let id = self.lookup(&c.key);
-        Reply::Inspect(id.and_then(|id| self.slab.info(id, now)))
-    }
-
-    fn forget(&mut self, c: &Forget) -> Reply {
-        let Some(id) = self.lookup(&c.key) else {
-            return Reply::Frame(idem_protocol::Frame::Integer(0));
-        };
-        self.wake |= self.rec(id).state() == State::InFlight;
-        self.remove(id);
-        Reply::Frame(idem_protocol::Frame::Integer(1))
-    }
+        .map(|&(id, _)| id)
 }
 
+#[cfg(test)]
+mod model_tests;
 #[cfg(test)]
 mod tests;

@@ -251,6 +251,18 @@ impl Record {
     }
 }
 
+/// The flags of a record restored from a snapshot.
+pub(crate) fn restored_flags(on_expire: OnExpire, recovered: bool, large: bool) -> u8 {
+    let mut f = initial_flags(on_expire);
+    if recovered {
+        f |= RECOVERED;
+    }
+    if large {
+        f |= LARGE;
+    }
+    f
+}
+
 /// The flags a new record starts with.
 pub(crate) fn initial_flags(on_expire: OnExpire) -> u8 {
     if on_expire == OnExpire::Recover {

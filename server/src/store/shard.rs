@@ -52,6 +52,12 @@ impl ShardStats {
     }
 }
 
+/// Bytes a record with `data_len` bytes of allocation costs, plus a large
+/// body of the given length kept aside.
+pub(crate) fn cost_of(data_len: usize, large_body: Option<usize>) -> usize {
+    RECORD_OVERHEAD + data_len + large_body.map_or(0, |n| LARGE_OVERHEAD + n)
+}
+
 /// Slots per slab chunk. Chunks are allocated whole and never moved, so
 /// growing the slab never copies records.
 const CHUNK: usize = 4096;
@@ -100,6 +106,11 @@ impl Slab {
         Some(rec)
     }
 
+    /// Keeps `body` aside as the large body of slot `id`.
+    pub(crate) fn set_large(&mut self, id: u32, body: Bytes) {
+        self.large.insert(id, body);
+    }
+
     /// Puts `rec` in occupied slot `id`; `large_body` is its body when the
     /// record is large and the body changed.
     pub(crate) fn replace(&mut self, id: u32, rec: Record, large_body: Option<Bytes>) {
@@ -134,25 +145,35 @@ impl Slab {
     /// Bytes slot `id` is charged against the memory limit.
     pub(crate) fn cost(&self, id: u32) -> usize {
         match self.get(id) {
-            Some(r) if r.is_large() => {
-                RECORD_OVERHEAD
-                    + r.data_len()
-                    + LARGE_OVERHEAD
-                    + self.large.get(&id).map_or(0, Bytes::len)
-            }
-            Some(r) => RECORD_OVERHEAD + r.data_len(),
+            Some(r) if r.is_large() => cost_of(
+                r.data_len(),
+                Some(self.large.get(&id).map_or(0, Bytes::len)),
+            ),
+            Some(r) => cost_of(r.data_len(), None),
             None => 0,
         }
     }
 
-    /// What INSPECT shows of slot `id` at `now`.
-    pub(crate) fn info(&self, id: u32, now: u64) -> Option<RecordInfo> {
+    /// The large body of slot `id`, if it keeps one aside.
+    pub(crate) fn large_body(&self, id: u32) -> Option<&Bytes> {
+        self.large.get(&id)
+    }
+
+    /// What INSPECT shows of slot `id` at `now`, seen as being in `state`
+    /// until `deadline` (a lapse not yet applied is shown as applied).
+    pub(crate) fn info(
+        &self,
+        id: u32,
+        state: State,
+        deadline: u64,
+        now: u64,
+    ) -> Option<RecordInfo> {
         let r = self.get(id)?;
-        let left = r.deadline.saturating_sub(now);
+        let left = deadline.saturating_sub(now);
         let p = r.parts();
         let attempt = p.attempt.map(Bytes::copy_from_slice);
         let body = Some(self.body(id));
-        let (state, lease_ms, retain_ms, outcome, value, journal, attempt) = match r.state() {
+        let (state, lease_ms, retain_ms, outcome, value, journal, attempt) = match state {
             State::InFlight => (
                 RecordState::InFlight,
                 Some(left),
@@ -194,6 +215,16 @@ impl Slab {
         })
     }
 
+    /// The occupied slots and their records, in slot order.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (u32, &Record)> {
+        self.chunks.iter().enumerate().flat_map(|(c, chunk)| {
+            chunk
+                .iter()
+                .enumerate()
+                .filter_map(move |(i, r)| Some(((c * CHUNK + i) as u32, r.as_ref()?)))
+        })
+    }
+
     /// Number of slots (occupied or free).
     pub(crate) fn slots(&self) -> usize {
         self.chunks.len() * CHUNK
@@ -218,7 +249,7 @@ pub(crate) struct Aux {
     /// Records by state: in flight, abandoned, completed.
     pub(crate) by_state: [usize; 3],
     pub(crate) stats: ShardStats,
-    /// Where the active sweep resumes.
+    /// Where the local search for expiry candidates resumes.
     pub(crate) cursor: usize,
 }
 

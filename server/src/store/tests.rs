@@ -1,27 +1,68 @@
 //! Store rules, one test per rule, and a model-based property test.
 
-use std::collections::BTreeMap;
-
 use bytes::Bytes;
 use idem_protocol::cmd::*;
 use idem_protocol::{
     ClaimReply, Command, ErrorCode, Frame, OnExpire, Outcome, RecordState, Reply, SettleReply,
 };
-use proptest::prelude::*;
 
-use super::{Store, StoreConfig};
+use super::{Applied, Defaults, KeyEvents, MemoryLimits, Op, Read, Store, StoreConfig};
+
+const DEFAULTS: Defaults = Defaults {
+    lease_ms: 1000,
+    retain_ms: 5000,
+};
 
 fn b(s: &str) -> Bytes {
     Bytes::copy_from_slice(s.as_bytes())
 }
 
-fn store() -> Store {
-    Store::new(StoreConfig {
-        shards: 4,
-        default_lease_ms: 1000,
-        default_retain_ms: 5000,
-        max_memory_bytes: 1 << 20,
+fn limits(max: u64, headroom: u64) -> Op {
+    Op::SetLimits(MemoryLimits {
+        max_memory_bytes: max,
+        headroom_bytes: headroom,
     })
+}
+
+fn store_with(shards: usize, seed: Option<u64>, max_memory: u64) -> Store {
+    let s = Store::new(StoreConfig { shards, seed });
+    s.apply_op(0, &limits(max_memory, 0));
+    s
+}
+
+fn store() -> Store {
+    store_with(4, None, 1 << 20)
+}
+
+/// Runs a wire command the way a node does: SETTLE and INSPECT are reads,
+/// everything else an op with the defaults resolved.
+fn exec(s: &Store, cmd: &Command, now: u64) -> Applied {
+    match cmd {
+        Command::Settle(c) => read(s, Read::Settle(&c.key), now),
+        Command::Inspect(c) => read(s, Read::Inspect(&c.key), now),
+        _ => {
+            let op = Op::from_command(cmd.clone(), &DEFAULTS).unwrap();
+            s.apply_op(now, &op)
+        }
+    }
+}
+
+fn read(s: &Store, r: Read<'_>, now: u64) -> Applied {
+    let seen = s.read(r, now);
+    Applied {
+        reply: seen.reply.unwrap(),
+        events: KeyEvents::new(),
+        index: seen.index,
+    }
+}
+
+/// One local search for expired keys at `now`, applied as an expiry op.
+fn sweep(s: &Store, now: u64, budget: usize) -> bool {
+    let found = s.expiry_candidates(now, budget, usize::MAX);
+    if !found.keys.is_empty() {
+        s.apply_op(now, &Op::Expire { keys: found.keys });
+    }
+    found.more
 }
 
 fn claim(key: &str) -> Claim {
@@ -29,7 +70,7 @@ fn claim(key: &str) -> Claim {
 }
 
 fn run(s: &Store, cmd: Command, now: u64) -> Reply {
-    s.apply(&cmd, now).reply
+    exec(s, &cmd, now).reply
 }
 
 fn acquired(r: Reply) -> u64 {
@@ -71,9 +112,11 @@ fn fresh_claim_acquires_and_second_sees_in_flight() {
 fn completion_is_replayed_and_complete_is_idempotent() {
     let s = store();
     let f = acquired(run(&s, Command::Claim(claim("k")), 0));
-    let applied = s.apply(&complete("k", f, "v1"), 1);
+    let applied = exec(&s, &complete("k", f, "v1"), 1);
     assert_eq!(applied.reply, Reply::Ok);
-    assert!(applied.wake);
+    assert_eq!(applied.events.len(), 1);
+    assert_eq!(applied.events[0].key, b("k"));
+    assert_eq!(applied.events[0].index, applied.index);
     // A retry of the same COMPLETE (lost reply) is OK and changes nothing.
     assert_eq!(run(&s, complete("k", f, "other"), 2), Reply::Ok);
     assert_eq!(
@@ -215,7 +258,8 @@ fn release_and_abandon() {
         )),
         ErrorCode::Fenced
     );
-    let a = s.apply(
+    let a = exec(
+        &s,
         &Command::Release(Release {
             key: b("k"),
             fence: f,
@@ -223,7 +267,7 @@ fn release_and_abandon() {
         1,
     );
     assert_eq!(a.reply, Reply::Ok);
-    assert!(a.wake);
+    assert_eq!(a.events.len(), 1);
     // Releasing an absent key is OK.
     assert_eq!(
         run(
@@ -450,12 +494,7 @@ fn renew_extends_the_lease() {
 
 #[test]
 fn oom_refuses_new_claims_but_serves_replays() {
-    let s = Store::new(StoreConfig {
-        shards: 2,
-        default_lease_ms: 1000,
-        default_retain_ms: 5000,
-        max_memory_bytes: 2000,
-    });
+    let s = store_with(2, None, 2000);
     let f = acquired(run(&s, Command::Claim(claim("done")), 0));
     assert_eq!(run(&s, complete("done", f, "v"), 0), Reply::Ok);
     let mut refused = false;
@@ -483,8 +522,26 @@ fn time_never_runs_backwards() {
         run(&s, Command::Claim(claim("k")), 10),
         Reply::Claim(ClaimReply::InFlight { remaining_ms: 1000 })
     );
-    assert_eq!(s.poke(b"k", 1999), Some(1));
-    assert_eq!(s.poke(b"k", 2000), None);
+    assert_eq!(
+        run(
+            &s,
+            Command::Settle(Settle {
+                key: b("k"),
+                wait_ms: None
+            }),
+            1999
+        ),
+        Reply::Settle(SettleReply::InFlight { remaining_ms: 1 })
+    );
+    // A read sees the lapse (and reports it) without applying it.
+    let seen = s.read(Read::Settle(&b("k")), 2000);
+    assert_eq!(seen.reply, Some(Reply::Settle(SettleReply::Absent)));
+    assert!(seen.due);
+    assert_eq!(s.stats().in_flight, 1);
+    // Applying it moves the store clock: later stamps cannot go back.
+    let applied = s.apply_op(2000, &Op::Expire { keys: vec![b("k")] });
+    assert_eq!(applied.reply, Reply::Frame(Frame::Integer(1)));
+    assert_eq!(applied.events.len(), 1);
     assert_eq!(code(run(&s, complete("k", f, "v"), 0)), ErrorCode::Fenced);
 }
 
@@ -501,11 +558,11 @@ fn sweep_reclaims_expired_records_with_bounded_work() {
     let mem_full = s.stats().memory;
     // At 1000 the 500 leases lapse; completed records live until 5000.
     // Each call examines at most 10 slots in each of the 4 shards.
-    assert!(s.sweep(1000, 10));
+    assert!(sweep(&s, 1000, 10));
     assert!(s.len() >= 1000 - 40, "one call did unbounded work");
     let mut calls = 1;
     while s.len() > 500 {
-        s.sweep(1000, 10);
+        sweep(&s, 1000, 10);
         calls += 1;
         assert!(calls < 10_000);
     }
@@ -513,7 +570,7 @@ fn sweep_reclaims_expired_records_with_bounded_work() {
     assert_eq!(s.len(), 500);
     assert_eq!(s.stats().in_flight, 0);
     assert!(s.stats().memory < mem_full);
-    s.sweep(5000, 100_000);
+    sweep(&s, 5000, 100_000);
     assert_eq!(s.len(), 0);
     assert_eq!(s.stats().memory, 0);
 }
@@ -586,358 +643,4 @@ fn slots_are_reused_under_churn() {
         "slab grew to {slots} slots for at most one live record"
     );
     assert_eq!(s.stats().memory, 0);
-}
-
-// ---------------------------------------------------------------------
-// Model-based property test: a plain map with the rules written out
-// again, compared reply for reply with the sharded store.
-
-#[derive(Clone, Debug)]
-struct MRec {
-    state: MState,
-    fence: u64,
-    deadline: u64,
-    body: Bytes,
-    fp: Option<Bytes>,
-    attempt: Option<Bytes>,
-    recover: bool,
-    retain: u64,
-    recovered: bool,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq)]
-enum MState {
-    Flight,
-    Abandoned,
-    Done(Outcome),
-}
-
-#[derive(Default)]
-struct Model {
-    recs: BTreeMap<Bytes, MRec>,
-    clock: u64,
-    fence: u64,
-}
-
-const LEASE: u64 = 1000;
-const RETAIN: u64 = 5000;
-
-impl Model {
-    fn get(&mut self, key: &Bytes) -> Option<&mut MRec> {
-        let now = self.clock;
-        let r = self.recs.get_mut(key)?;
-        if r.deadline <= now {
-            if r.state == MState::Flight && r.recover && r.deadline + r.retain > now {
-                r.state = MState::Abandoned;
-                r.deadline += r.retain;
-                r.recovered = false;
-            } else {
-                self.recs.remove(key);
-                return None;
-            }
-        }
-        self.recs.get_mut(key)
-    }
-
-    fn apply(&mut self, cmd: &Command, now: u64) -> Reply {
-        use ClaimReply as C;
-        self.clock = self.clock.max(now);
-        let now = self.clock;
-        let fenced = Reply::Error(super::FENCED);
-        match cmd {
-            Command::Claim(c) => {
-                let mismatch =
-                    |r: &MRec| matches!((&r.fp, &c.fingerprint), (Some(a), Some(b)) if a != b);
-                let next = self.fence + 1;
-                let lease = c.lease_ms.unwrap_or(LEASE);
-                let retain = c.retain_ms.unwrap_or(RETAIN);
-                let recover = c.on_expire == Some(OnExpire::Recover);
-                match self.get(&c.key) {
-                    Some(r) if mismatch(r) => Reply::Error(super::MISMATCH),
-                    Some(r) => match r.state {
-                        MState::Done(o) => Reply::Claim(C::Completed {
-                            outcome: o,
-                            value: r.body.clone(),
-                        }),
-                        MState::Flight if c.attempt.is_some() && r.attempt == c.attempt => {
-                            r.deadline = r.deadline.max(now + lease);
-                            if r.recovered {
-                                Reply::Claim(C::Recover {
-                                    fence: r.fence,
-                                    journal: r.body.clone(),
-                                })
-                            } else {
-                                Reply::Claim(C::Acquired { fence: r.fence })
-                            }
-                        }
-                        MState::Flight => Reply::Claim(C::InFlight {
-                            remaining_ms: r.deadline - now,
-                        }),
-                        MState::Abandoned => {
-                            *r = MRec {
-                                state: MState::Flight,
-                                fence: next,
-                                deadline: now + lease,
-                                body: r.body.clone(),
-                                fp: r.fp.clone(),
-                                attempt: c.attempt.clone(),
-                                recover,
-                                retain,
-                                recovered: true,
-                            };
-                            self.fence = next;
-                            Reply::Claim(C::Recover {
-                                fence: next,
-                                journal: self.recs[&c.key].body.clone(),
-                            })
-                        }
-                    },
-                    None => {
-                        self.fence = next;
-                        self.recs.insert(
-                            c.key.clone(),
-                            MRec {
-                                state: MState::Flight,
-                                fence: next,
-                                deadline: now + lease,
-                                body: Bytes::new(),
-                                fp: c.fingerprint.clone(),
-                                attempt: c.attempt.clone(),
-                                recover,
-                                retain,
-                                recovered: false,
-                            },
-                        );
-                        Reply::Claim(C::Acquired { fence: next })
-                    }
-                }
-            }
-            Command::Settle(c) => Reply::Settle(match self.get(&c.key) {
-                None => SettleReply::Absent,
-                Some(r) => match r.state {
-                    MState::Flight => SettleReply::InFlight {
-                        remaining_ms: r.deadline - now,
-                    },
-                    MState::Abandoned => SettleReply::Abandoned {
-                        journal: r.body.clone(),
-                    },
-                    MState::Done(o) => SettleReply::Completed {
-                        outcome: o,
-                        value: r.body.clone(),
-                    },
-                },
-            }),
-            Command::Complete(c) => match self.get(&c.key) {
-                Some(r) if r.fence == c.fence => {
-                    if !matches!(r.state, MState::Done(_)) {
-                        r.state = MState::Done(if c.error { Outcome::Err } else { Outcome::Ok });
-                        r.body = c.value.clone();
-                        r.attempt = None;
-                        r.deadline = now + c.retain_ms.unwrap_or(r.retain);
-                    }
-                    Reply::Ok
-                }
-                _ => fenced,
-            },
-            Command::Renew(c) => match self.get(&c.key) {
-                Some(r) if r.fence == c.fence && r.state == MState::Flight => {
-                    r.deadline = now + c.lease_ms;
-                    Reply::Ok
-                }
-                _ => fenced,
-            },
-            Command::Journal(c) => match self.get(&c.key) {
-                Some(r) if r.fence == c.fence && r.state == MState::Flight => {
-                    r.body = c.journal.clone();
-                    Reply::Ok
-                }
-                _ => fenced,
-            },
-            Command::Release(c) => match self.get(&c.key) {
-                None => Reply::Ok,
-                Some(r) if r.fence == c.fence && !matches!(r.state, MState::Done(_)) => {
-                    self.recs.remove(&c.key);
-                    Reply::Ok
-                }
-                _ => fenced,
-            },
-            Command::Abandon(c) => match self.get(&c.key) {
-                Some(r) if r.fence == c.fence && r.state == MState::Abandoned => Reply::Ok,
-                Some(r) if r.fence == c.fence && r.state == MState::Flight => {
-                    r.state = MState::Abandoned;
-                    r.recovered = false;
-                    r.deadline = now + r.retain;
-                    Reply::Ok
-                }
-                _ => fenced,
-            },
-            Command::Inspect(c) => Reply::Inspect(self.get(&c.key).map(|r| {
-                let left = r.deadline - now;
-                let (state, lease, retain, outcome, value, journal, attempt) = match r.state {
-                    MState::Flight => (
-                        RecordState::InFlight,
-                        Some(left),
-                        None,
-                        None,
-                        None,
-                        Some(r.body.clone()),
-                        r.attempt.clone(),
-                    ),
-                    MState::Abandoned => (
-                        RecordState::Abandoned,
-                        None,
-                        Some(left),
-                        None,
-                        None,
-                        Some(r.body.clone()),
-                        r.attempt.clone(),
-                    ),
-                    MState::Done(o) => (
-                        RecordState::Completed,
-                        None,
-                        Some(left),
-                        Some(o),
-                        Some(r.body.clone()),
-                        None,
-                        None,
-                    ),
-                };
-                idem_protocol::RecordInfo {
-                    state,
-                    fence: r.fence,
-                    lease_ms: lease,
-                    retain_ms: retain,
-                    outcome,
-                    value,
-                    fingerprint: r.fp.clone(),
-                    journal,
-                    attempt,
-                }
-            })),
-            Command::Forget(c) => {
-                let found = self.get(&c.key).is_some();
-                self.recs.remove(&c.key);
-                Reply::Frame(Frame::Integer(found as i64))
-            }
-            _ => unreachable!(),
-        }
-    }
-}
-
-#[derive(Debug, Clone)]
-enum Step {
-    Advance(u64),
-    Sweep,
-    Cmd(Command),
-}
-
-fn key_s() -> impl Strategy<Value = Bytes> {
-    prop_oneof![Just(b("a")), Just(b("b")), Just(b("c"))]
-}
-
-fn opt_small<T: std::fmt::Debug + Clone + 'static>(
-    s: impl Strategy<Value = T> + 'static,
-) -> impl Strategy<Value = Option<T>> {
-    prop_oneof![Just(None), s.prop_map(Some)]
-}
-
-fn step_s() -> impl Strategy<Value = Step> {
-    let fence = 1u64..12;
-    // Values and journals both small (inline) and large (kept aside).
-    let small = || {
-        prop_oneof![
-            Just(b("x")),
-            Just(b("y")),
-            Just(Bytes::from(vec![b'z'; 600]))
-        ]
-    };
-    prop_oneof![
-        (0u64..700).prop_map(Step::Advance),
-        Just(Step::Sweep),
-        (
-            key_s(),
-            opt_small(1u64..2000),
-            opt_small(1u64..3000),
-            opt_small(small()),
-            opt_small(prop_oneof![Just(OnExpire::Free), Just(OnExpire::Recover)]),
-            opt_small(prop_oneof![Just(b("a1")), Just(b("a2"))])
-        )
-            .prop_map(
-                |(key, lease_ms, retain_ms, fingerprint, on_expire, attempt)| Step::Cmd(
-                    Command::Claim(Claim {
-                        key,
-                        lease_ms,
-                        retain_ms,
-                        wait_ms: None,
-                        fingerprint,
-                        on_expire,
-                        attempt
-                    })
-                )
-            ),
-        key_s().prop_map(|key| Step::Cmd(Command::Settle(Settle { key, wait_ms: None }))),
-        (
-            key_s(),
-            fence.clone(),
-            small(),
-            opt_small(1u64..3000),
-            any::<bool>()
-        )
-            .prop_map(|(key, fence, value, retain_ms, error)| Step::Cmd(
-                Command::Complete(Complete {
-                    key,
-                    fence,
-                    value,
-                    retain_ms,
-                    error
-                })
-            )),
-        (key_s(), fence.clone(), 1u64..2000).prop_map(|(key, fence, lease_ms)| Step::Cmd(
-            Command::Renew(Renew {
-                key,
-                fence,
-                lease_ms
-            })
-        )),
-        (key_s(), fence.clone(), small()).prop_map(|(key, fence, journal)| Step::Cmd(
-            Command::Journal(Journal {
-                key,
-                fence,
-                journal
-            })
-        )),
-        (key_s(), fence.clone())
-            .prop_map(|(key, fence)| Step::Cmd(Command::Release(Release { key, fence }))),
-        (key_s(), fence)
-            .prop_map(|(key, fence)| Step::Cmd(Command::Abandon(Abandon { key, fence }))),
-        key_s().prop_map(|key| Step::Cmd(Command::Inspect(Inspect { key }))),
-        key_s().prop_map(|key| Step::Cmd(Command::Forget(Forget { key }))),
-    ]
-}
-
-proptest! {
-    #![proptest_config(ProptestConfig { cases: 400, ..ProptestConfig::default() })]
-
-    #[test]
-    fn store_matches_model(steps in proptest::collection::vec(step_s(), 1..120)) {
-        let s = Store::new(StoreConfig { shards: 2, default_lease_ms: LEASE, default_retain_ms: RETAIN, max_memory_bytes: usize::MAX });
-        let mut m = Model::default();
-        let mut now = 0;
-        for step in steps {
-            match step {
-                Step::Advance(d) => now += d,
-                Step::Sweep => { s.sweep(now, 2); }
-                Step::Cmd(cmd) => {
-                    let got = s.apply(&cmd, now).reply;
-                    let want = m.apply(&cmd, now);
-                    prop_assert_eq!(got, want, "{:?} at {}", cmd, now);
-                }
-            }
-        }
-        // Everything the store holds is accounted; after every deadline
-        // passes and a full sweep, nothing is left and nothing is charged.
-        s.sweep(u64::MAX / 2, usize::MAX);
-        prop_assert_eq!(s.len(), 0);
-        prop_assert_eq!(s.stats().memory, 0);
-    }
 }

@@ -1,0 +1,277 @@
+//! Connection and server commands: HELLO, CLIENT, COMMAND, CONFIG GET and
+//! INFO. Nothing here touches records.
+
+use std::fmt::Write;
+use std::sync::atomic::Ordering;
+
+use bytes::Bytes;
+use idem_protocol::cmd::{ClientCmd, CommandCmd, ConfigCmd, Hello};
+use idem_protocol::spec::{COMMANDS, CommandSpec};
+use idem_protocol::{ErrorCode, Frame, Reply, ServerError, Version};
+
+use crate::metrics::get;
+use crate::node::Node;
+use crate::session::Session;
+
+fn err(message: &'static str) -> Reply {
+    Reply::Error(ServerError::new(ErrorCode::Err, message))
+}
+
+/// The reply to `AUTH` (and `HELLO ... AUTH`) while no password is set.
+pub const NO_PASSWORD: &str =
+    "AUTH <password> called without any password configured for the default user";
+
+/// `HELLO`: switches the protocol version and names the connection.
+pub fn hello(node: &Node, session: &mut Session, h: Hello) -> Reply {
+    if h.auth.is_some() {
+        return err(NO_PASSWORD);
+    }
+    match h.version {
+        None => {}
+        Some(2) => session.version = Version::Resp2,
+        Some(3) => session.version = Version::Resp3,
+        Some(_) => {
+            return Reply::Error(ServerError::new(
+                ErrorCode::NoProto,
+                "unsupported protocol version",
+            ));
+        }
+    }
+    let proto = if session.version == Version::Resp3 {
+        3
+    } else {
+        2
+    };
+    session.info.resp.store(proto, Ordering::Relaxed);
+    if let Some(name) = h.setname {
+        *session.info.name.lock() = Some(name);
+    }
+    let s = |v: &'static str| Frame::Bulk(Bytes::from_static(v.as_bytes()));
+    Reply::Frame(Frame::Map(vec![
+        (s("server"), s("idem")),
+        (s("version"), s(env!("CARGO_PKG_VERSION"))),
+        (s("proto"), Frame::Integer(proto as i64)),
+        (s("id"), Frame::Integer(session.info.id as i64)),
+        (s("mode"), s("standalone")),
+        (s("role"), s("master")),
+        (s("engine"), s(node.engine().kind().as_str())),
+        (s("modules"), Frame::Array(vec![])),
+    ]))
+}
+
+/// `CLIENT ID|SETNAME|GETNAME|LIST|INFO`.
+pub fn client(node: &Node, session: &mut Session, c: ClientCmd) -> Reply {
+    match c {
+        ClientCmd::Id => Reply::Frame(Frame::Integer(session.info.id as i64)),
+        ClientCmd::SetName(name) => {
+            *session.info.name.lock() = if name.is_empty() { None } else { Some(name) };
+            Reply::Ok
+        }
+        ClientCmd::GetName => Reply::Frame(
+            session
+                .info
+                .name
+                .lock()
+                .clone()
+                .map_or(Frame::Null, Frame::Bulk),
+        ),
+        ClientCmd::List => Reply::Frame(Frame::Bulk(Bytes::from(node.clients().list()))),
+        ClientCmd::Info => Reply::Frame(Frame::Bulk(Bytes::from(session.info.line() + "\n"))),
+        _ => err("unsupported CLIENT subcommand"),
+    }
+}
+
+fn command_entry(spec: &CommandSpec) -> Frame {
+    let k = i64::from(spec.key_pos);
+    Frame::Array(vec![
+        Frame::Bulk(Bytes::from_static(spec.name.as_bytes())),
+        Frame::Integer(spec.arity),
+        Frame::Array(spec.flags.names().map(Frame::simple).collect()),
+        Frame::Integer(k),
+        Frame::Integer(k),
+        Frame::Integer(i64::from(k > 0)),
+    ])
+}
+
+/// `COMMAND [COUNT|DOCS|INFO ...]`, from the command table.
+pub fn command(c: CommandCmd) -> Reply {
+    Reply::Frame(match c {
+        CommandCmd::All => Frame::Array(COMMANDS.iter().map(command_entry).collect()),
+        CommandCmd::Count => Frame::Integer(COMMANDS.len() as i64),
+        // No documentation entries: redis-cli then simply shows no hints.
+        CommandCmd::Docs(_) => Frame::Map(vec![]),
+        CommandCmd::Info(names) => Frame::Array(
+            names
+                .iter()
+                .map(|n| idem_protocol::spec::lookup(n).map_or(Frame::Null, command_entry))
+                .collect(),
+        ),
+        _ => Frame::Array(vec![]),
+    })
+}
+
+/// `CONFIG GET pattern ...`.
+pub fn config(node: &Node, c: ConfigCmd) -> Reply {
+    let ConfigCmd::Get(patterns) = c else {
+        return err("unsupported CONFIG subcommand");
+    };
+    let mut pairs = Vec::new();
+    for (k, v) in node.config().raw.entries() {
+        if patterns
+            .iter()
+            .any(|p| glob(&p.to_ascii_lowercase(), k.as_bytes()))
+        {
+            pairs.push((
+                Frame::Bulk(Bytes::from_static(k.as_bytes())),
+                Frame::Bulk(Bytes::from(v)),
+            ));
+        }
+    }
+    Reply::Frame(Frame::Map(pairs))
+}
+
+/// `INFO [section ...]`.
+pub fn info(node: &Node, sections: &[Bytes]) -> Reply {
+    let wanted: Vec<String> = sections
+        .iter()
+        .map(|s| String::from_utf8_lossy(s).to_ascii_lowercase())
+        .collect();
+    Reply::Frame(Frame::Bulk(Bytes::from(info_text(node, &wanted))))
+}
+
+/// The sections INFO knows, in order.
+pub const SECTIONS: [&str; 5] = ["server", "clients", "memory", "stats", "keyspace"];
+
+/// The INFO text for the sections asked for (all when `wanted` is empty or
+/// holds `all`, `default` or `everything`).
+pub fn info_text(node: &Node, wanted: &[String]) -> String {
+    let all = wanted.is_empty()
+        || wanted
+            .iter()
+            .any(|w| w == "all" || w == "default" || w == "everything");
+    let st = node.engine().stats();
+    let w = &node.waiters().stats;
+    let m = node.metrics();
+    let cfg = node.config();
+    let mut out = String::new();
+    let mut section = |name: &str, body: &dyn Fn(&mut String)| {
+        if all || wanted.iter().any(|w| w == name) {
+            if !out.is_empty() {
+                out.push_str("\r\n");
+            }
+            let _ = write!(out, "# {}{}\r\n", name[..1].to_uppercase(), &name[1..]);
+            body(&mut out);
+        }
+    };
+    section("server", &|o| {
+        let _ = write!(
+            o,
+            "idem_version:{}\r\nredis_version:{REDIS_VERSION}\r\nengine:{}\r\nprocess_id:{}\r\ntcp_port:{}\r\nuptime_in_seconds:{}\r\nshards:{}\r\n",
+            env!("CARGO_PKG_VERSION"),
+            node.engine().kind().as_str(),
+            std::process::id(),
+            node.local_addr().port(),
+            node.started().elapsed().as_secs(),
+            cfg.store.shards,
+        );
+    });
+    section("clients", &|o| {
+        let _ = write!(
+            o,
+            "connected_clients:{}\r\nblocked_clients:{}\r\nmaxclients:{}\r\n",
+            node.clients().count(),
+            node.waiters().parked(),
+            cfg.max_connections
+        );
+    });
+    section("memory", &|o| {
+        let max = st.limits.map_or(u64::MAX, |l| l.max_memory_bytes);
+        let _ = write!(
+            o,
+            "used_memory:{}\r\nmaxmemory:{}\r\nmaxmemory_policy:noeviction\r\n",
+            st.memory, max
+        );
+    });
+    section("stats", &|o| {
+        let c = &st.counters;
+        let _ = write!(
+            o,
+            "total_connections_received:{}\r\nrejected_connections:{}\r\ntotal_commands_processed:{}\r\n\
+             claims_acquired:{}\r\nclaims_recovered:{}\r\nreplays:{}\r\nhits_after_wait:{}\r\nwaits_parked:{}\r\n\
+             waits_timed_out:{}\r\ninflight_conflicts:{}\r\nfenced:{}\r\nlease_lapses:{}\r\nmismatches:{}\r\n\
+             oom_refusals:{}\r\nrecords_completed:{}\r\nexpired_records:{}\r\ntoobig_refusals:{}\r\n\
+             protocol_errors:{}\r\noutput_limit_disconnects:{}\r\n",
+            get(&m.connections),
+            get(&m.rejected),
+            get(&m.commands),
+            c.acquired,
+            c.recovered,
+            c.replays,
+            w.hits_after_wait.load(Ordering::Relaxed),
+            w.parked_total.load(Ordering::Relaxed),
+            w.timed_out.load(Ordering::Relaxed),
+            c.conflicts,
+            c.fenced,
+            c.lapses,
+            c.mismatches,
+            c.oom,
+            c.completed,
+            c.expired,
+            get(&m.toobig),
+            get(&m.protocol_errors),
+            get(&m.output_limit_disconnects),
+        );
+    });
+    section("keyspace", &|o| {
+        let _ = write!(
+            o,
+            "records:{}\r\nrecords_in_flight:{}\r\nrecords_abandoned:{}\r\nrecords_completed_now:{}\r\nlast_fence:{}\r\napplied_index:{}\r\n",
+            st.records, st.in_flight, st.abandoned, st.completed, st.last_fence, st.applied_index
+        );
+    });
+    out
+}
+
+/// The Redis version INFO reports, for tools that check it.
+const REDIS_VERSION: &str = "7.0.0";
+
+/// Glob matching with `*` and `?` (as `CONFIG GET` patterns use).
+fn glob(pattern: &[u8], text: &[u8]) -> bool {
+    let (mut p, mut t) = (0, 0);
+    let (mut star, mut mark) = (None, 0);
+    while t < text.len() {
+        if p < pattern.len() && (pattern[p] == b'?' || pattern[p] == text[t]) {
+            p += 1;
+            t += 1;
+        } else if p < pattern.len() && pattern[p] == b'*' {
+            star = Some(p);
+            mark = t;
+            p += 1;
+        } else if let Some(s) = star {
+            p = s + 1;
+            mark += 1;
+            t = mark;
+        } else {
+            return false;
+        }
+    }
+    while p < pattern.len() && pattern[p] == b'*' {
+        p += 1;
+    }
+    p == pattern.len()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::glob;
+
+    #[test]
+    fn glob_matches_like_redis() {
+        assert!(glob(b"*", b"anything"));
+        assert!(glob(b"max_*_ms", b"max_wait_ms"));
+        assert!(glob(b"max_?ait_ms", b"max_wait_ms"));
+        assert!(!glob(b"max_*", b"listen"));
+        assert!(glob(b"listen", b"listen"));
+        assert!(!glob(b"liste", b"listen"));
+    }
+}

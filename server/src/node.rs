@@ -1,0 +1,92 @@
+//! The node: everything a connection needs, behind one cheap `Clone`
+//! handle with private fields (the engine, the waiters, the configuration,
+//! the client registry and the counters).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Instant;
+
+use crate::clients::Clients;
+use crate::clock::Clock;
+use crate::config::{Config, EngineKind};
+use crate::engine::Engine;
+use crate::metrics::Metrics;
+use crate::store::Op;
+use crate::waiters::Waiters;
+
+struct Inner {
+    engine: Arc<Engine>,
+    waiters: Arc<Waiters>,
+    config: Config,
+    clients: Clients,
+    metrics: Metrics,
+    started: Instant,
+    local_addr: SocketAddr,
+}
+
+/// A node of Idem: a cheap handle.
+#[derive(Clone)]
+pub struct Node(Arc<Inner>);
+
+impl Node {
+    /// A node serving on `local_addr` with `config`, its engine started and
+    /// its memory limits applied.
+    pub fn new(config: Config, local_addr: SocketAddr) -> Node {
+        Node::with_clock(config, local_addr, Clock::new())
+    }
+
+    /// [`Node::new`] on a given clock.
+    pub fn with_clock(config: Config, local_addr: SocketAddr, clock: Clock) -> Node {
+        let engine = Arc::new(match config.engine {
+            EngineKind::Memory => Engine::memory(config.store.clone(), clock),
+        });
+        // The limits are replicated state: they take effect through the
+        // engine like any write.
+        drop(engine.submit(Op::SetLimits(config.memory)));
+        let waiters = Waiters::new(Arc::clone(&engine), config.defaults);
+        Node(Arc::new(Inner {
+            engine,
+            waiters,
+            config,
+            clients: Clients::default(),
+            metrics: Metrics::default(),
+            started: Instant::now(),
+            local_addr,
+        }))
+    }
+
+    /// The engine.
+    pub fn engine(&self) -> &Arc<Engine> {
+        &self.0.engine
+    }
+
+    /// Parked requests.
+    pub fn waiters(&self) -> &Arc<Waiters> {
+        &self.0.waiters
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &Config {
+        &self.0.config
+    }
+
+    /// Connected clients.
+    pub fn clients(&self) -> &Clients {
+        &self.0.clients
+    }
+
+    /// Connection-layer counters.
+    pub fn metrics(&self) -> &Metrics {
+        &self.0.metrics
+    }
+
+    /// When the node started.
+    pub fn started(&self) -> Instant {
+        self.0.started
+    }
+
+    /// The address actually bound.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.0.local_addr
+    }
+}

@@ -1,0 +1,337 @@
+//! Canonical snapshots: the replicated state written in key order, so two
+//! replicas that applied the same entries write the same bytes whatever
+//! their hash seed, shard count or allocation history.
+//!
+//! # Format (version 1, integers little-endian)
+//!
+//! ```text
+//! "IDEMSNAP" u32:version
+//! u64:clock u64:next_fence u64:applied_index u64:max_memory_bytes u64:headroom_bytes
+//! u64:record_count
+//! record_count × (in ascending key order)
+//!   u32:key_len key u8:state u8:on_expire u8:recovered u64:fence u64:deadline
+//!   u32:retain_ms u8:has_fp [u32:fp_len fp] u8:has_attempt [u8:attempt_len attempt]
+//!   u32:body_len body
+//! u32:crc32 (of every byte before it)
+//! ```
+//!
+//! `state`: 0 in flight, 1 abandoned, 2 completed OK, 3 completed ERR.
+//! `on_expire`: 0 FREE, 1 RECOVER. Node-local counters and cursors are not
+//! part of a snapshot.
+
+use std::sync::atomic::Ordering;
+
+use bytes::Bytes;
+use idem_protocol::{OnExpire, Outcome};
+
+use super::record::{LARGE_BODY, Parts, Record, State, restored_flags};
+use super::shard::state_index;
+use super::{Store, StoreConfig, table_hash};
+
+const MAGIC: &[u8; 8] = b"IDEMSNAP";
+/// The snapshot format this build writes and reads.
+pub const SNAPSHOT_VERSION: u32 = 1;
+
+/// A snapshot that cannot be restored.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum SnapshotError {
+    /// Not an Idem snapshot.
+    #[error("not an Idem snapshot (bad magic)")]
+    BadMagic,
+    /// Written by a newer or unknown format.
+    #[error("snapshot format version {found} is not supported (this build reads {supported})")]
+    Version {
+        /// The version found.
+        found: u32,
+        /// The version this build reads.
+        supported: u32,
+    },
+    /// The checksum does not match: the snapshot is damaged.
+    #[error("snapshot checksum mismatch: the snapshot is damaged")]
+    Checksum,
+    /// The snapshot ends early or holds an impossible value.
+    #[error("snapshot is malformed: {0}")]
+    Malformed(&'static str),
+}
+
+/// One record, as a snapshot holds it.
+struct Rec<'a> {
+    key: &'a [u8],
+    state: State,
+    on_expire: OnExpire,
+    recovered: bool,
+    fence: u64,
+    deadline: u64,
+    retain_ms: u32,
+    fingerprint: Option<&'a [u8]>,
+    attempt: Option<&'a [u8]>,
+    body: &'a [u8],
+}
+
+fn state_byte(s: State) -> u8 {
+    match s {
+        State::InFlight => 0,
+        State::Abandoned => 1,
+        State::Completed(Outcome::Ok) => 2,
+        State::Completed(Outcome::Err) => 3,
+    }
+}
+
+fn put_record(out: &mut Vec<u8>, r: &Rec<'_>) {
+    out.extend_from_slice(&(r.key.len() as u32).to_le_bytes());
+    out.extend_from_slice(r.key);
+    out.push(state_byte(r.state));
+    out.push(u8::from(r.on_expire == OnExpire::Recover));
+    out.push(u8::from(r.recovered));
+    out.extend_from_slice(&r.fence.to_le_bytes());
+    out.extend_from_slice(&r.deadline.to_le_bytes());
+    out.extend_from_slice(&r.retain_ms.to_le_bytes());
+    match r.fingerprint {
+        Some(fp) => {
+            out.push(1);
+            out.extend_from_slice(&(fp.len() as u32).to_le_bytes());
+            out.extend_from_slice(fp);
+        }
+        None => out.push(0),
+    }
+    match r.attempt {
+        Some(a) => {
+            out.push(1);
+            out.push(a.len() as u8);
+            out.extend_from_slice(a);
+        }
+        None => out.push(0),
+    }
+    out.extend_from_slice(&(r.body.len() as u32).to_le_bytes());
+    out.extend_from_slice(r.body);
+}
+
+impl Store {
+    /// The replicated state, in the canonical format above. Takes every
+    /// shard's lock for the duration, so the snapshot is consistent.
+    pub fn snapshot(&self) -> Vec<u8> {
+        let guards: Vec<_> = self.shards.iter().map(|s| s.lock()).collect();
+        let mut recs: Vec<(&[u8], Vec<u8>)> = Vec::new();
+        for sh in &guards {
+            for (id, rec) in sh.slab.iter() {
+                let p = rec.parts();
+                let body = match sh.slab.large_body(id) {
+                    Some(b) if rec.is_large() => &b[..],
+                    _ => rec.inline_body(),
+                };
+                let mut buf = Vec::with_capacity(40 + p.key.len() + body.len());
+                put_record(
+                    &mut buf,
+                    &Rec {
+                        key: p.key,
+                        state: rec.state(),
+                        on_expire: rec.on_expire(),
+                        recovered: rec.recovered(),
+                        fence: rec.fence,
+                        deadline: rec.deadline,
+                        retain_ms: rec.retain_ms(),
+                        fingerprint: p.fingerprint,
+                        attempt: p.attempt,
+                        body,
+                    },
+                );
+                recs.push((p.key, buf));
+            }
+        }
+        recs.sort_unstable_by(|a, b| a.0.cmp(b.0));
+        let limits = self.limits();
+        let mut out = Vec::with_capacity(64 + recs.iter().map(|r| r.1.len()).sum::<usize>());
+        out.extend_from_slice(MAGIC);
+        out.extend_from_slice(&SNAPSHOT_VERSION.to_le_bytes());
+        for v in [
+            self.clock.load(Ordering::Acquire),
+            self.next_fence.load(Ordering::Acquire),
+            self.seq.load(Ordering::Acquire),
+            limits.max_memory_bytes,
+            limits.headroom_bytes,
+            recs.len() as u64,
+        ] {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+        for (_, r) in &recs {
+            out.extend_from_slice(r);
+        }
+        drop(guards);
+        let crc = crc32fast::hash(&out);
+        out.extend_from_slice(&crc.to_le_bytes());
+        out
+    }
+
+    /// A store holding the state of `snapshot`, laid out by `cfg`.
+    ///
+    /// # Errors
+    ///
+    /// [`SnapshotError`] if the bytes are not a snapshot this build reads,
+    /// are damaged, or hold an impossible record.
+    pub fn restore(cfg: StoreConfig, snapshot: &[u8]) -> Result<Store, SnapshotError> {
+        let mut r = Reader { buf: snapshot };
+        if r.take(8)? != MAGIC {
+            return Err(SnapshotError::BadMagic);
+        }
+        let version = r.u32()?;
+        if version != SNAPSHOT_VERSION {
+            return Err(SnapshotError::Version {
+                found: version,
+                supported: SNAPSHOT_VERSION,
+            });
+        }
+        let Some(body_len) = snapshot.len().checked_sub(4) else {
+            return Err(SnapshotError::Malformed("too short"));
+        };
+        let (body, crc) = snapshot.split_at(body_len);
+        if crc32fast::hash(body) != u32::from_le_bytes([crc[0], crc[1], crc[2], crc[3]]) {
+            return Err(SnapshotError::Checksum);
+        }
+        let mut r = Reader { buf: &body[12..] };
+        let store = Store::new(cfg);
+        let (clock, next_fence, seq) = (r.u64()?, r.u64()?, r.u64()?);
+        store.clock.store(clock, Ordering::Release);
+        store.next_fence.store(next_fence, Ordering::Release);
+        store.seq.store(seq, Ordering::Release);
+        store.max_memory.store(r.u64()?, Ordering::Release);
+        store.headroom.store(r.u64()?, Ordering::Release);
+        let count = r.u64()?;
+        let mut last: Option<&[u8]> = None;
+        for _ in 0..count {
+            let rec = r.record()?;
+            if last.is_some_and(|l| l >= rec.key) {
+                return Err(SnapshotError::Malformed("records out of key order"));
+            }
+            last = Some(rec.key);
+            store.insert_restored(&rec)?;
+        }
+        if !r.buf.is_empty() {
+            return Err(SnapshotError::Malformed("bytes after the last record"));
+        }
+        Ok(store)
+    }
+
+    fn insert_restored(&self, r: &Rec<'_>) -> Result<(), SnapshotError> {
+        if r.key.is_empty() || r.key.len() > u16::MAX as usize {
+            return Err(SnapshotError::Malformed("key length"));
+        }
+        if r.fingerprint.is_some_and(|f| f.len() > u16::MAX as usize) {
+            return Err(SnapshotError::Malformed("fingerprint length"));
+        }
+        let large = r.body.len() > LARGE_BODY;
+        let parts = Parts {
+            key: r.key,
+            fingerprint: r.fingerprint,
+            attempt: r.attempt,
+        };
+        let mut rec = Record::new(
+            parts,
+            r.state,
+            r.retain_ms,
+            if large { &[] } else { r.body },
+            restored_flags(r.on_expire, r.recovered, large),
+        );
+        rec.fence = r.fence;
+        rec.deadline = r.deadline;
+        let hash = self.hash(r.key);
+        let mut guard = self.shard(hash).lock();
+        let sh = &mut *guard;
+        let id = sh.slab.insert(rec);
+        if large {
+            sh.slab.set_large(id, Bytes::copy_from_slice(r.body));
+        }
+        let h32 = hash as u32;
+        sh.index
+            .insert_unique(table_hash(h32), (id, h32), |&(_, h)| table_hash(h));
+        sh.aux.by_state[state_index(r.state)] += 1;
+        self.charge(0, sh.slab.cost(id));
+        Ok(())
+    }
+}
+
+struct Reader<'a> {
+    buf: &'a [u8],
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], SnapshotError> {
+        if self.buf.len() < n {
+            return Err(SnapshotError::Malformed("ends early"));
+        }
+        let (a, b) = self.buf.split_at(n);
+        self.buf = b;
+        Ok(a)
+    }
+
+    fn u8(&mut self) -> Result<u8, SnapshotError> {
+        Ok(self.take(1)?[0])
+    }
+
+    fn u32(&mut self) -> Result<u32, SnapshotError> {
+        let b = self.take(4)?;
+        Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+    }
+
+    fn u64(&mut self) -> Result<u64, SnapshotError> {
+        let b = self.take(8)?;
+        let mut a = [0u8; 8];
+        a.copy_from_slice(b);
+        Ok(u64::from_le_bytes(a))
+    }
+
+    fn flag(&mut self) -> Result<bool, SnapshotError> {
+        match self.u8()? {
+            0 => Ok(false),
+            1 => Ok(true),
+            _ => Err(SnapshotError::Malformed("flag byte")),
+        }
+    }
+
+    fn record(&mut self) -> Result<Rec<'a>, SnapshotError> {
+        let key_len = self.u32()? as usize;
+        let key = self.take(key_len)?;
+        let state = match self.u8()? {
+            0 => State::InFlight,
+            1 => State::Abandoned,
+            2 => State::Completed(Outcome::Ok),
+            3 => State::Completed(Outcome::Err),
+            _ => return Err(SnapshotError::Malformed("state byte")),
+        };
+        let on_expire = if self.flag()? {
+            OnExpire::Recover
+        } else {
+            OnExpire::Free
+        };
+        let recovered = self.flag()?;
+        let fence = self.u64()?;
+        let deadline = self.u64()?;
+        let retain_ms = self.u32()?;
+        let fingerprint = if self.flag()? {
+            let n = self.u32()? as usize;
+            Some(self.take(n)?)
+        } else {
+            None
+        };
+        let attempt = if self.flag()? {
+            let n = self.u8()? as usize;
+            Some(self.take(n)?)
+        } else {
+            None
+        };
+        let body_len = self.u32()? as usize;
+        let body = self.take(body_len)?;
+        Ok(Rec {
+            key,
+            state,
+            on_expire,
+            recovered,
+            fence,
+            deadline,
+            retain_ms,
+            fingerprint,
+            attempt,
+            body,
+        })
+    }
+}
