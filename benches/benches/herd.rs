@@ -10,14 +10,20 @@ use bytes::Bytes;
 use criterion::{Criterion, criterion_group, criterion_main};
 use idem_protocol::cmd::{Claim, Complete};
 use idem_protocol::{ClaimReply, Command, Reply};
+use idem_server::clock::Clock;
 use idem_server::engine::Engine;
-use idem_server::store::StoreConfig;
-use idem_server::waiters::{Parked, Waiters};
+use idem_server::store::{Defaults, Op, StoreConfig};
+use idem_server::waiters::Waiters;
+
+const DEFAULTS: Defaults = Defaults {
+    lease_ms: 30_000,
+    retain_ms: 86_400_000,
+};
 
 async fn herd(waiters: &Arc<Waiters>, engine: &Engine, n: usize, round: u64) -> Duration {
     let key = Bytes::from(format!("herd-{round}"));
-    let Reply::Claim(ClaimReply::Acquired { fence }) =
-        engine.apply(&Command::Claim(Claim::new(key.clone()))).reply
+    let claim = Op::from_command(Command::Claim(Claim::new(key.clone())), &DEFAULTS).unwrap();
+    let Reply::Claim(ClaimReply::Acquired { fence }) = engine.submit(claim).await.unwrap().reply
     else {
         panic!("fresh key")
     };
@@ -27,32 +33,29 @@ async fn herd(waiters: &Arc<Waiters>, engine: &Engine, n: usize, round: u64) -> 
             wait_ms: Some(60_000),
             ..Claim::new(key.clone())
         });
-        let Parked::Waiting(mut handle) = waiters.apply_or_park(&cmd, 60_000) else {
-            panic!("should park")
-        };
-        tasks.push(tokio::spawn(async move {
-            let reply = handle.wait().await;
-            assert!(matches!(reply, Reply::Claim(ClaimReply::Completed { .. })));
-            Instant::now()
-        }));
+        tasks.push(tokio::spawn(Arc::clone(waiters).wait(cmd, 60_000)));
     }
-    assert_eq!(waiters.parked(), n as u64);
+    while waiters.parked() < n as u64 {
+        tokio::task::yield_now().await;
+    }
     let t0 = Instant::now();
     let value = Bytes::from_static(&[b'v'; 64]);
-    let applied = engine.apply(&Command::Complete(Complete {
-        key: key.clone(),
-        fence,
-        value,
-        retain_ms: None,
-        error: false,
-    }));
-    assert!(applied.wake);
-    waiters.wake(&key);
-    let mut last = t0;
+    let applied = engine
+        .submit(Op::Complete(Complete {
+            key: key.clone(),
+            fence,
+            value,
+            retain_ms: None,
+            error: false,
+        }))
+        .await
+        .unwrap();
+    assert_eq!(applied.events.len(), 1);
     for t in tasks {
-        last = last.max(t.await.unwrap());
+        let reply = t.await.unwrap();
+        assert!(matches!(reply, Reply::Claim(ClaimReply::Completed { .. })));
     }
-    last - t0
+    t0.elapsed()
 }
 
 fn bench(c: &mut Criterion) {
@@ -61,8 +64,8 @@ fn bench(c: &mut Criterion) {
         .enable_all()
         .build()
         .unwrap();
-    let engine = Arc::new(Engine::memory(StoreConfig::default()));
-    let waiters = Waiters::new(engine.clone());
+    let engine = Arc::new(Engine::memory(StoreConfig::default(), Clock::new()));
+    let waiters = Waiters::new(engine.clone(), DEFAULTS);
     let mut g = c.benchmark_group("herd_complete_wakes_all");
     g.sample_size(20);
     let mut round = 0u64;

@@ -8,9 +8,20 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use idem_protocol::cmd::{Claim, Complete, Settle};
+use idem_protocol::cmd::{Claim, Complete};
 use idem_protocol::{ClaimReply, Command, Reply};
-use idem_server::store::{Store, StoreConfig};
+use idem_server::store::{Applied, Defaults, Op, Read, Store, StoreConfig};
+
+const DEFAULTS: Defaults = Defaults {
+    lease_ms: 30_000,
+    retain_ms: 86_400_000,
+};
+
+/// A CLAIM of `k` with the defaults, as a node submits it.
+fn claim(s: &Store, k: Bytes, now: u64) -> Applied {
+    let op = Op::from_command(Command::Claim(Claim::new(k)), &DEFAULTS).unwrap();
+    s.apply_op(now, &op)
+}
 
 fn key(t: usize, i: u64) -> Bytes {
     Bytes::from(format!("k{t:04}{i:027}"))
@@ -19,30 +30,27 @@ fn key(t: usize, i: u64) -> Bytes {
 fn store() -> Store {
     Store::new(StoreConfig {
         shards: 64,
-        max_memory_bytes: usize::MAX,
-        ..StoreConfig::default()
+        seed: None,
     })
 }
 
 /// One claim + complete of a fresh key, then a replay: the common cycle.
 fn cycle(s: &Store, k: Bytes, now: u64) {
-    let Reply::Claim(ClaimReply::Acquired { fence }) =
-        s.apply(&Command::Claim(Claim::new(k.clone())), now).reply
-    else {
+    let Reply::Claim(ClaimReply::Acquired { fence }) = claim(s, k.clone(), now).reply else {
         panic!("fresh key")
     };
     let value = Bytes::from_static(&[b'v'; 64]);
-    s.apply(
-        &Command::Complete(Complete {
+    s.apply_op(
+        now,
+        &Op::Complete(Complete {
             key: k.clone(),
             fence,
             value,
             retain_ms: None,
             error: false,
         }),
-        now,
     );
-    s.apply(&Command::Claim(Claim::new(k)), now);
+    claim(s, k, now);
 }
 
 fn bench(c: &mut Criterion) {
@@ -53,7 +61,7 @@ fn bench(c: &mut Criterion) {
         let mut i = 0u64;
         b.iter(|| {
             i += 1;
-            s.apply(&Command::Claim(Claim::new(key(0, i))), 1)
+            claim(&s, key(0, i), 1)
         })
     });
     g.bench_function("claim_replay", |b| {
@@ -64,7 +72,7 @@ fn bench(c: &mut Criterion) {
         let mut i = 0u64;
         b.iter(|| {
             i = (i + 7919) % 100_000;
-            s.apply(&Command::Claim(Claim::new(key(0, i))), 2)
+            claim(&s, key(0, i), 2)
         })
     });
     g.bench_function("cycle_claim_complete_replay", |b| {
@@ -106,7 +114,7 @@ fn bench(c: &mut Criterion) {
         g.bench_function(format!("{threads}_threads_claim_settle_one_key"), |b| {
             let s = Arc::new(store());
             let k = Bytes::from_static(b"the-hot-key");
-            s.apply(&Command::Claim(Claim::new(k.clone())), 1);
+            claim(&s, k.clone(), 1);
             b.iter_custom(|iters| {
                 let start = Instant::now();
                 std::thread::scope(|scope| {
@@ -115,14 +123,8 @@ fn bench(c: &mut Criterion) {
                         let k = k.clone();
                         scope.spawn(move || {
                             for _ in 0..iters {
-                                s.apply(&Command::Claim(Claim::new(k.clone())), 2);
-                                s.apply(
-                                    &Command::Settle(Settle {
-                                        key: k.clone(),
-                                        wait_ms: None,
-                                    }),
-                                    2,
-                                );
+                                claim(&s, k.clone(), 2);
+                                s.read(Read::Settle(&k), 2);
                             }
                         });
                     }
