@@ -129,17 +129,12 @@ async fn max_connections_refuses_extra_clients_with_an_error() {
     assert!(c.closed().await);
     drop(a);
     // The slot is freed once the server notices the close.
-    let mut ok_again = false;
-    for _ in 0..50 {
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    eventually("a freed connection slot", async || {
         let mut d = s.conn().await;
         d.write(&["PING"]).await;
-        if d.read().await == Some(Frame::simple("PONG")) {
-            ok_again = true;
-            break;
-        }
-    }
-    assert!(ok_again);
+        (d.read().await == Some(Frame::simple("PONG"))).then_some(())
+    })
+    .await;
     assert_eq!(b.cmd(&["PING"]).await, Frame::simple("PONG"));
 }
 

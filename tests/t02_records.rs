@@ -161,11 +161,12 @@ async fn lease_lapse_free_and_recover() {
     let r1 = c
         .acquire(&["CLAIM", &rec, "LEASE", "50", "ONEXPIRE", "RECOVER"])
         .await;
+    let leased_at = std::time::Instant::now();
     assert_eq!(
         c.cmd(&["JOURNAL", &rec, &r1.to_string(), "step-1"]).await,
         ok()
     );
-    tokio::time::sleep(Duration::from_millis(120)).await;
+    outlast(leased_at, Duration::from_millis(50)).await;
     let f2 = c.acquire(&["CLAIM", &free]).await;
     assert!(f2 > f1);
     assert!(err(&c.cmd(&["COMPLETE", &free, &f1.to_string(), "v"]).await).starts_with("FENCED"));
@@ -264,8 +265,9 @@ async fn retention_ends_and_key_is_fresh_again() {
             .await,
         ok()
     );
+    let completed_at = std::time::Instant::now();
     assert_eq!(claim(c.cmd(&["CLAIM", &k]).await), completed("v"));
-    tokio::time::sleep(Duration::from_millis(120)).await;
+    outlast(completed_at, Duration::from_millis(60)).await;
     assert!(c.acquire(&["CLAIM", &k]).await > f);
 }
 
@@ -281,15 +283,10 @@ async fn active_sweep_reclaims_without_access() {
         c.reply().await;
     }
     assert_eq!(int(&c.cmd(&["DBSIZE"]).await), 200);
-    let mut left = 200;
-    for _ in 0..100 {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        left = int(&c.cmd(&["DBSIZE"]).await);
-        if left == 0 {
-            break;
-        }
-    }
-    assert_eq!(left, 0, "the sweep left records behind");
+    eventually("the sweep to reclaim every record", async || {
+        (int(&c.cmd(&["DBSIZE"]).await) == 0).then_some(())
+    })
+    .await;
     assert_eq!(info_field(&mut c, "used_memory").await, 0);
 }
 

@@ -153,16 +153,15 @@ async fn dropped_guard_abandons() {
     };
     claim.journal("half-way").await.unwrap();
     drop(claim);
-    let mut abandoned = false;
-    for _ in 0..50 {
-        if let Settled::Abandoned { journal } = c.settle(k.as_str(), None).await.unwrap() {
-            assert_eq!(journal, Bytes::from_static(b"half-way"));
-            abandoned = true;
-            break;
+    // The drop abandons in the background.
+    let journal = eventually("the dropped claim to be abandoned", async || {
+        match c.settle(k.as_str(), None).await.unwrap() {
+            Settled::Abandoned { journal } => Some(journal),
+            _ => None,
         }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    assert!(abandoned);
+    })
+    .await;
+    assert_eq!(journal, Bytes::from_static(b"half-way"));
     assert!(matches!(
         c.claim(k.as_str()).await.unwrap(),
         ClaimOutcome::Recover { .. }
@@ -335,15 +334,14 @@ async fn run_once_panic_and_cancellation_abandon() {
             .await
             .is_err()
     );
-    let mut abandoned = false;
-    for _ in 0..50 {
-        if let Settled::Abandoned { .. } = c.settle(k.as_str(), None).await.unwrap() {
-            abandoned = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    assert!(abandoned);
+    eventually("the cancelled call's claim to be abandoned", async || {
+        matches!(
+            c.settle(k.as_str(), None).await.unwrap(),
+            Settled::Abandoned { .. }
+        )
+        .then_some(())
+    })
+    .await;
 }
 
 /// A fake node that answers every request with `reply`.
