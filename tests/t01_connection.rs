@@ -61,10 +61,40 @@ async fn hello_switches_to_resp3() {
 async fn hello_2_is_a_flat_array() {
     let s = Idemd::start().await;
     let mut c = s.conn().await;
+    let id = int(&c.cmd(&["CLIENT", "ID"]).await);
+    let Frame::Array(cfg) = c.cmd(&["CONFIG", "GET", "engine"]).await else {
+        panic!("CONFIG GET is an array in RESP2")
+    };
+    let [name, engine] = &cfg[..] else {
+        panic!("CONFIG GET engine: {cfg:?}")
+    };
+    assert_eq!(bulk(name), "engine");
     let Frame::Array(items) = c.cmd(&["HELLO", "2"]).await else {
         panic!("RESP2 map is an array")
     };
-    assert_eq!(items.len() % 2, 0);
+    // The map flattened to name, value, name, value, ...
+    assert_eq!(
+        items,
+        vec![
+            Frame::bulk("server"),
+            Frame::bulk("idem"),
+            Frame::bulk("version"),
+            Frame::bulk(env!("CARGO_PKG_VERSION")),
+            Frame::bulk("proto"),
+            Frame::Integer(2),
+            Frame::bulk("id"),
+            Frame::Integer(id),
+            Frame::bulk("mode"),
+            Frame::bulk("standalone"),
+            Frame::bulk("role"),
+            Frame::bulk("master"),
+            Frame::bulk("engine"),
+            engine.clone(),
+            Frame::bulk("modules"),
+            Frame::Array(vec![]),
+        ]
+    );
+    assert_eq!(bulk(engine), "memory", "the default engine");
 }
 
 #[tokio::test]
@@ -164,17 +194,12 @@ async fn max_connections_refuses_extra_clients_with_an_error() {
     assert!(c.closed().await);
     drop(a);
     // The slot is freed once the server notices the close.
-    let mut ok_again = false;
-    for _ in 0..50 {
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    eventually("a freed connection slot", async || {
         let mut d = s.conn().await;
         d.write(&["PING"]).await;
-        if d.read().await == Some(Frame::simple("PONG")) {
-            ok_again = true;
-            break;
-        }
-    }
-    assert!(ok_again);
+        (d.read().await == Some(Frame::simple("PONG"))).then_some(())
+    })
+    .await;
     assert_eq!(b.cmd(&["PING"]).await, Frame::simple("PONG"));
 }
 

@@ -132,27 +132,43 @@ async fn huge_array_header_is_refused_without_allocating() {
 #[tokio::test]
 async fn malformed_frames_get_protocol_error_and_close() {
     let s = Idemd::start().await;
-    for bad in [
+    let mut stats = s.conn().await;
+    let protocol_errors = info_field(&mut stats, "protocol_errors").await;
+    let toobig = info_field(&mut stats, "toobig_refusals").await;
+    let malformed = [
         &b"*1\r\n$x\r\n"[..],
         b"*1\r\n:1\r\n",
         b"$3\r\nabcXY",
         b"$3\r\nabc\r\n",
         b"*1\r\n$1\r\nabc",
-    ] {
+    ];
+    for bad in malformed {
+        // Each on its own connection: the server answers with one error and
+        // closes, so `closed` also proves no second reply followed.
         let mut c = s.conn().await;
         c.write_raw(bad).await;
         let e = err(&c.reply().await);
         assert!(e.starts_with("ERR protocol error"), "{bad:?}: {e}");
-        assert!(c.closed().await);
+        assert!(c.closed().await, "{bad:?}: connection left open");
     }
-    // Requests are flat: a nested array is refused as too deep.
+    assert_eq!(
+        info_field(&mut stats, "protocol_errors").await - protocol_errors,
+        malformed.len() as u64,
+        "one protocol error counted per malformed frame"
+    );
+    // Requests are flat: a nested array is refused as too deep, which is
+    // counted as TOOBIG, not as a protocol error.
     let mut c = s.conn().await;
     c.write_raw(b"*2\r\n*1\r\n$1\r\na\r\n$1\r\nb\r\n").await;
     assert!(err(&c.reply().await).starts_with("TOOBIG nesting depth"));
     assert!(c.closed().await);
+    assert_eq!(info_field(&mut stats, "toobig_refusals").await - toobig, 1);
+    assert_eq!(
+        info_field(&mut stats, "protocol_errors").await - protocol_errors,
+        malformed.len() as u64
+    );
     let mut c = s.conn().await;
     assert_eq!(c.cmd(&["PING"]).await, Frame::simple("PONG"));
-    assert!(info_field(&mut c, "protocol_errors").await >= 3);
 }
 
 #[tokio::test]

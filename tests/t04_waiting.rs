@@ -14,7 +14,7 @@ async fn complete_answers_a_parked_claim_within_milliseconds() {
     let k = key("wait");
     let f = owner.acquire(&["CLAIM", &k]).await;
     waiter.write(&["CLAIM", &k, "WAIT", "10000"]).await;
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    wait_for_info(&mut owner, "blocked_clients", 1).await;
     let t = Instant::now();
     assert_eq!(
         owner.cmd(&["COMPLETE", &k, &f.to_string(), "result"]).await,
@@ -42,9 +42,9 @@ async fn release_hands_the_key_to_the_first_waiter_only() {
     let k = key("fifo");
     let f = owner.acquire(&["CLAIM", &k]).await;
     first.write(&["CLAIM", &k, "WAIT", "5000"]).await;
-    tokio::time::sleep(Duration::from_millis(30)).await;
+    wait_for_info(&mut owner, "blocked_clients", 1).await;
     second.write(&["CLAIM", &k, "WAIT", "5000"]).await;
-    tokio::time::sleep(Duration::from_millis(30)).await;
+    wait_for_info(&mut owner, "blocked_clients", 2).await;
     assert_eq!(owner.cmd(&["RELEASE", &k, &f.to_string()]).await, ok());
     let f1 = match claim(first.reply().await) {
         ClaimReply::Acquired { fence } => fence,
@@ -130,9 +130,9 @@ async fn abandon_hands_recovery_to_the_first_waiter() {
         ok()
     );
     w1.write(&["CLAIM", &k, "WAIT", "5000"]).await;
-    tokio::time::sleep(Duration::from_millis(30)).await;
+    wait_for_info(&mut owner, "blocked_clients", 1).await;
     w2.write(&["SETTLE", &k, "WAIT", "300"]).await;
-    tokio::time::sleep(Duration::from_millis(30)).await;
+    wait_for_info(&mut owner, "blocked_clients", 2).await;
     assert_eq!(owner.cmd(&["ABANDON", &k, &f.to_string()]).await, ok());
     assert!(
         matches!(claim(w1.reply().await), ClaimReply::Recover { ref journal, .. } if &journal[..] == b"sent")
@@ -178,7 +178,7 @@ async fn settle_wait_sees_completion_and_release() {
     );
     let f = owner.acquire(&["CLAIM", &k]).await;
     w.write(&["SETTLE", &k, "WAIT", "5000"]).await;
-    tokio::time::sleep(Duration::from_millis(30)).await;
+    wait_for_info(&mut owner, "blocked_clients", 1).await;
     assert_eq!(owner.cmd(&["RELEASE", &k, &f.to_string()]).await, ok());
     assert_eq!(settle(w.reply().await), SettleReply::Absent);
     // SETTLE never claims.
@@ -198,6 +198,7 @@ async fn parked_wait_holds_back_only_its_own_connection() {
     waiter.write(&["CLAIM", &k, "WAIT", "5000"]).await;
     waiter.write(&["PING", "after"]).await;
     assert_eq!(bulk(&waiter.reply().await), "before");
+    wait_for_info(&mut other, "blocked_clients", 1).await;
     let early = tokio::time::timeout(Duration::from_millis(100), waiter.read()).await;
     assert!(
         early.is_err(),
@@ -225,12 +226,14 @@ async fn disconnected_waiter_is_withdrawn_and_does_not_steal_the_key() {
     {
         let mut gone = s.conn().await;
         gone.write(&["CLAIM", &k, "WAIT", "5000"]).await;
-        tokio::time::sleep(Duration::from_millis(30)).await;
+        wait_for_info(&mut owner, "blocked_clients", 1).await;
     }
+    // The server notices the close and withdraws the wait.
+    wait_for_info(&mut owner, "blocked_clients", 0).await;
     let mut live = s.conn().await;
     live.write(&["CLAIM", &k, "WAIT", "5000"]).await;
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    assert_eq!(info_field(&mut owner, "blocked_clients").await, 1);
+    wait_for_info(&mut owner, "blocked_clients", 1).await;
+    assert_eq!(info_field(&mut owner, "waits_parked").await, 2);
     assert_eq!(owner.cmd(&["RELEASE", &k, &f.to_string()]).await, ok());
     assert!(matches!(
         claim(live.reply().await),
@@ -246,7 +249,7 @@ async fn shutdown_ends_waits_with_tryagain() {
     let k = key("shutdown");
     owner.acquire(&["CLAIM", &k]).await;
     waiter.write(&["CLAIM", &k, "WAIT", "10000"]).await;
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    wait_for_info(&mut owner, "blocked_clients", 1).await;
     let mut s = s;
     s.terminate();
     let e = err(&waiter.reply().await);
@@ -272,9 +275,9 @@ async fn handover_times_the_new_owners_lease_not_the_old_one() {
     let f = owner.acquire(&["CLAIM", &k, "LEASE", "60000"]).await;
     w1.write(&["CLAIM", &k, "WAIT", "10000", "LEASE", "300"])
         .await;
-    tokio::time::sleep(Duration::from_millis(30)).await;
+    wait_for_info(&mut owner, "blocked_clients", 1).await;
     w2.write(&["CLAIM", &k, "WAIT", "10000"]).await;
-    tokio::time::sleep(Duration::from_millis(30)).await;
+    wait_for_info(&mut owner, "blocked_clients", 2).await;
     assert_eq!(owner.cmd(&["RELEASE", &k, &f.to_string()]).await, ok());
     let t = Instant::now();
     assert!(matches!(

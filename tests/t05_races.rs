@@ -1,6 +1,6 @@
 //! Races: concurrent fresh claims, herds of waiters.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use idem_protocol::{ClaimReply, Outcome};
 
@@ -41,13 +41,30 @@ async fn sixty_four_concurrent_fresh_claims_one_owner() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn herd_of_waiters_one_owner_everyone_gets_the_result() {
+    // N connections race for one key with a long WAIT; one acquires, the
+    // others park. Once every one of them is parked the owner completes,
+    // and every parked waiter must be woken by that COMPLETE with its
+    // value: not time out, not be left behind.
     let s = Idemd::start().await;
     let k = key("herd");
     const N: usize = 500;
+    const WAIT_MS: u64 = 20_000;
+    // The bound on how long after the COMPLETE the last waiter may be
+    // answered. Far below WAIT_MS: a waiter answered only when its wait
+    // runs out gets the same COMPLETED reply, so only the time tells a
+    // wake-up from a time-out.
+    const WOKEN_WITHIN: Duration = Duration::from_secs(5);
+    let mut stats = s.conn().await;
+    let parked_before = info_field(&mut stats, "waits_parked").await;
+    let hits_before = info_field(&mut stats, "hits_after_wait").await;
+    let timed_out_before = info_field(&mut stats, "waits_timed_out").await;
     let mut conns = Vec::new();
     for _ in 0..N {
         conns.push(s.conn().await);
     }
+    // What each task saw: `Err` for the owner, with when it sent the
+    // COMPLETE; `Ok` for a waiter, with when it was answered.
+    let addr = s.addr;
     let tasks: Vec<_> = conns
         .into_iter()
         .enumerate()
@@ -58,42 +75,67 @@ async fn herd_of_waiters_one_owner_everyone_gets_the_result() {
                 if i % 7 == 0 {
                     tokio::time::sleep(Duration::from_millis(5)).await;
                 }
-                match claim(
-                    c.cmd(&["CLAIM", &k, "WAIT", "20000", "LEASE", "10000"])
-                        .await,
-                ) {
+                let wait = WAIT_MS.to_string();
+                match claim(c.cmd(&["CLAIM", &k, "WAIT", &wait, "LEASE", "30000"]).await) {
                     ClaimReply::Acquired { fence } => {
-                        // The one owner runs the effect, then completes.
-                        tokio::time::sleep(Duration::from_millis(200)).await;
+                        // The one owner completes once all the others wait.
+                        let mut stats = Conn::connect(addr).await;
+                        wait_for_info(&mut stats, "blocked_clients", N as u64 - 1).await;
+                        let completed_at = Instant::now();
                         assert_eq!(
                             c.cmd(&["COMPLETE", &k, &fence.to_string(), "effect-ran"])
                                 .await,
                             ok()
                         );
-                        true
+                        Err(completed_at)
                     }
                     ClaimReply::Completed {
                         outcome: Outcome::Ok,
                         value,
                     } => {
                         assert_eq!(&value[..], b"effect-ran");
-                        false
+                        Ok(Instant::now())
                     }
                     other => panic!("waiter got {other:?}"),
                 }
             })
         })
         .collect();
-    let mut owners = 0;
+    let mut answered = Vec::new();
+    let mut completions = Vec::new();
     for t in tasks {
-        if t.await.expect("task") {
-            owners += 1;
+        match t.await.expect("task") {
+            Ok(at) => answered.push(at),
+            Err(at) => completions.push(at),
         }
     }
-    assert_eq!(owners, 1);
-    let mut c = s.conn().await;
-    assert!(info_field(&mut c, "hits_after_wait").await > 0);
-    assert_eq!(info_field(&mut c, "blocked_clients").await, 0);
+    let [completed_at] = completions[..] else {
+        panic!("{} owners", completions.len())
+    };
+    assert_eq!(answered.len(), N - 1);
+    let slowest = answered
+        .iter()
+        .map(|at| at.saturating_duration_since(completed_at))
+        .max()
+        .expect("waiters");
+    assert!(
+        slowest < WOKEN_WITHIN,
+        "the last waiter was answered {slowest:?} after the COMPLETE"
+    );
+    let waiters = N as u64 - 1;
+    assert_eq!(
+        info_field(&mut stats, "waits_parked").await - parked_before,
+        waiters
+    );
+    assert_eq!(
+        info_field(&mut stats, "hits_after_wait").await - hits_before,
+        waiters
+    );
+    assert_eq!(
+        info_field(&mut stats, "waits_timed_out").await - timed_out_before,
+        0
+    );
+    assert_eq!(info_field(&mut stats, "blocked_clients").await, 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use idem_client::{
-    ClaimOutcome, Client, ClientConfig, ErrorKind, Failure, Key, Outcome, Recovery, RunError,
-    RunOptions, Settled,
+    ClaimOutcome, Client, ClientConfig, ErrorKind, Failure, Key, Outcome, RecordState, Recovery,
+    RunError, RunOptions, Settled,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
@@ -153,16 +153,15 @@ async fn dropped_guard_abandons() {
     };
     claim.journal("half-way").await.unwrap();
     drop(claim);
-    let mut abandoned = false;
-    for _ in 0..50 {
-        if let Settled::Abandoned { journal } = c.settle(k.as_str(), None).await.unwrap() {
-            assert_eq!(journal, Bytes::from_static(b"half-way"));
-            abandoned = true;
-            break;
+    // The drop abandons in the background.
+    let journal = eventually("the dropped claim to be abandoned", async || {
+        match c.settle(k.as_str(), None).await.unwrap() {
+            Settled::Abandoned { journal } => Some(journal),
+            _ => None,
         }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    assert!(abandoned);
+    })
+    .await;
+    assert_eq!(journal, Bytes::from_static(b"half-way"));
     assert!(matches!(
         c.claim(k.as_str()).await.unwrap(),
         ClaimOutcome::Recover { .. }
@@ -238,13 +237,34 @@ async fn run_once_classifies_failures() {
         }
     };
 
+    // The record as the server holds it (`None`: no record).
+    let mut raw = s.conn().await;
+    let mut inspect = async |k: &str| {
+        idem_protocol::RecordInfo::from_frame(raw.cmd(&["INSPECT", k]).await)
+            .expect("an INSPECT reply")
+    };
+
     // Permanent: recorded, replayed to the next caller without running.
     let k = key("permanent");
-    assert!(matches!(
-        c.run_once(k.as_str(), opts(), effect(Err(E::Declined)))
-            .await,
-        Err(RunError::Effect { .. })
-    ));
+    match c
+        .run_once(k.as_str(), opts(), effect(Err(E::Declined)))
+        .await
+    {
+        Err(RunError::Effect {
+            error: E::Declined,
+            failure: Failure::Permanent(v),
+        }) => assert_eq!(v, Bytes::from_static(b"declined")),
+        other => panic!("expected a permanent effect error, got {other:?}"),
+    }
+    let rec = inspect(&k).await.expect("a completed record");
+    assert_eq!(
+        (rec.state, rec.outcome, rec.value),
+        (
+            RecordState::Completed,
+            Some(Outcome::Err),
+            Some(Bytes::from_static(b"declined"))
+        )
+    );
     let replay = c
         .run_once(k.as_str(), opts(), effect(Ok("never")))
         .await
@@ -257,11 +277,17 @@ async fn run_once_classifies_failures() {
 
     // Transient: released, the retry runs again.
     let k = key("transient");
-    assert!(
-        c.run_once(k.as_str(), opts(), effect(Err(E::Timeout)))
-            .await
-            .is_err()
-    );
+    match c
+        .run_once(k.as_str(), opts(), effect(Err(E::Timeout)))
+        .await
+    {
+        Err(RunError::Effect {
+            error: E::Timeout,
+            failure: Failure::Transient,
+        }) => {}
+        other => panic!("expected a transient effect error, got {other:?}"),
+    }
+    assert_eq!(inspect(&k).await, None, "a released key has no record");
     let done = c
         .run_once(k.as_str(), opts(), effect(Ok("second-try")))
         .await
@@ -274,11 +300,19 @@ async fn run_once_classifies_failures() {
 
     // Unknown: abandoned; the next caller must recover, not re-run.
     let k = key("unknown");
-    assert!(
-        c.run_once(k.as_str(), opts(), effect(Err(E::Unknown)))
-            .await
-            .is_err()
-    );
+    match c
+        .run_once(k.as_str(), opts(), effect(Err(E::Unknown)))
+        .await
+    {
+        Err(RunError::Effect {
+            error: E::Unknown,
+            failure: Failure::Unknown,
+        }) => {}
+        other => panic!("expected an unknown effect error, got {other:?}"),
+    }
+    let rec = inspect(&k).await.expect("an abandoned record");
+    assert_eq!(rec.state, RecordState::Abandoned);
+    assert_eq!(rec.journal, Some(Bytes::new()));
     match c
         .run_once(k.as_str(), opts(), effect(Ok("blind-rerun")))
         .await
@@ -335,15 +369,14 @@ async fn run_once_panic_and_cancellation_abandon() {
             .await
             .is_err()
     );
-    let mut abandoned = false;
-    for _ in 0..50 {
-        if let Settled::Abandoned { .. } = c.settle(k.as_str(), None).await.unwrap() {
-            abandoned = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    assert!(abandoned);
+    eventually("the cancelled call's claim to be abandoned", async || {
+        matches!(
+            c.settle(k.as_str(), None).await.unwrap(),
+            Settled::Abandoned { .. }
+        )
+        .then_some(())
+    })
+    .await;
 }
 
 /// A fake node that answers every request with `reply`.

@@ -216,6 +216,56 @@ pub fn open_files_limit() -> usize {
         .unwrap_or(1024)
 }
 
+/// How long [`eventually`] and [`wait_for_info`] poll before giving up:
+/// generous, since reaching the condition only takes milliseconds on a
+/// healthy server and a loaded CI machine may be slow.
+pub const POLL_DEADLINE: Duration = Duration::from_secs(10);
+
+/// Polls `check` every few milliseconds until it returns `Some`, and returns
+/// that; panics naming `what` if that does not happen within
+/// [`POLL_DEADLINE`]. Used instead of fixed sleeps to order events.
+pub async fn eventually<T>(what: &str, mut check: impl AsyncFnMut() -> Option<T>) -> T {
+    let deadline = tokio::time::Instant::now() + POLL_DEADLINE;
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out after {POLL_DEADLINE:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Polls INFO on `conn` until `field` reads `want`.
+pub async fn wait_for_info(conn: &mut Conn, field: &str, want: u64) {
+    let mut last = None;
+    let found = tokio::time::timeout(POLL_DEADLINE, async {
+        loop {
+            let v = info_field(conn, field).await;
+            if v == want {
+                return;
+            }
+            last = Some(v);
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    assert!(
+        found.is_ok(),
+        "INFO {field} did not reach {want} within {POLL_DEADLINE:?} (last {last:?})"
+    );
+}
+
+/// Sleeps until `span` has surely passed on the server's clock since it
+/// handled a request whose reply had arrived by `answered_at` (the server's
+/// millisecond rounding included): for letting a lease or retention that
+/// the request started run out, and no longer.
+pub async fn outlast(answered_at: std::time::Instant, span: Duration) {
+    tokio::time::sleep_until((answered_at + span + Duration::from_millis(5)).into()).await;
+}
+
 /// An INFO field as a number.
 pub async fn info_field(conn: &mut Conn, field: &str) -> u64 {
     let text = bulk(&conn.cmd(&["INFO"]).await);

@@ -104,6 +104,89 @@ pub(crate) fn all_commands() -> Vec<Command> {
     ]
 }
 
+/// Declares one marker per command shape, and `marker`, which maps a command
+/// to its marker with an exhaustive match (no wildcard arm): a new variant
+/// of [`Command`] or of a subcommand enum does not compile until it gets a
+/// marker here, and [`all_commands_covers_every_variant`] then fails until
+/// [`all_commands`] holds an example of it.
+macro_rules! variants {
+    ($($marker:literal => $pat:pat,)*) => {
+        const MARKERS: &[&str] = &[$($marker),*];
+
+        fn marker(cmd: &Command) -> &'static str {
+            match cmd {
+                $($pat => $marker,)*
+            }
+        }
+    };
+}
+
+variants! {
+    "claim" => Command::Claim(_),
+    "settle" => Command::Settle(_),
+    "complete" => Command::Complete(_),
+    "renew" => Command::Renew(_),
+    "journal" => Command::Journal(_),
+    "release" => Command::Release(_),
+    "abandon" => Command::Abandon(_),
+    "inspect" => Command::Inspect(_),
+    "forget" => Command::Forget(_),
+    "ping" => Command::Ping(_),
+    "echo" => Command::Echo(_),
+    "hello" => Command::Hello(_),
+    "auth" => Command::Auth(_),
+    "quit" => Command::Quit,
+    "info" => Command::Info(_),
+    "dbsize" => Command::DbSize,
+    "client id" => Command::Client(ClientCmd::Id),
+    "client setname" => Command::Client(ClientCmd::SetName(_)),
+    "client getname" => Command::Client(ClientCmd::GetName),
+    "client list" => Command::Client(ClientCmd::List),
+    "client info" => Command::Client(ClientCmd::Info),
+    "command" => Command::Command(CommandCmd::All),
+    "command count" => Command::Command(CommandCmd::Count),
+    "command docs" => Command::Command(CommandCmd::Docs(_)),
+    "command info" => Command::Command(CommandCmd::Info(_)),
+    "config get" => Command::Config(ConfigCmd::Get(_)),
+}
+
+#[test]
+fn all_commands_covers_every_variant() {
+    let listed: Vec<&str> = all_commands().iter().map(marker).collect();
+    for (i, m) in MARKERS.iter().enumerate() {
+        assert!(!MARKERS[..i].contains(m), "marker {m:?} used twice");
+        assert!(
+            listed.contains(m),
+            "all_commands() has no {m:?} command: add one so it is round-tripped"
+        );
+    }
+}
+
+#[test]
+fn command_table_names_every_command() {
+    let cmds = all_commands();
+    for cmd in &cmds {
+        let Some(&(_, arity)) = COMMAND_TABLE.iter().find(|&&(name, _)| name == cmd.name()) else {
+            panic!("{} is missing from COMMAND_TABLE", cmd.name())
+        };
+        // Arity counts the name: exact when positive, a minimum when not.
+        let Frame::Array(args) = cmd.to_frame() else {
+            panic!("{cmd:?} is not sent as an array")
+        };
+        let n = args.len() as i64;
+        assert!(
+            if arity > 0 { n == arity } else { n >= -arity },
+            "{cmd:?} has {n} arguments, COMMAND_TABLE says {arity}"
+        );
+    }
+    for &(name, _) in COMMAND_TABLE {
+        assert!(
+            cmds.iter().any(|c| c.name() == name),
+            "COMMAND_TABLE lists {name}, which no command in all_commands() has"
+        );
+    }
+}
+
 #[test]
 fn every_command_round_trips() {
     for cmd in all_commands() {
