@@ -163,26 +163,36 @@ fn all_commands_covers_every_variant() {
 }
 
 #[test]
-fn command_table_names_every_command() {
+fn command_table_describes_every_command() {
     let cmds = all_commands();
     for cmd in &cmds {
-        let Some(&(_, arity)) = COMMAND_TABLE.iter().find(|&&(name, _)| name == cmd.name()) else {
-            panic!("{} is missing from COMMAND_TABLE", cmd.name())
-        };
+        let spec = cmd.spec();
         // Arity counts the name: exact when positive, a minimum when not.
         let Frame::Array(args) = cmd.to_frame() else {
             panic!("{cmd:?} is not sent as an array")
         };
         let n = args.len() as i64;
+        let arity = spec.arity;
         assert!(
             if arity > 0 { n == arity } else { n >= -arity },
-            "{cmd:?} has {n} arguments, COMMAND_TABLE says {arity}"
+            "{cmd:?} has {n} arguments, the table says {arity}"
         );
+        // The name on the wire finds this spec, and the key is where the
+        // table says it is.
+        let Frame::Bulk(name) = &args[0] else {
+            panic!("{cmd:?}: name is not a bulk string")
+        };
+        assert_eq!(crate::spec::lookup(name), Some(spec));
+        match cmd.key() {
+            Some(key) => assert_eq!(args[spec.key_pos as usize], Frame::Bulk(key.clone())),
+            None => assert_eq!(spec.key_pos, 0, "{cmd:?} has no key"),
+        }
     }
-    for &(name, _) in COMMAND_TABLE {
+    for spec in crate::spec::COMMANDS {
         assert!(
-            cmds.iter().any(|c| c.name() == name),
-            "COMMAND_TABLE lists {name}, which no command in all_commands() has"
+            cmds.iter().any(|c| c.name() == spec.name),
+            "the table lists {}, which no command in all_commands() has",
+            spec.name
         );
     }
 }
