@@ -323,3 +323,66 @@ async fn oom_refuses_claims_but_replays_still_work() {
     assert_eq!(claim(c.cmd(&["CLAIM", &done]).await), completed("kept"));
     assert!(info_field(&mut c, "oom_refusals").await >= 1);
 }
+
+/// At the memory limit, owners already in flight keep working within the
+/// headroom: RENEW, RELEASE, ABANDON and FORGET always; COMPLETE and JOURNAL
+/// while the store stays within max_memory_bytes plus the headroom.
+#[tokio::test]
+async fn at_the_memory_limit_owners_keep_working_within_the_headroom() {
+    let s = Idemd::start_with(
+        &[
+            ("IDEM_MAX_MEMORY_BYTES", "20000"),
+            ("IDEM_MEMORY_HEADROOM_PERCENT", "10"),
+        ],
+        &[],
+    )
+    .await;
+    let mut c = s.conn().await;
+    let mut owners = Vec::new();
+    loop {
+        let k = key(&format!("full{}", owners.len()));
+        let r = c.cmd(&["CLAIM", &k, "LEASE", "60000"]).await;
+        match r {
+            Frame::Error(_) => {
+                assert!(err(&r).starts_with("OOM"), "{}", err(&r));
+                break;
+            }
+            r => {
+                let ClaimReply::Acquired { fence } = claim(r) else {
+                    panic!("expected ACQUIRED")
+                };
+                owners.push((k, fence.to_string()));
+            }
+        }
+        assert!(owners.len() < 1000, "the limit was never reached");
+    }
+    let used = info_field(&mut c, "used_memory").await;
+    assert!(used <= 20_000, "{used}");
+    let [(k0, f0), (k1, f1), (k2, f2), (k3, f3), ..] = &owners[..] else {
+        panic!("too few owners before the limit")
+    };
+    // Never refused.
+    assert_eq!(c.cmd(&["RENEW", k0, f0, "LEASE", "60000"]).await, ok());
+    // Growth within the headroom (2,000 bytes) is admitted.
+    let v500 = "v".repeat(500);
+    assert_eq!(c.cmd(&["COMPLETE", k1, f1, &v500]).await, ok());
+    let j1000 = "j".repeat(1000);
+    assert_eq!(c.cmd(&["JOURNAL", k2, f2, &j1000]).await, ok());
+    // Beyond it, refused, and the record is unchanged.
+    let v5000 = "w".repeat(5000);
+    let r = c.cmd(&["COMPLETE", k2, f2, &v5000]).await;
+    assert!(err(&r).starts_with("OOM"), "{r:?}");
+    assert!(matches!(
+        settle(c.cmd(&["SETTLE", k2]).await),
+        SettleReply::InFlight { .. }
+    ));
+    let used = info_field(&mut c, "used_memory").await;
+    assert!(used <= 22_000, "{used}");
+    // Never refused.
+    assert_eq!(c.cmd(&["RELEASE", k2, f2]).await, ok());
+    assert_eq!(c.cmd(&["ABANDON", k3, f3]).await, ok());
+    assert_eq!(int(&c.cmd(&["FORGET", k1]).await), 1);
+    // Room again: a fresh claim is admitted.
+    c.acquire(&["CLAIM", &key("after-room")]).await;
+    assert!(info_field(&mut c, "oom_refusals").await >= 2);
+}

@@ -338,3 +338,71 @@ async fn run(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::future::poll_fn;
+
+    use bytes::BytesMut;
+    use idem_protocol::{Frame, Reply, Version};
+    use tokio::sync::oneshot;
+
+    use super::{Owed, Pending};
+
+    fn later(rx: oneshot::Receiver<Reply>) -> super::Later {
+        Box::pin(async move { rx.await.unwrap_or(Reply::Ok) })
+    }
+
+    fn int(n: i64) -> Reply {
+        Reply::Frame(Frame::Integer(n))
+    }
+
+    /// Replies that become known out of order go out in request order.
+    #[tokio::test]
+    async fn replies_leave_in_request_order() {
+        let mut p = Pending::default();
+        let mut out = BytesMut::new();
+        let v = Version::Resp2;
+        p.reply(&mut out, v, int(1));
+        assert_eq!(&out[..], b":1\r\n", "nothing owed before: straight out");
+        let (tx2, rx2) = oneshot::channel();
+        let (tx4, rx4) = oneshot::channel();
+        p.queue.push_back(Owed::Later(later(rx2)));
+        p.reply(&mut out, v, int(3));
+        p.queue.push_back(Owed::Later(later(rx4)));
+        p.reply(&mut out, v, int(5));
+        assert_eq!(p.len(), 4);
+        // The fourth is known first: nothing can go out yet.
+        tx4.send(int(4)).unwrap();
+        let front = poll_fn(|cx| std::task::Poll::Ready(p.poll_front(cx))).await;
+        assert!(front.is_pending());
+        tx2.send(int(2)).unwrap();
+        let mut got = Vec::new();
+        while !p.is_empty() {
+            let r = poll_fn(|cx| p.poll_front(cx)).await;
+            got.push(r);
+        }
+        assert_eq!(got, vec![int(2), int(3), int(4), int(5)]);
+    }
+
+    /// A blocking request holds the connection until it is answered; at
+    /// shutdown it is answered at once, in its place.
+    #[tokio::test]
+    async fn a_blocking_request_is_answered_in_its_place() {
+        let mut p = Pending::default();
+        let mut out = BytesMut::new();
+        let (_tx, rx) = oneshot::channel::<Reply>();
+        let (tx2, rx2) = oneshot::channel();
+        p.queue.push_back(Owed::Later(later(rx2)));
+        p.queue.push_back(Owed::Blocking(later(rx)));
+        p.blocked = true;
+        p.unblock_with(&int(-1));
+        assert!(!p.blocked);
+        tx2.send(int(1)).unwrap();
+        assert_eq!(poll_fn(|cx| p.poll_front(cx)).await, int(1));
+        assert_eq!(poll_fn(|cx| p.poll_front(cx)).await, int(-1));
+        assert!(p.is_empty());
+        p.reply(&mut out, Version::Resp2, int(7));
+        assert_eq!(&out[..], b":7\r\n");
+    }
+}
