@@ -227,5 +227,11 @@ async fn idle_timeout_closes_quiet_connections_but_not_parked_ones() {
         claim(waiter.reply().await),
         idem_protocol::ClaimReply::InFlight { .. }
     ));
+    // Answering it counts as activity: the connection is not closed at once
+    // for the time it spent parked.
+    assert_eq!(
+        waiter.cmd(&["PING"]).await,
+        Frame::Simple(bytes::Bytes::from_static(b"PONG"))
+    );
     let _ = fence;
 }

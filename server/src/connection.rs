@@ -74,10 +74,11 @@ enum Owed {
     Blocking(Later),
 }
 
-/// The replies owed, in request order.
+/// The replies owed, in request order, each with the protocol version in
+/// force when its request was read (a later HELLO does not change it).
 #[derive(Default)]
 struct Pending {
-    queue: VecDeque<Owed>,
+    queue: VecDeque<(Owed, Version)>,
     /// A blocking request is in the queue.
     blocked: bool,
 }
@@ -97,21 +98,22 @@ impl Pending {
         if self.queue.is_empty() {
             push(out, version, &reply);
         } else {
-            self.queue.push_back(Owed::Ready(reply));
+            self.queue.push_back((Owed::Ready(reply), version));
         }
     }
 
     /// The reply at the front, once it is known.
-    fn poll_front(&mut self, cx: &mut std::task::Context<'_>) -> Poll<Reply> {
+    fn poll_front(&mut self, cx: &mut std::task::Context<'_>) -> Poll<(Reply, Version)> {
         let ready = match self.queue.front_mut() {
             None => return Poll::Pending,
-            Some(Owed::Ready(_)) => true,
-            Some(Owed::Later(f) | Owed::Blocking(f)) => match f.as_mut().poll(cx) {
+            Some((Owed::Ready(_), _)) => true,
+            Some((Owed::Later(f) | Owed::Blocking(f), v)) => match f.as_mut().poll(cx) {
                 Poll::Ready(r) => {
-                    if matches!(self.queue.pop_front(), Some(Owed::Blocking(_))) {
+                    let v = *v;
+                    if matches!(self.queue.pop_front(), Some((Owed::Blocking(_), _))) {
                         self.blocked = false;
                     }
-                    return Poll::Ready(r);
+                    return Poll::Ready((r, v));
                 }
                 Poll::Pending => false,
             },
@@ -120,14 +122,22 @@ impl Pending {
             return Poll::Pending;
         }
         match self.queue.pop_front() {
-            Some(Owed::Ready(r)) => Poll::Ready(r),
+            Some((Owed::Ready(r), v)) => Poll::Ready((r, v)),
             _ => Poll::Pending,
         }
     }
 
+    /// Adds a reply that comes later.
+    fn later(&mut self, owed: Owed, version: Version) {
+        if matches!(owed, Owed::Blocking(_)) {
+            self.blocked = true;
+        }
+        self.queue.push_back((owed, version));
+    }
+
     /// Answers blocking requests with `reply` at once (shutdown).
     fn unblock_with(&mut self, reply: &Reply) {
-        for owed in &mut self.queue {
+        for (owed, _) in &mut self.queue {
             if matches!(owed, Owed::Blocking(_)) {
                 *owed = Owed::Ready(reply.clone());
             }
@@ -137,7 +147,7 @@ impl Pending {
 
     /// Withdraws blocking requests (the client left).
     fn withdraw_blocking(&mut self) {
-        self.queue.retain(|o| !matches!(o, Owed::Blocking(_)));
+        self.queue.retain(|(o, _)| !matches!(o, Owed::Blocking(_)));
         self.blocked = false;
     }
 }
@@ -209,7 +219,8 @@ async fn run(
     let mut out = BytesMut::with_capacity(BUFFER);
     let mut pending = Pending::default();
     let mut closing = *stop.borrow();
-    let mut last_read = Instant::now();
+    // Idleness counts from the last request read or reply produced.
+    let mut last_activity = Instant::now();
     // Registered once: a fresh `changed()` per turn would lock the shared
     // notifier every time.
     let stopped = stop.changed();
@@ -253,11 +264,8 @@ async fn run(
             };
             match action {
                 Action::Reply(reply) => pending.reply(&mut out, session.version, reply),
-                Action::Pending(later) => pending.queue.push_back(Owed::Later(later)),
-                Action::Block(later) => {
-                    pending.queue.push_back(Owed::Blocking(later));
-                    pending.blocked = true;
-                }
+                Action::Pending(later) => pending.later(Owed::Later(later), session.version),
+                Action::Block(later) => pending.later(Owed::Blocking(later), session.version),
                 Action::Close(reply) => {
                     pending.reply(&mut out, session.version, reply);
                     closing = true;
@@ -291,14 +299,18 @@ async fn run(
                 Err(e) => return Err(e),
             }
         }
+        // While a request is parked the connection reads ahead (bounded),
+        // whatever the FIFO holds, to notice the client leaving.
         let can_read = !closing
-            && pending.len() < max_pending
-            && (!pending.blocked || inbuf.len() < PARKED_READ_AHEAD);
+            && if pending.blocked {
+                inbuf.len() < PARKED_READ_AHEAD
+            } else {
+                pending.len() < max_pending
+            };
         let idle_deadline = match idle_for {
-            Some(d) if pending.is_empty() && out.is_empty() => Some(last_read + d),
+            Some(d) if pending.is_empty() && out.is_empty() => Some(last_activity + d),
             _ => None,
         };
-        let version = session.version;
         tokio::select! {
             biased;
             _ = &mut stopped, if !closing => {
@@ -306,12 +318,13 @@ async fn run(
                 pending.unblock_with(&Reply::Error(e));
                 closing = true;
             }
-            reply = poll_fn(|cx| pending.poll_front(cx)), if !pending.is_empty() => {
-                push(&mut out, version, &reply);
+            (reply, v) = poll_fn(|cx| pending.poll_front(cx)), if !pending.is_empty() => {
+                last_activity = Instant::now();
+                push(&mut out, v, &reply);
                 // Replies known right behind it go out in the same turn.
-                while let Some(Owed::Ready(_)) = pending.queue.front() {
-                    if let Some(Owed::Ready(r)) = pending.queue.pop_front() {
-                        push(&mut out, version, &r);
+                while let Some((Owed::Ready(_), _)) = pending.queue.front() {
+                    if let Some((Owed::Ready(r), v)) = pending.queue.pop_front() {
+                        push(&mut out, v, &r);
                     }
                 }
             }
@@ -329,7 +342,7 @@ async fn run(
                     pending.withdraw_blocking();
                     closing = true;
                 }
-                last_read = Instant::now();
+                last_activity = Instant::now();
             }
             _ = idle(idle_deadline) => {
                 debug!(client = session.info.id, "idle timeout");
@@ -367,9 +380,9 @@ mod tests {
         assert_eq!(&out[..], b":1\r\n", "nothing owed before: straight out");
         let (tx2, rx2) = oneshot::channel();
         let (tx4, rx4) = oneshot::channel();
-        p.queue.push_back(Owed::Later(later(rx2)));
+        p.later(Owed::Later(later(rx2)), v);
         p.reply(&mut out, v, int(3));
-        p.queue.push_back(Owed::Later(later(rx4)));
+        p.later(Owed::Later(later(rx4)), Version::Resp3);
         p.reply(&mut out, v, int(5));
         assert_eq!(p.len(), 4);
         // The fourth is known first: nothing can go out yet.
@@ -382,7 +395,16 @@ mod tests {
             let r = poll_fn(|cx| p.poll_front(cx)).await;
             got.push(r);
         }
-        assert_eq!(got, vec![int(2), int(3), int(4), int(5)]);
+        // Each in the version of its own request.
+        assert_eq!(
+            got,
+            vec![
+                (int(2), v),
+                (int(3), v),
+                (int(4), Version::Resp3),
+                (int(5), v)
+            ]
+        );
     }
 
     /// A blocking request holds the connection until it is answered; at
@@ -393,14 +415,15 @@ mod tests {
         let mut out = BytesMut::new();
         let (_tx, rx) = oneshot::channel::<Reply>();
         let (tx2, rx2) = oneshot::channel();
-        p.queue.push_back(Owed::Later(later(rx2)));
-        p.queue.push_back(Owed::Blocking(later(rx)));
-        p.blocked = true;
+        let v = Version::Resp2;
+        p.later(Owed::Later(later(rx2)), v);
+        p.later(Owed::Blocking(later(rx)), v);
+        assert!(p.blocked);
         p.unblock_with(&int(-1));
         assert!(!p.blocked);
         tx2.send(int(1)).unwrap();
-        assert_eq!(poll_fn(|cx| p.poll_front(cx)).await, int(1));
-        assert_eq!(poll_fn(|cx| p.poll_front(cx)).await, int(-1));
+        assert_eq!(poll_fn(|cx| p.poll_front(cx)).await, (int(1), v));
+        assert_eq!(poll_fn(|cx| p.poll_front(cx)).await, (int(-1), v));
         assert!(p.is_empty());
         p.reply(&mut out, Version::Resp2, int(7));
         assert_eq!(&out[..], b":7\r\n");

@@ -264,7 +264,19 @@ impl Waiters {
         ask: Ask,
         may_wait: bool,
     ) -> Result<Reply, Parked> {
-        if may_wait {
+        if may_wait && self.has_queue(key) {
+            // A claim that would only replay or mismatch is answered now,
+            // and a retry by the attempt that owns the key gets it back now:
+            // neither takes anything from the waiters ahead.
+            if let Ask::Claim { op, .. } = &ask {
+                match self.engine.read(Read::Claim(op)).reply {
+                    Some(reply) if in_flight(&reply).is_none() => return Ok(reply),
+                    None if self.in_flight_now(key) => {
+                        return Ok(self.ask_now(&ask).await.unwrap_or_else(|r| r));
+                    }
+                    _ => {}
+                }
+            }
             let mut sh = self.shard(key).lock();
             if let Some(q) = sh.queues.get_mut(key) {
                 let seen = q.seen;
@@ -352,6 +364,16 @@ impl Waiters {
         tokio::spawn(lease_timer(Arc::clone(self), key, remaining)).abort_handle()
     }
 
+    fn has_queue(&self, key: &Bytes) -> bool {
+        self.shard(key).lock().queues.contains_key(key)
+    }
+
+    /// Whether `key` is in flight now (a passed deadline counts as applied).
+    fn in_flight_now(&self, key: &Bytes) -> bool {
+        let seen = self.engine.read(Read::Settle(key));
+        seen.reply.as_ref().and_then(in_flight).is_some()
+    }
+
     /// Starts a serve pass of `key` if the key is not in flight now.
     fn kick_if_not_in_flight(self: &Arc<Self>, key: &Bytes) {
         let seen = self.engine.read(Read::Settle(key));
@@ -435,6 +457,11 @@ impl Waiters {
                         return;
                     };
                     q.seen = q.seen.max(index);
+                    if q.list.is_empty() {
+                        // The last waiter left during the pass.
+                        sh.queues.remove(&key);
+                        return;
+                    }
                     if let Some(t) = q.timer.take() {
                         t.abort();
                     }

@@ -321,3 +321,49 @@ async fn ten_thousand_waiters_are_answered_by_one_complete() {
     );
     assert_eq!(waiters.parked(), 0);
 }
+
+#[tokio::test(start_paused = true)]
+async fn behind_waiters_an_owner_retry_and_a_mismatch_are_answered_at_once() {
+    let (engine, waiters) = setup();
+    let owner = acquire(
+        &engine,
+        Claim {
+            attempt: Some(Bytes::from_static(b"a1")),
+            fingerprint: Some(Bytes::from_static(b"fp")),
+            ..Claim::new(key())
+        },
+    )
+    .await;
+    let w1 = park(&waiters, claim_wait(60_000), 60_000).await;
+    // The owner's reply was lost: its retry, even with WAIT, gets the key
+    // back with the same fence instead of queueing behind the waiter.
+    let retry = Command::Claim(Claim {
+        attempt: Some(Bytes::from_static(b"a1")),
+        wait_ms: Some(5_000),
+        ..Claim::new(key())
+    });
+    assert_eq!(
+        Arc::clone(&waiters).wait(retry, 5_000).await,
+        Reply::Claim(ClaimReply::Acquired { fence: owner })
+    );
+    // A different payload is refused now, not when the key is released.
+    let other = Command::Claim(Claim {
+        fingerprint: Some(Bytes::from_static(b"other")),
+        wait_ms: Some(5_000),
+        ..Claim::new(key())
+    });
+    assert!(matches!(
+        Arc::clone(&waiters).wait(other, 5_000).await,
+        Reply::Error(e) if e.code == idem_protocol::ErrorCode::Mismatch
+    ));
+    assert!(!w1.is_finished());
+    assert_eq!(waiters.parked(), 1);
+    let stats = &waiters.stats;
+    let load = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(
+        load(&stats.timed_out),
+        0,
+        "answered only when its wait ran out"
+    );
+    assert_eq!(load(&stats.parked_total), 1, "only the first waiter parked");
+}
