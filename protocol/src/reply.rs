@@ -288,8 +288,9 @@ pub enum Reply {
     Claim(ClaimReply),
     /// The reply to `SETTLE`.
     Settle(SettleReply),
-    /// The reply to `INSPECT`.
-    Inspect(Option<RecordInfo>),
+    /// The reply to `INSPECT` (boxed: it is large and rare, and every
+    /// reply is moved on the hot path).
+    Inspect(Option<Box<RecordInfo>>),
     /// An error reply.
     Error(ServerError),
     /// Any other reply, as a frame.

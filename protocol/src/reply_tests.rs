@@ -91,7 +91,11 @@ fn inspect_replies_round_trip() {
     for r in [Some(full), Some(flying), None] {
         for v in [Version::Resp2, Version::Resp3] {
             assert_eq!(
-                RecordInfo::from_frame(wire(&Reply::Inspect(r.clone()).to_frame(), v)).unwrap(),
+                RecordInfo::from_frame(wire(
+                    &Reply::Inspect(r.clone().map(Box::new)).to_frame(),
+                    v
+                ))
+                .unwrap(),
                 r
             );
         }

@@ -8,11 +8,11 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use idem_protocol::{Command, ErrorCode, Frame, Reply, ServerError};
+use idem_protocol::{Command, ErrorCode, Flags, Frame, Reply, ServerError};
 
 use crate::admin;
 use crate::config::RequestLimits;
-use crate::engine::Submitted;
+use crate::engine::{Submission, Submitted};
 use crate::metrics::bump;
 use crate::node::Node;
 use crate::session::Session;
@@ -160,7 +160,10 @@ fn record(node: &Node, cmd: Command) -> Action {
         return Action::Block(Box::pin(waiters.wait(cmd, wait)));
     }
     let engine = node.engine();
+    // The command table says which commands only read: they are answered
+    // from the local store, never through the log.
     let read = match &cmd {
+        _ if !cmd.spec().flags.contains(Flags::READ) => None,
         Command::Settle(s) => Some(engine.read(Read::Settle(&s.key))),
         Command::Inspect(i) => Some(engine.read(Read::Inspect(&i.key))),
         _ => None,
@@ -178,8 +181,8 @@ fn record(node: &Node, cmd: Command) -> Action {
     let Some(op) = Op::from_command(cmd, &node.config().defaults) else {
         return Action::Reply(err("not a record command"));
     };
-    match engine.submit(op).into_ready() {
-        Ok(result) => Action::Reply(reply_of(result)),
-        Err(later) => Action::Pending(Box::pin(async move { reply_of(later.await) })),
+    match engine.submit(op) {
+        Submission::Ready(Some(Ok(applied))) => Action::Reply(applied.reply),
+        later => Action::Pending(Box::pin(async move { reply_of(later.await) })),
     }
 }

@@ -32,6 +32,7 @@
 //! events and [`Store::snapshot`] (written in key order) do not depend on
 //! them.
 
+pub mod codec;
 mod expiry;
 mod op;
 mod record;
@@ -298,11 +299,9 @@ impl Store {
                     value: sh.slab.body(id),
                 },
             })),
-            Read::Inspect(_) => {
-                Some(Reply::Inspect(seen.and_then(|(id, state, deadline)| {
-                    sh.slab.info(id, state, deadline, now)
-                })))
-            }
+            Read::Inspect(_) => Some(Reply::Inspect(seen.and_then(|(id, state, deadline)| {
+                sh.slab.info(id, state, deadline, now).map(Box::new)
+            }))),
             Read::Claim(c) => peek_claim(sh, seen, c, now),
         };
         Observed { reply, due, index }

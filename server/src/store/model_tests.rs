@@ -134,48 +134,50 @@ impl Model {
                 },
             }),
             Command::Inspect(c) => Reply::Inspect(self.view(&c.key, now).map(|r| {
-                let left = r.deadline - now;
-                let body = Some(r.body.clone());
-                let (state, lease, retain, outcome, value, journal, attempt) = match r.state {
-                    MState::Flight => (
-                        RecordState::InFlight,
-                        Some(left),
-                        None,
-                        None,
-                        None,
-                        body,
-                        r.attempt.clone(),
-                    ),
-                    MState::Abandoned => (
-                        RecordState::Abandoned,
-                        None,
-                        Some(left),
-                        None,
-                        None,
-                        body,
-                        r.attempt.clone(),
-                    ),
-                    MState::Done(o) => (
-                        RecordState::Completed,
-                        None,
-                        Some(left),
-                        Some(o),
-                        body,
-                        None,
-                        None,
-                    ),
-                };
-                idem_protocol::RecordInfo {
-                    state,
-                    fence: r.fence,
-                    lease_ms: lease,
-                    retain_ms: retain,
-                    outcome,
-                    value,
-                    fingerprint: r.fp.clone(),
-                    journal,
-                    attempt,
-                }
+                Box::new({
+                    let left = r.deadline - now;
+                    let body = Some(r.body.clone());
+                    let (state, lease, retain, outcome, value, journal, attempt) = match r.state {
+                        MState::Flight => (
+                            RecordState::InFlight,
+                            Some(left),
+                            None,
+                            None,
+                            None,
+                            body,
+                            r.attempt.clone(),
+                        ),
+                        MState::Abandoned => (
+                            RecordState::Abandoned,
+                            None,
+                            Some(left),
+                            None,
+                            None,
+                            body,
+                            r.attempt.clone(),
+                        ),
+                        MState::Done(o) => (
+                            RecordState::Completed,
+                            None,
+                            Some(left),
+                            Some(o),
+                            body,
+                            None,
+                            None,
+                        ),
+                    };
+                    idem_protocol::RecordInfo {
+                        state,
+                        fence: r.fence,
+                        lease_ms: lease,
+                        retain_ms: retain,
+                        outcome,
+                        value,
+                        fingerprint: r.fp.clone(),
+                        journal,
+                        attempt,
+                    }
+                })
             })),
             _ => unreachable!(),
         }
