@@ -14,3 +14,4 @@ mod t06_load;
 mod t07_redis_tools;
 mod t08_config;
 mod t09_client;
+mod t10_durability;

@@ -140,7 +140,15 @@ pub fn info(node: &Node, sections: &[Bytes]) -> Reply {
 }
 
 /// The sections INFO knows, in order.
-pub const SECTIONS: [&str; 5] = ["server", "clients", "memory", "stats", "keyspace"];
+pub const SECTIONS: [&str; 7] = [
+    "server",
+    "clients",
+    "memory",
+    "persistence",
+    "stats",
+    "replication",
+    "keyspace",
+];
 
 /// The INFO text for the sections asked for (all when `wanted` is empty or
 /// holds `all`, `default` or `everything`).
@@ -191,6 +199,41 @@ pub fn info_text(node: &Node, wanted: &[String]) -> String {
             "used_memory:{}\r\nmaxmemory:{}\r\nmaxmemory_policy:noeviction\r\n",
             st.memory, max
         );
+    });
+    let raft = node.engine().raft_info();
+    section("persistence", &|o| {
+        let _ = write!(o, "engine:{}\r\n", node.engine().kind().as_str());
+        if let Some((r, dir)) = &raft {
+            let per_sync = if r.fsyncs == 0 {
+                0.0
+            } else {
+                r.ops as f64 / r.fsyncs as f64
+            };
+            let _ = write!(
+                o,
+                "data_dir:{}\r\nwal_fsyncs:{}\r\nwal_entries:{}\r\nwal_cmds:{}\r\nwal_cmds_per_fsync:{:.2}\r\n",
+                dir.display(),
+                r.fsyncs,
+                r.entries,
+                r.ops,
+                per_sync
+            );
+        }
+    });
+    section("replication", &|o| {
+        let _ = write!(o, "role:master\r\nconnected_slaves:0\r\n");
+        if let Some((r, _)) = &raft {
+            let _ = write!(
+                o,
+                "raft_term:{}\r\nraft_leader:{}\r\nraft_last_log_index:{}\r\nraft_applied_index:{}\r\nraft_snapshot_index:{}\r\nraft_snapshots_built:{}\r\n",
+                r.term,
+                u8::from(r.leader),
+                r.last_log_index,
+                r.applied_index,
+                r.snapshot_index,
+                r.snapshots_built
+            );
+        }
     });
     section("stats", &|o| {
         let c = &st.counters;

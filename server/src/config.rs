@@ -18,6 +18,8 @@ use crate::store::{Defaults, MemoryLimits, StoreConfig};
 pub enum EngineKind {
     /// In memory; nothing survives a restart.
     Memory,
+    /// Through a Raft log on disk (one node): durable.
+    Raft,
 }
 
 impl EngineKind {
@@ -25,6 +27,7 @@ impl EngineKind {
     pub fn as_str(self) -> &'static str {
         match self {
             EngineKind::Memory => "memory",
+            EngineKind::Raft => "raft",
         }
     }
 }
@@ -35,9 +38,10 @@ impl std::str::FromStr for EngineKind {
     fn from_str(s: &str) -> Result<Self, ConfigError> {
         match s {
             "memory" => Ok(EngineKind::Memory),
+            "raft" => Ok(EngineKind::Raft),
             _ => Err(ConfigError::Invalid {
                 key: "engine",
-                reason: format!("unknown engine '{s}' (available: memory)"),
+                reason: format!("unknown engine '{s}' (available: memory, raft)"),
             }),
         }
     }
@@ -51,6 +55,18 @@ pub struct RawConfig {
     pub listen: String,
     /// Storage engine.
     pub engine: String,
+    /// Where the raft engine keeps its log and snapshots.
+    pub data_dir: String,
+    /// Ops waiting to be proposed to the log, at most.
+    pub max_pending_proposals: usize,
+    /// Bytes of ops in one log entry, at most.
+    pub max_batch_bytes: usize,
+    /// A write not applied within this gets -TRYAGAIN, ms.
+    pub proposal_timeout_ms: u64,
+    /// Log entries since the last snapshot that trigger a new one.
+    pub snapshot_entries: u64,
+    /// Size at which a log segment is closed, bytes.
+    pub wal_segment_bytes: u64,
     /// Number of store shards (a power of two; 0 picks one from the CPU count).
     pub shards: usize,
     /// Lease when CLAIM gives none, ms.
@@ -111,6 +127,12 @@ impl Default for RawConfig {
         RawConfig {
             listen: "127.0.0.1:7379".into(),
             engine: "memory".into(),
+            data_dir: "idem-data".into(),
+            max_pending_proposals: 65_536,
+            max_batch_bytes: 8 << 20,
+            proposal_timeout_ms: 10_000,
+            snapshot_entries: 10_000,
+            wal_segment_bytes: 64 << 20,
             shards: 0,
             default_lease_ms: 30_000,
             max_lease_ms: 3_600_000,
@@ -177,6 +199,8 @@ pub struct Config {
     pub listen: SocketAddr,
     /// Storage engine.
     pub engine: EngineKind,
+    /// The raft engine's settings.
+    pub raft: crate::engine::raft::RaftConfig,
     /// How the store is laid out.
     pub store: StoreConfig,
     /// Defaults this node resolves into the ops it accepts.
@@ -242,6 +266,11 @@ fn invalid(key: &'static str, reason: impl Into<String>) -> ConfigError {
 macro_rules! numeric_keys {
     ($m:ident) => {
         $m!(
+            max_pending_proposals,
+            max_batch_bytes,
+            proposal_timeout_ms,
+            snapshot_entries,
+            wal_segment_bytes,
             shards,
             default_lease_ms,
             max_lease_ms,
@@ -309,6 +338,7 @@ impl RawConfig {
                 match key {
                     "listen" => self.listen = value.to_owned(),
                     "engine" => self.engine = value.to_owned(),
+                    "data_dir" => self.data_dir = value.to_owned(),
                     "log" => self.log = value.to_owned(),
                     $(stringify!($name) => self.$name = num(stringify!($name), value)?,)*
                     _ => return Err(invalid("environment", format!("unknown key IDEM_{}", key.to_ascii_uppercase()))),
@@ -326,6 +356,7 @@ impl RawConfig {
                 vec![
                     ("listen", self.listen.clone()),
                     ("engine", self.engine.clone()),
+                    ("data_dir", self.data_dir.clone()),
                     ("log", self.log.clone()),
                     $((stringify!($name), self.$name.to_string()),)*
                 ]
@@ -362,6 +393,18 @@ impl RawConfig {
         positive("sweep_interval_ms", self.sweep_interval_ms)?;
         positive("sweep_batch", self.sweep_batch as u64)?;
         positive("expire_batch", self.expire_batch as u64)?;
+        positive("max_pending_proposals", self.max_pending_proposals as u64)?;
+        positive("proposal_timeout_ms", self.proposal_timeout_ms)?;
+        positive("snapshot_entries", self.snapshot_entries)?;
+        if self.max_batch_bytes < 4096 {
+            return Err(invalid("max_batch_bytes", "must be at least 4096"));
+        }
+        if self.wal_segment_bytes < 4096 {
+            return Err(invalid("wal_segment_bytes", "must be at least 4096"));
+        }
+        if self.data_dir.trim().is_empty() {
+            return Err(invalid("data_dir", "must not be empty"));
+        }
         positive(
             "max_pending_per_connection",
             self.max_pending_per_connection as u64,
@@ -447,6 +490,15 @@ impl RawConfig {
         Ok(Config {
             listen,
             engine,
+            raft: crate::engine::raft::RaftConfig {
+                data_dir: self.data_dir.clone().into(),
+                node_id: 1,
+                max_pending_proposals: self.max_pending_proposals,
+                max_batch_bytes: self.max_batch_bytes,
+                proposal_timeout_ms: self.proposal_timeout_ms,
+                snapshot_entries: self.snapshot_entries,
+                segment_bytes: self.wal_segment_bytes,
+            },
             store: StoreConfig { shards, seed: None },
             defaults: Defaults {
                 lease_ms: self.default_lease_ms,
@@ -530,7 +582,7 @@ mod tests {
     fn bad_values_are_refused_with_the_key_named() {
         let cases: Vec<(&str, &str, &str)> = vec![
             ("listen", "localhost", "listen"),
-            ("engine", "raft", "engine"),
+            ("engine", "rocks", "engine"),
             ("shards", "3", "shards"),
             ("max_lease_ms", "0", "max_lease_ms"),
             ("default_lease_ms", "7200000", "default_lease_ms"),

@@ -23,7 +23,7 @@ use std::time::Duration;
 
 use bytes::{Buf, BytesMut};
 use idem_protocol::{
-    Command, CommandError, ErrorCode, FrameError, Reply, ServerError, Version, decode,
+    Command, CommandError, ErrorCode, Flags, FrameError, Reply, ServerError, Version, decode,
 };
 use tokio::io::{AsyncWriteExt, Interest};
 use tokio::net::TcpStream;
@@ -127,6 +127,13 @@ impl Pending {
         }
     }
 
+    /// Whether a reply not yet known is owed (a write still in the log).
+    fn awaits_write(&self) -> bool {
+        self.queue
+            .iter()
+            .any(|(o, _)| matches!(o, Owed::Later(_) | Owed::Blocking(_)))
+    }
+
     /// Adds a reply that comes later.
     fn later(&mut self, owed: Owed, version: Version) {
         if matches!(owed, Owed::Blocking(_)) {
@@ -150,6 +157,18 @@ impl Pending {
         self.queue.retain(|(o, _)| !matches!(o, Owed::Blocking(_)));
         self.blocked = false;
     }
+}
+
+/// A command answered from the store without the log (and without
+/// waiting): it must see this connection's earlier writes, so it runs only
+/// once they are applied.
+fn is_plain_read(cmd: &Command) -> bool {
+    let flags = cmd.spec().flags;
+    flags.contains(Flags::READ)
+        && match cmd {
+            Command::Settle(s) => s.wait_ms.unwrap_or(0) == 0,
+            _ => true,
+        }
 }
 
 async fn idle(deadline: Option<Instant>) {
@@ -218,6 +237,9 @@ async fn run(
     let mut inbuf = BytesMut::with_capacity(BUFFER);
     let mut out = BytesMut::with_capacity(BUFFER);
     let mut pending = Pending::default();
+    // A read that arrived behind writes of this connection not yet applied:
+    // it runs once they are, so it sees them.
+    let mut held: Option<Command> = None;
     let mut closing = *stop.borrow();
     // Idleness counts from the last request read or reply produced.
     let mut last_activity = Instant::now();
@@ -228,27 +250,40 @@ async fn run(
     loop {
         // Run every complete request already buffered, unless one blocks
         // or too many replies are owed.
-        while !pending.blocked && !closing && pending.len() < max_pending {
-            let frame = match decode(&mut inbuf, &limits) {
-                Ok(Some(frame)) => frame,
-                Ok(None) => break,
-                Err(e) => {
-                    let reply = match e {
-                        FrameError::TooBig { .. } => {
-                            bump(&node.metrics().toobig);
-                            ServerError::owned(ErrorCode::TooBig, e.to_string())
-                        }
-                        _ => {
-                            bump(&node.metrics().protocol_errors);
-                            ServerError::owned(ErrorCode::Err, e.to_string())
-                        }
-                    };
-                    pending.reply(&mut out, session.version, Reply::Error(reply));
-                    closing = true;
-                    break;
-                }
+        while !pending.blocked && (!closing || held.is_some()) && pending.len() < max_pending {
+            if held.is_some() && pending.awaits_write() {
+                break;
+            }
+            let cmd = match held.take() {
+                Some(cmd) => Ok(cmd),
+                None => match decode(&mut inbuf, &limits) {
+                    Ok(Some(frame)) => Command::from_frame(frame),
+                    Ok(None) => break,
+                    Err(e) => {
+                        let reply = match e {
+                            FrameError::TooBig { .. } => {
+                                bump(&node.metrics().toobig);
+                                ServerError::owned(ErrorCode::TooBig, e.to_string())
+                            }
+                            _ => {
+                                bump(&node.metrics().protocol_errors);
+                                ServerError::owned(ErrorCode::Err, e.to_string())
+                            }
+                        };
+                        pending.reply(&mut out, session.version, Reply::Error(reply));
+                        closing = true;
+                        break;
+                    }
+                },
             };
-            let action = match Command::from_frame(frame) {
+            if let Ok(c) = &cmd
+                && is_plain_read(c)
+                && pending.awaits_write()
+            {
+                held = cmd.ok();
+                break;
+            }
+            let action = match cmd {
                 Ok(cmd) => dispatch(node, &mut session, cmd),
                 Err(e) => {
                     let reply = Reply::Error(ServerError::owned(ErrorCode::Err, e.to_string()));
@@ -284,7 +319,7 @@ async fn run(
             );
             return Ok(());
         }
-        if closing && pending.is_empty() {
+        if closing && pending.is_empty() && held.is_none() {
             // Write what is owed (bounded in time), then close.
             let _ = tokio::time::timeout(CLOSE_FLUSH, socket.write_all(&out)).await;
             let _ = socket.shutdown().await;
@@ -302,6 +337,7 @@ async fn run(
         // While a request is parked the connection reads ahead (bounded),
         // whatever the FIFO holds, to notice the client leaving.
         let can_read = !closing
+            && held.is_none()
             && if pending.blocked {
                 inbuf.len() < PARKED_READ_AHEAD
             } else {

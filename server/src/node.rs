@@ -10,6 +10,7 @@ use crate::clients::Clients;
 use crate::clock::Clock;
 use crate::config::{Config, EngineKind};
 use crate::engine::Engine;
+use crate::engine::raft::StartError;
 use crate::metrics::Metrics;
 use crate::store::Op;
 use crate::waiters::Waiters;
@@ -29,20 +30,33 @@ struct Inner {
 pub struct Node(Arc<Inner>);
 
 impl Node {
-    /// A node serving on `local_addr` with `config`, its engine started and
-    /// its memory limits applied.
-    pub fn new(config: Config, local_addr: SocketAddr) -> Node {
-        Node::with_clock(config, local_addr, Clock::new())
+    /// A node serving on `local_addr` with `config`, its engine started
+    /// (for raft: the log replayed) and its memory limits applied.
+    ///
+    /// # Errors
+    ///
+    /// When the raft engine cannot start (its data directory).
+    pub async fn start(config: Config, local_addr: SocketAddr) -> Result<Node, StartError> {
+        let engine = match config.engine {
+            EngineKind::Memory => Engine::memory(config.store.clone(), Clock::new()),
+            EngineKind::Raft => Engine::raft(config.raft.clone(), config.store.clone()).await?,
+        };
+        Ok(Node::with_engine(config, local_addr, engine))
     }
 
-    /// [`Node::new`] on a given clock.
+    /// A node over a memory engine on a given clock.
     pub fn with_clock(config: Config, local_addr: SocketAddr, clock: Clock) -> Node {
-        let engine = Arc::new(match config.engine {
-            EngineKind::Memory => Engine::memory(config.store.clone(), clock),
-        });
+        let engine = Engine::memory(config.store.clone(), clock);
+        Node::with_engine(config, local_addr, engine)
+    }
+
+    fn with_engine(config: Config, local_addr: SocketAddr, engine: Engine) -> Node {
+        let engine = Arc::new(engine);
         // The limits are replicated state: they take effect through the
-        // engine like any write.
-        drop(engine.submit(Op::SetLimits(config.memory)));
+        // engine like any write (when they differ from what is in force).
+        if engine.stats().limits != Some(config.memory) {
+            drop(engine.submit(Op::SetLimits(config.memory)));
+        }
         let waiters = Waiters::new(Arc::clone(&engine), config.defaults);
         Node(Arc::new(Inner {
             engine,

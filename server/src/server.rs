@@ -33,7 +33,9 @@ impl Server {
     pub async fn bind(config: Config) -> io::Result<Server> {
         let listener = TcpListener::bind(config.listen).await?;
         let local_addr = listener.local_addr()?;
-        let node = Node::new(config, local_addr);
+        let node = Node::start(config, local_addr)
+            .await
+            .map_err(io::Error::other)?;
         Ok(Server { listener, node })
     }
 
@@ -108,6 +110,7 @@ impl Server {
         drop(done_tx);
         let _ = done_rx.recv().await;
         expiry.abort();
+        node.engine().shutdown().await;
         info!("shutdown complete");
         Ok(())
     }

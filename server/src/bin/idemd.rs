@@ -24,9 +24,13 @@ struct Args {
     /// Address to listen on, HOST:PORT (default 127.0.0.1:7379).
     #[arg(long, value_name = "HOST:PORT")]
     listen: Option<String>,
-    /// Storage engine (default and only engine for now: memory).
+    /// Storage engine: memory (default; nothing survives a restart) or
+    /// raft (a durable log on disk).
     #[arg(long, value_name = "ENGINE")]
     engine: Option<String>,
+    /// Data directory of the raft engine (default ./idem-data).
+    #[arg(long, value_name = "DIR")]
+    data_dir: Option<String>,
     /// Configuration file (TOML); `IDEM_CONFIG` also names one.
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
@@ -44,6 +48,9 @@ fn main() -> anyhow::Result<()> {
     raw.apply_env(std::env::vars().filter(|(k, _)| k != "IDEM_CONFIG"))?;
     if let Some(l) = args.listen {
         raw.listen = l;
+    }
+    if let Some(d) = args.data_dir {
+        raw.data_dir = d;
     }
     if let Some(e) = args.engine {
         raw.engine = e;
@@ -75,7 +82,7 @@ fn main() -> anyhow::Result<()> {
         let listen = config.listen;
         let server = Server::bind(config)
             .await
-            .with_context(|| format!("cannot listen on {listen}"))?;
+            .with_context(|| format!("cannot start idemd on {listen}"))?;
         // Tests and scripts started with port 0 read the bound address here.
         println!("idemd listening on {}", server.local_addr());
         server.run(shutdown_signal()).await.context("server failed")

@@ -15,6 +15,7 @@
 //! them, so memory is freed at the same point of every replica's history.
 
 mod memory;
+pub mod raft;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -111,6 +112,10 @@ pub trait EventSink: Send + Sync {
 
 enum Inner {
     Memory(MemoryEngine),
+    Raft {
+        engine: Box<raft::RaftEngine>,
+        store: Arc<crate::store::Store>,
+    },
 }
 
 /// The engine of a node.
@@ -130,10 +135,58 @@ impl Engine {
         }
     }
 
+    /// A raft engine over the data directory of `cfg`: the log is replayed
+    /// over the latest snapshot before this returns. Its clock continues
+    /// the replicated one (see [`raft`]).
+    ///
+    /// # Errors
+    ///
+    /// [`raft::StartError`] when the data directory cannot be used.
+    pub async fn raft(
+        cfg: raft::RaftConfig,
+        store_cfg: StoreConfig,
+    ) -> Result<Self, raft::StartError> {
+        let store = Arc::new(crate::store::Store::new(store_cfg));
+        let (engine, clock) =
+            raft::RaftEngine::start(cfg, Arc::clone(&store), Clock::new().now_ms()).await?;
+        Ok(Engine {
+            inner: Inner::Raft {
+                engine: Box::new(engine),
+                store,
+            },
+            clock,
+            sink: OnceLock::new(),
+        })
+    }
+
+    fn store(&self) -> &crate::store::Store {
+        match &self.inner {
+            Inner::Memory(m) => &m.store,
+            Inner::Raft { store, .. } => store,
+        }
+    }
+
     /// Which engine this is.
     pub fn kind(&self) -> EngineKind {
         match self.inner {
             Inner::Memory(_) => EngineKind::Memory,
+            Inner::Raft { .. } => EngineKind::Raft,
+        }
+    }
+
+    /// The raft engine's state, if this is one.
+    pub fn raft_info(&self) -> Option<(raft::RaftInfo, std::path::PathBuf)> {
+        match &self.inner {
+            Inner::Raft { engine, .. } => Some((engine.info(), engine.data_dir().to_owned())),
+            Inner::Memory(_) => None,
+        }
+    }
+
+    /// Stops the engine (the raft core); the memory engine has nothing to
+    /// stop.
+    pub async fn shutdown(&self) {
+        if let Inner::Raft { engine, .. } = &self.inner {
+            engine.shutdown().await;
         }
     }
 
@@ -144,6 +197,10 @@ impl Engine {
 
     /// Subscribes `sink` to the key events (once; later calls are ignored).
     pub fn subscribe(&self, sink: Weak<dyn EventSink>) {
+        if let Inner::Raft { engine, .. } = &self.inner {
+            // Applied entries publish from the state machine.
+            let _ = engine.sink().set(sink.clone());
+        }
         let _ = self.sink.set(sink);
     }
 
@@ -164,15 +221,13 @@ impl Engine {
                 self.publish(&applied);
                 Submission::Ready(Some(Ok(applied)))
             }
+            Inner::Raft { engine, .. } => engine.submit(op),
         }
     }
 
     /// Answers a read from the local store, now.
     pub fn read(&self, read: Read<'_>) -> Observed {
-        let now = self.clock.now_ms();
-        match &self.inner {
-            Inner::Memory(m) => m.store.read(read, now),
-        }
+        self.store().read(read, self.clock.now_ms())
     }
 
     /// Submits an `Op::Expire` of `key` (for a deadline a read saw pass),
@@ -185,9 +240,7 @@ impl Engine {
 
     /// Records stored.
     pub fn len(&self) -> usize {
-        match &self.inner {
-            Inner::Memory(m) => m.store.len(),
-        }
+        self.store().len()
     }
 
     /// Whether no record is stored.
@@ -197,21 +250,16 @@ impl Engine {
 
     /// Counters and sizes.
     pub fn stats(&self) -> StoreStats {
-        match &self.inner {
-            Inner::Memory(m) => m.store.stats(),
-        }
+        self.store().stats()
     }
 
     /// One round of expiry: finds keys whose deadline passed (examining at
     /// most `scan_per_shard` slots per shard) and submits `Op::Expire`s of
     /// at most `batch` keys each. Returns true if more are likely due.
     pub async fn expire_round(&self, scan_per_shard: usize, batch: usize) -> bool {
-        let found = match &self.inner {
-            Inner::Memory(m) => {
-                m.store
-                    .expiry_candidates(self.clock.now_ms(), scan_per_shard, batch)
-            }
-        };
+        let found = self
+            .store()
+            .expiry_candidates(self.clock.now_ms(), scan_per_shard, batch);
         if found.keys.is_empty() {
             return found.more;
         }
@@ -240,5 +288,36 @@ impl Engine {
                 tokio::task::yield_now().await;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use bytes::BytesMut;
+    use idem_protocol::{Reply, Version};
+
+    use super::EngineError;
+
+    fn wire(e: &EngineError) -> String {
+        let mut out = BytesMut::new();
+        Reply::Error(e.to_server_error()).encode(Version::Resp2, &mut out);
+        String::from_utf8_lossy(&out).into_owned()
+    }
+
+    #[test]
+    fn engine_errors_are_the_redis_cluster_replies() {
+        let moved = EngineError::Moved {
+            slot: 3999,
+            addr: "10.0.0.7:7379".into(),
+        };
+        assert_eq!(wire(&moved), "-MOVED 3999 10.0.0.7:7379\r\n");
+        assert_eq!(
+            wire(&EngineError::TryAgain("no leader yet")),
+            "-TRYAGAIN no leader yet\r\n"
+        );
+        assert_eq!(
+            wire(&EngineError::ClusterDown("no quorum")),
+            "-CLUSTERDOWN no quorum\r\n"
+        );
     }
 }

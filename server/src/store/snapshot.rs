@@ -170,6 +170,18 @@ impl Store {
     /// [`SnapshotError`] if the bytes are not a snapshot this build reads,
     /// are damaged, or hold an impossible record.
     pub fn restore(cfg: StoreConfig, snapshot: &[u8]) -> Result<Store, SnapshotError> {
+        let store = Store::new(cfg);
+        store.load_snapshot(snapshot)?;
+        Ok(store)
+    }
+
+    /// Replaces everything this store holds with the state of `snapshot`
+    /// (checked in full first: on error the store is unchanged).
+    ///
+    /// # Errors
+    ///
+    /// As [`Store::restore`].
+    pub fn load_snapshot(&self, snapshot: &[u8]) -> Result<(), SnapshotError> {
         let mut r = Reader { buf: snapshot };
         if r.take(8)? != MAGIC {
             return Err(SnapshotError::BadMagic);
@@ -188,37 +200,52 @@ impl Store {
         if crc32fast::hash(body) != u32::from_le_bytes([crc[0], crc[1], crc[2], crc[3]]) {
             return Err(SnapshotError::Checksum);
         }
-        let mut r = Reader { buf: &body[12..] };
-        let store = Store::new(cfg);
+        let mut r = Reader {
+            buf: body
+                .get(12..)
+                .ok_or(SnapshotError::Malformed("too short"))?,
+        };
         let (clock, next_fence, seq) = (r.u64()?, r.u64()?, r.u64()?);
-        store.clock.store(clock, Ordering::Release);
-        store.next_fence.store(next_fence, Ordering::Release);
-        store.seq.store(seq, Ordering::Release);
-        store.max_memory.store(r.u64()?, Ordering::Release);
-        store.headroom.store(r.u64()?, Ordering::Release);
+        let (max_memory, headroom) = (r.u64()?, r.u64()?);
         let count = r.u64()?;
+        let mut recs = Vec::new();
         let mut last: Option<&[u8]> = None;
         for _ in 0..count {
             let rec = r.record()?;
             if last.is_some_and(|l| l >= rec.key) {
                 return Err(SnapshotError::Malformed("records out of key order"));
             }
+            if rec.key.is_empty() || rec.key.len() > u16::MAX as usize {
+                return Err(SnapshotError::Malformed("key length"));
+            }
+            if rec.fingerprint.is_some_and(|f| f.len() > u16::MAX as usize) {
+                return Err(SnapshotError::Malformed("fingerprint length"));
+            }
             last = Some(rec.key);
-            store.insert_restored(&rec)?;
+            recs.push(rec);
         }
         if !r.buf.is_empty() {
             return Err(SnapshotError::Malformed("bytes after the last record"));
         }
-        Ok(store)
+        let mut guards: Vec<_> = self.shards.iter().map(|s| s.lock()).collect();
+        for g in guards.iter_mut() {
+            **g = Default::default();
+        }
+        self.memory.store(0, Ordering::Release);
+        self.clock.store(clock, Ordering::Release);
+        self.next_fence.store(next_fence, Ordering::Release);
+        self.seq.store(seq, Ordering::Release);
+        self.max_memory.store(max_memory, Ordering::Release);
+        self.headroom.store(headroom, Ordering::Release);
+        for rec in &recs {
+            let hash = self.hash(rec.key);
+            let sh = &mut *guards[(hash >> 40) as usize & self.mask];
+            self.insert_restored(sh, hash, rec);
+        }
+        Ok(())
     }
 
-    fn insert_restored(&self, r: &Rec<'_>) -> Result<(), SnapshotError> {
-        if r.key.is_empty() || r.key.len() > u16::MAX as usize {
-            return Err(SnapshotError::Malformed("key length"));
-        }
-        if r.fingerprint.is_some_and(|f| f.len() > u16::MAX as usize) {
-            return Err(SnapshotError::Malformed("fingerprint length"));
-        }
+    fn insert_restored(&self, sh: &mut super::shard::Shard, hash: u64, r: &Rec<'_>) {
         let large = r.body.len() > LARGE_BODY;
         let parts = Parts {
             key: r.key,
@@ -234,9 +261,6 @@ impl Store {
         );
         rec.fence = r.fence;
         rec.deadline = r.deadline;
-        let hash = self.hash(r.key);
-        let mut guard = self.shard(hash).lock();
-        let sh = &mut *guard;
         let id = sh.slab.insert(rec);
         if large {
             sh.slab.set_large(id, Bytes::copy_from_slice(r.body));
@@ -246,7 +270,6 @@ impl Store {
             .insert_unique(table_hash(h32), (id, h32), |&(_, h)| table_hash(h));
         sh.aux.by_state[state_index(r.state)] += 1;
         self.charge(0, sh.slab.cost(id));
-        Ok(())
     }
 }
 

@@ -56,12 +56,7 @@ fn claim_wait(wait_ms: u64) -> Command {
 
 /// Starts a waiting request and returns once it is parked.
 async fn park(waiters: &Arc<Waiters>, cmd: Command, wait_ms: u64) -> JoinHandle<Reply> {
-    let total = || {
-        waiters
-            .stats
-            .parked_total
-            .load(std::sync::atomic::Ordering::Relaxed)
-    };
+    let total = || count(&waiters.stats.parked_total);
     let before = total();
     let h = tokio::spawn(Arc::clone(waiters).wait(cmd, wait_ms));
     while total() == before {
@@ -75,6 +70,11 @@ async fn settle_tasks() {
     for _ in 0..50 {
         tokio::task::yield_now().await;
     }
+}
+
+/// A waiter counter's value.
+fn count(a: &std::sync::atomic::AtomicU64) -> u64 {
+    a.load(std::sync::atomic::Ordering::Relaxed)
 }
 
 fn acquired(r: Reply) -> u64 {
@@ -247,13 +247,7 @@ async fn a_wait_that_runs_out_answers_with_the_state_then() {
         }
         other => panic!("expected INFLIGHT, got {other:?}"),
     }
-    assert_eq!(
-        waiters
-            .stats
-            .timed_out
-            .load(std::sync::atomic::Ordering::Relaxed),
-        1
-    );
+    assert_eq!(count(&waiters.stats.timed_out), 1);
     assert_eq!(waiters.parked(), 0);
 }
 
@@ -307,18 +301,9 @@ async fn ten_thousand_waiters_are_answered_by_one_complete() {
         // One shared buffer for everyone.
         assert_eq!(*first.get_or_insert(got.as_ptr()), got.as_ptr());
     }
-    let hits = waiters
-        .stats
-        .hits_after_wait
-        .load(std::sync::atomic::Ordering::Relaxed);
+    let hits = count(&waiters.stats.hits_after_wait);
     assert_eq!(hits, N as u64);
-    assert_eq!(
-        waiters
-            .stats
-            .timed_out
-            .load(std::sync::atomic::Ordering::Relaxed),
-        0
-    );
+    assert_eq!(count(&waiters.stats.timed_out), 0);
     assert_eq!(waiters.parked(), 0);
 }
 
@@ -359,11 +344,14 @@ async fn behind_waiters_an_owner_retry_and_a_mismatch_are_answered_at_once() {
     assert!(!w1.is_finished());
     assert_eq!(waiters.parked(), 1);
     let stats = &waiters.stats;
-    let load = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
     assert_eq!(
-        load(&stats.timed_out),
+        count(&stats.timed_out),
         0,
         "answered only when its wait ran out"
     );
-    assert_eq!(load(&stats.parked_total), 1, "only the first waiter parked");
+    assert_eq!(
+        count(&stats.parked_total),
+        1,
+        "only the first waiter parked"
+    );
 }

@@ -1,0 +1,468 @@
+//! The raft engine: every op goes through an openraft log that is on disk
+//! before anything is acknowledged, and is applied by the store's rules
+//! from the committed log. One node for now; the types, the log and the
+//! state machine are those a cluster uses.
+//!
+//! - [`wal`]: append-only checksummed segments and the metadata file;
+//! - [`log_store`]: openraft's log storage over it;
+//! - [`state_machine`]: openraft's state machine over the store, with
+//!   snapshots on disk;
+//! - [`types`]: the entry and reply types.
+//!
+//! Group commit: proposals from every connection queue up (at most
+//! `max_pending_proposals`); a proposer task takes all that are pending
+//! (at most [`MAX_BATCH_OPS`] or `max_batch_bytes`), stamps them with one
+//! time and writes them as one log entry, so many commands share one
+//! `fdatasync`. Nothing waits for a timer: an idle node proposes at once.
+//!
+//! Time (the rule of leases under Raft): when the node starts serving, it
+//! anchors its stamps to the replicated clock, `stamp = clock_at_start +
+//! monotonic time since`, never to the wall clock (only a brand-new data
+//! directory starts from the wall clock). So a restart or a wall-clock step
+//! never lapses or shortens a lease: leases and retention pause while the
+//! node is down.
+
+pub mod log_store;
+pub mod state_machine;
+pub mod types;
+pub mod wal;
+
+use std::collections::BTreeMap;
+use std::fs::{self, File};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use openraft::{BasicNode, Raft, SnapshotPolicy};
+use tokio::sync::{mpsc, oneshot};
+use tracing::{info, warn};
+
+use super::{EngineError, Submitted};
+use crate::clock::Clock;
+use crate::store::{Entry, Op, Store};
+use log_store::LogStore;
+use state_machine::StateMachine;
+use types::{Batch, NodeId, TypeConfig};
+
+/// Most ops in one log entry.
+pub const MAX_BATCH_OPS: usize = 65_535;
+
+/// What the raft engine needs of the configuration.
+#[derive(Debug, Clone)]
+pub struct RaftConfig {
+    /// Where the log and snapshots live.
+    pub data_dir: PathBuf,
+    /// This node's id.
+    pub node_id: NodeId,
+    /// Ops waiting to be proposed, at most.
+    pub max_pending_proposals: usize,
+    /// Bytes of ops in one log entry, at most (a single larger op goes
+    /// alone).
+    pub max_batch_bytes: usize,
+    /// A proposal not applied within this gets `-TRYAGAIN`, ms.
+    pub proposal_timeout_ms: u64,
+    /// Log entries since the last snapshot that trigger a new one.
+    pub snapshot_entries: u64,
+    /// Size at which a log segment is closed and a new one started.
+    pub segment_bytes: u64,
+}
+
+/// Why the raft engine could not start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StartError {
+    /// The data directory cannot be used.
+    #[error("data directory {path}: {reason}")]
+    DataDir {
+        /// The directory.
+        path: PathBuf,
+        /// Why.
+        reason: String,
+    },
+    /// Another idemd holds the data directory.
+    #[error(
+        "data directory {0} is in use by another idemd (its lock file is held); stop it or use another --data-dir"
+    )]
+    Locked(PathBuf),
+    /// The log cannot be opened.
+    #[error(transparent)]
+    Log(#[from] log_store::OpenError),
+    /// The snapshot cannot be loaded.
+    #[error(transparent)]
+    Snapshot(#[from] state_machine::SnapshotFileError),
+    /// openraft refused to start.
+    #[error("raft: {0}")]
+    Raft(String),
+}
+
+struct Proposal {
+    op: Op,
+    /// Approximate encoded size, for the batch cap.
+    bytes: usize,
+    tx: oneshot::Sender<Submitted>,
+}
+
+/// Counters of the engine.
+#[derive(Debug, Default)]
+pub struct RaftStats {
+    /// Log entries proposed.
+    pub entries: AtomicU64,
+    /// Ops proposed in them.
+    pub ops: AtomicU64,
+}
+
+/// A running single-node raft engine.
+pub struct RaftEngine {
+    raft: Raft<TypeConfig>,
+    proposals: mpsc::Sender<Proposal>,
+    log: LogStore,
+    sm: StateMachine,
+    data_dir: PathBuf,
+    stats: Arc<RaftStats>,
+    proposal_timeout: Duration,
+    /// Held while running: a second idemd on the directory is refused.
+    _lock: File,
+}
+
+/// Takes the advisory lock of `dir` (released by the kernel when the
+/// process ends, however it ends).
+fn lock_dir(dir: &Path) -> Result<File, StartError> {
+    let path = dir.join("LOCK");
+    let f = File::options()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(|e| StartError::DataDir {
+            path: dir.to_owned(),
+            reason: format!("cannot open {}: {e}", path.display()),
+        })?;
+    match f.try_lock() {
+        Ok(()) => Ok(f),
+        Err(fs::TryLockError::WouldBlock) => Err(StartError::Locked(dir.to_owned())),
+        Err(fs::TryLockError::Error(e)) => Err(StartError::DataDir {
+            path: dir.to_owned(),
+            reason: format!("cannot lock {}: {e}", path.display()),
+        }),
+    }
+}
+
+impl RaftEngine {
+    /// Opens the data directory, replays the log over the latest snapshot
+    /// and starts serving as the single voter of its group. Returns once
+    /// the node leads and has applied its log.
+    pub async fn start(
+        cfg: RaftConfig,
+        store: Arc<Store>,
+        wall_ms: u64,
+    ) -> Result<(RaftEngine, Clock), StartError> {
+        fs::create_dir_all(&cfg.data_dir).map_err(|e| StartError::DataDir {
+            path: cfg.data_dir.clone(),
+            reason: e.to_string(),
+        })?;
+        let data_dir = fs::canonicalize(&cfg.data_dir).map_err(|e| StartError::DataDir {
+            path: cfg.data_dir.clone(),
+            reason: e.to_string(),
+        })?;
+        let lock = lock_dir(&data_dir)?;
+        let log_dir = data_dir.join("log");
+        let log = LogStore::open(&log_dir, cfg.segment_bytes)?;
+        let sm = StateMachine::open(Arc::clone(&store), &data_dir)?;
+        let raft_config = openraft::Config {
+            cluster_name: "idem".into(),
+            heartbeat_interval: 100,
+            election_timeout_min: 300,
+            election_timeout_max: 600,
+            snapshot_policy: SnapshotPolicy::LogsSinceLast(cfg.snapshot_entries),
+            max_in_snapshot_log_to_keep: 0,
+            ..Default::default()
+        }
+        .validate()
+        .map_err(|e| StartError::Raft(e.to_string()))?;
+        let raft = Raft::new(
+            cfg.node_id,
+            Arc::new(raft_config),
+            NoNetwork,
+            log.clone(),
+            sm.clone(),
+        )
+        .await
+        .map_err(|e| StartError::Raft(e.to_string()))?;
+        let initialized = raft
+            .is_initialized()
+            .await
+            .map_err(|e| StartError::Raft(e.to_string()))?;
+        if !initialized {
+            let mut members = BTreeMap::new();
+            members.insert(cfg.node_id, BasicNode::default());
+            raft.initialize(members)
+                .await
+                .map_err(|e| StartError::Raft(e.to_string()))?;
+            info!(dir = %data_dir.display(), "initialized a new single-node raft group");
+        }
+        // Serving starts once this node leads and has applied everything.
+        raft.wait(Some(Duration::from_secs(30)))
+            .state(openraft::ServerState::Leader, "leading")
+            .await
+            .map_err(|e| StartError::Raft(e.to_string()))?;
+        raft.ensure_linearizable()
+            .await
+            .map_err(|e| StartError::Raft(e.to_string()))?;
+        let clock = store.stats().clock;
+        let anchor = if clock == 0 { wall_ms } else { clock };
+        let proposer_clock = Clock::starting_at(anchor);
+        let (tx, rx) = mpsc::channel(cfg.max_pending_proposals.max(1));
+        let stats = Arc::new(RaftStats::default());
+        tokio::spawn(propose(
+            raft.clone(),
+            rx,
+            proposer_clock,
+            cfg.max_batch_bytes,
+            Arc::clone(&stats),
+        ));
+        info!(
+            dir = %data_dir.display(),
+            applied = ?sm.last_applied(),
+            records = store.len(),
+            "raft engine serving"
+        );
+        Ok((
+            RaftEngine {
+                raft,
+                proposals: tx,
+                log,
+                sm,
+                data_dir,
+                stats,
+                proposal_timeout: Duration::from_millis(cfg.proposal_timeout_ms),
+                _lock: lock,
+            },
+            proposer_clock,
+        ))
+    }
+
+    /// Where key events go.
+    pub fn sink(&self) -> Arc<std::sync::OnceLock<std::sync::Weak<dyn super::EventSink>>> {
+        self.sm.sink()
+    }
+
+    /// Proposes `op`; resolves once it is applied (its entry fsynced).
+    pub fn submit(&self, op: Op) -> super::Submission {
+        let (tx, rx) = oneshot::channel();
+        let bytes = op_size(&op);
+        match self.proposals.try_send(Proposal { op, bytes, tx }) {
+            Ok(()) => {}
+            Err(mpsc::error::TrySendError::Full(_)) => {
+                return super::Submission::Ready(Some(Err(EngineError::TryAgain(
+                    "too many proposals pending (max_pending_proposals)",
+                ))));
+            }
+            Err(mpsc::error::TrySendError::Closed(_)) => {
+                return super::Submission::Ready(Some(Err(EngineError::TryAgain(
+                    "the engine is stopping",
+                ))));
+            }
+        }
+        let timeout = self.proposal_timeout;
+        super::Submission::Pending(Box::pin(async move {
+            match tokio::time::timeout(timeout, rx).await {
+                Ok(Ok(r)) => r,
+                Ok(Err(_)) => Err(EngineError::TryAgain("the engine is stopping")),
+                Err(_) => Err(EngineError::TryAgain(
+                    "not applied within proposal_timeout_ms",
+                )),
+            }
+        }))
+    }
+
+    /// The data directory (absolute).
+    pub fn data_dir(&self) -> &Path {
+        &self.data_dir
+    }
+
+    /// What INFO reports of the engine.
+    pub fn info(&self) -> RaftInfo {
+        let m = self.raft.metrics().borrow().clone();
+        let (snapshot_index, snapshots) = self.sm.snapshot_state();
+        let entries = self.stats.entries.load(Ordering::Relaxed);
+        RaftInfo {
+            term: m.current_term,
+            last_log_index: m.last_log_index.unwrap_or(0),
+            applied_index: m.last_applied.map_or(0, |l| l.index),
+            snapshot_index: snapshot_index.map_or(0, |l| l.index),
+            snapshots_built: snapshots,
+            leader: m.current_leader == Some(m.id),
+            fsyncs: self.log.syncs(),
+            entries,
+            ops: self.stats.ops.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Stops the Raft core.
+    pub async fn shutdown(&self) {
+        if let Err(e) = self.raft.shutdown().await {
+            warn!(error = %e, "raft did not shut down cleanly");
+        }
+    }
+}
+
+/// A snapshot of the engine's state for INFO.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RaftInfo {
+    /// The current term.
+    pub term: u64,
+    /// The last log index.
+    pub last_log_index: u64,
+    /// The last applied index.
+    pub applied_index: u64,
+    /// The last snapshot's index.
+    pub snapshot_index: u64,
+    /// Snapshots built since start.
+    pub snapshots_built: u64,
+    /// Whether this node leads.
+    pub leader: bool,
+    /// Log `fdatasync`s since start.
+    pub fsyncs: u64,
+    /// Entries proposed since start.
+    pub entries: u64,
+    /// Ops proposed since start.
+    pub ops: u64,
+}
+
+fn op_size(op: &Op) -> usize {
+    let b = |x: &bytes::Bytes| x.len() + 4;
+    32 + match op {
+        Op::Claim(c) => {
+            b(&c.key) + c.fingerprint.as_ref().map_or(0, b) + c.attempt.as_ref().map_or(0, b)
+        }
+        Op::Complete(c) => b(&c.key) + b(&c.value),
+        Op::Journal(c) => b(&c.key) + b(&c.journal),
+        Op::Renew(c) => b(&c.key),
+        Op::Release(c) => b(&c.key),
+        Op::Abandon(c) => b(&c.key),
+        Op::Forget(c) => b(&c.key),
+        Op::Expire { keys } => keys.iter().map(b).sum(),
+        Op::SetLimits(_) => 16,
+    }
+}
+
+/// The proposer: takes every pending proposal (up to the caps), stamps
+/// them, writes them as one entry, and answers each with its own reply.
+async fn propose(
+    raft: Raft<TypeConfig>,
+    mut rx: mpsc::Receiver<Proposal>,
+    clock: Clock,
+    max_bytes: usize,
+    stats: Arc<RaftStats>,
+) {
+    let mut carry: Option<Proposal> = None;
+    loop {
+        let first = match carry.take() {
+            Some(p) => p,
+            None => match rx.recv().await {
+                Some(p) => p,
+                None => return,
+            },
+        };
+        let mut size = first.bytes;
+        let mut ops = vec![first.op];
+        let mut txs = vec![first.tx];
+        while ops.len() < MAX_BATCH_OPS {
+            match rx.try_recv() {
+                Ok(p) if size + p.bytes > max_bytes => {
+                    carry = Some(p);
+                    break;
+                }
+                Ok(p) => {
+                    size += p.bytes;
+                    ops.push(p.op);
+                    txs.push(p.tx);
+                }
+                Err(_) => break,
+            }
+        }
+        stats.entries.fetch_add(1, Ordering::Relaxed);
+        stats.ops.fetch_add(ops.len() as u64, Ordering::Relaxed);
+        let entry = Entry {
+            stamp_ms: clock.now_ms(),
+            ops,
+        };
+        match raft.client_write(Batch(entry)).await {
+            Ok(resp) => {
+                for (tx, applied) in txs.into_iter().zip(resp.data.0) {
+                    let _ = tx.send(Ok(applied));
+                }
+            }
+            Err(e) => {
+                warn!(error = %e, "a proposal failed");
+                for tx in txs {
+                    let _ = tx.send(Err(EngineError::TryAgain(
+                        "the log could not take the write",
+                    )));
+                }
+            }
+        }
+    }
+}
+
+/// The network of a single-node group: there is nobody to talk to.
+struct NoNetwork;
+
+struct NoPeer;
+
+impl openraft::RaftNetworkFactory<TypeConfig> for NoNetwork {
+    type Network = NoPeer;
+
+    async fn new_client(&mut self, _target: NodeId, _node: &BasicNode) -> NoPeer {
+        NoPeer
+    }
+}
+
+fn unreachable_peer<E: std::error::Error>() -> openraft::error::RPCError<NodeId, BasicNode, E> {
+    openraft::error::RPCError::Unreachable(openraft::error::Unreachable::new(
+        &std::io::Error::other("single-node group: no peers"),
+    ))
+}
+
+impl openraft::RaftNetwork<TypeConfig> for NoPeer {
+    async fn append_entries(
+        &mut self,
+        _rpc: openraft::raft::AppendEntriesRequest<TypeConfig>,
+        _option: openraft::network::RPCOption,
+    ) -> Result<
+        openraft::raft::AppendEntriesResponse<NodeId>,
+        openraft::error::RPCError<NodeId, BasicNode, openraft::error::RaftError<NodeId>>,
+    > {
+        Err(unreachable_peer())
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        _rpc: openraft::raft::InstallSnapshotRequest<TypeConfig>,
+        _option: openraft::network::RPCOption,
+    ) -> Result<
+        openraft::raft::InstallSnapshotResponse<NodeId>,
+        openraft::error::RPCError<
+            NodeId,
+            BasicNode,
+            openraft::error::RaftError<NodeId, openraft::error::InstallSnapshotError>,
+        >,
+    > {
+        Err(unreachable_peer())
+    }
+
+    async fn vote(
+        &mut self,
+        _rpc: openraft::raft::VoteRequest<NodeId>,
+        _option: openraft::network::RPCOption,
+    ) -> Result<
+        openraft::raft::VoteResponse<NodeId>,
+        openraft::error::RPCError<NodeId, BasicNode, openraft::error::RaftError<NodeId>>,
+    > {
+        Err(unreachable_peer())
+    }
+}
+
+#[cfg(test)]
+mod tests;

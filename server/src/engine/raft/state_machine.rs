@@ -1,0 +1,315 @@
+//! openraft's state machine over the store: applies each committed batch
+//! with the store's rules, publishes the key events, and keeps snapshots
+//! on disk (written to a temporary file, synced, renamed).
+//!
+//! # Snapshot file (version 1)
+//!
+//! ```text
+//! "IDEMSNAP" ... is the store's own format (store/snapshot.rs); the file
+//! `snapshot` wraps it:
+//! "IDEMRSNP" u32:version u32:meta_len meta(postcard SnapshotMeta) store_snapshot u32:crc32
+//! ```
+
+// openraft's `StorageError` is what its traits return; it is large, and
+// not ours to shrink.
+#![allow(clippy::result_large_err)]
+
+use std::fs;
+use std::io::{Cursor, Write};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock, Weak};
+
+use openraft::storage::RaftStateMachine;
+use openraft::{EntryPayload, RaftSnapshotBuilder, Snapshot, StorageIOError};
+use parking_lot::Mutex;
+
+use super::types::{
+    LogEntry, LogId, Replies, SnapshotMeta, StorageError, StoredMembership, TypeConfig, storage_err,
+};
+use super::wal::sync_dir;
+use crate::engine::EventSink;
+use crate::store::Store;
+
+const MAGIC: &[u8; 8] = b"IDEMRSNP";
+const VERSION: u32 = 1;
+
+/// A snapshot as kept in memory and on disk.
+#[derive(Debug, Clone)]
+struct Stored {
+    meta: SnapshotMeta,
+    data: Vec<u8>,
+}
+
+struct Inner {
+    last_applied: Option<LogId>,
+    membership: StoredMembership,
+    snapshot: Option<Stored>,
+    snapshots_built: u64,
+}
+
+/// The state machine (a cheap handle; the snapshot builder shares it).
+#[derive(Clone)]
+pub struct StateMachine {
+    store: Arc<Store>,
+    inner: Arc<Mutex<Inner>>,
+    sink: Arc<OnceLock<Weak<dyn EventSink>>>,
+    dir: PathBuf,
+}
+
+/// Why the state machine could not be opened.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SnapshotFileError {
+    /// Reading the file failed.
+    #[error("read {path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// The file is not a snapshot this build reads.
+    #[error("{path}: {reason}")]
+    Invalid {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        reason: String,
+    },
+}
+
+fn encode_file(s: &Stored) -> Result<Vec<u8>, postcard::Error> {
+    let meta = postcard::to_allocvec(&s.meta)?;
+    let mut out = Vec::with_capacity(20 + meta.len() + s.data.len());
+    out.extend_from_slice(MAGIC);
+    out.extend_from_slice(&VERSION.to_le_bytes());
+    out.extend_from_slice(&(meta.len() as u32).to_le_bytes());
+    out.extend_from_slice(&meta);
+    out.extend_from_slice(&s.data);
+    let crc = crc32fast::hash(&out);
+    out.extend_from_slice(&crc.to_le_bytes());
+    Ok(out)
+}
+
+fn decode_file(path: &Path, bytes: &[u8]) -> Result<Stored, SnapshotFileError> {
+    let bad = |reason: &str| SnapshotFileError::Invalid {
+        path: path.to_owned(),
+        reason: reason.to_owned(),
+    };
+    if bytes.len() < 20 || &bytes[..8] != MAGIC {
+        return Err(bad("not an Idem snapshot file"));
+    }
+    let version = u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]);
+    if version != VERSION {
+        return Err(bad(&format!(
+            "snapshot file version {version} is not supported (this build reads {VERSION})"
+        )));
+    }
+    let (body, crc) = bytes.split_at(bytes.len() - 4);
+    if crc32fast::hash(body) != u32::from_le_bytes([crc[0], crc[1], crc[2], crc[3]]) {
+        return Err(bad("checksum mismatch"));
+    }
+    let meta_len = u32::from_le_bytes([body[12], body[13], body[14], body[15]]) as usize;
+    let meta_bytes = body
+        .get(16..16 + meta_len)
+        .ok_or_else(|| bad("cut short"))?;
+    let meta: SnapshotMeta = postcard::from_bytes(meta_bytes).map_err(|e| bad(&e.to_string()))?;
+    Ok(Stored {
+        meta,
+        data: body[16 + meta_len..].to_vec(),
+    })
+}
+
+impl StateMachine {
+    /// The state machine over `store`, loading the snapshot in `dir` if
+    /// there is one.
+    pub fn open(store: Arc<Store>, dir: &Path) -> Result<StateMachine, SnapshotFileError> {
+        let path = dir.join("snapshot");
+        let mut inner = Inner {
+            last_applied: None,
+            membership: StoredMembership::default(),
+            snapshot: None,
+            snapshots_built: 0,
+        };
+        match fs::read(&path) {
+            Ok(bytes) => {
+                let stored = decode_file(&path, &bytes)?;
+                store
+                    .load_snapshot(&stored.data)
+                    .map_err(|e| SnapshotFileError::Invalid {
+                        path: path.clone(),
+                        reason: e.to_string(),
+                    })?;
+                inner.last_applied = stored.meta.last_log_id;
+                inner.membership = stored.meta.last_membership.clone();
+                inner.snapshot = Some(stored);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(source) => return Err(SnapshotFileError::Io { path, source }),
+        }
+        Ok(StateMachine {
+            store,
+            inner: Arc::new(Mutex::new(inner)),
+            sink: Arc::new(OnceLock::new()),
+            dir: dir.to_owned(),
+        })
+    }
+
+    /// Where key events go (set once).
+    pub fn sink(&self) -> Arc<OnceLock<Weak<dyn EventSink>>> {
+        Arc::clone(&self.sink)
+    }
+
+    /// The last log id applied.
+    pub fn last_applied(&self) -> Option<LogId> {
+        self.inner.lock().last_applied
+    }
+
+    /// The last snapshot's log id and how many were built by this process.
+    pub fn snapshot_state(&self) -> (Option<LogId>, u64) {
+        let inner = self.inner.lock();
+        (
+            inner.snapshot.as_ref().and_then(|s| s.meta.last_log_id),
+            inner.snapshots_built,
+        )
+    }
+
+    fn save(&self, stored: &Stored) -> Result<(), StorageError> {
+        let bytes =
+            encode_file(stored).map_err(|e| storage_err(StorageIOError::write_snapshot_any, e))?;
+        let tmp = self.dir.join("snapshot.tmp");
+        let path = self.dir.join("snapshot");
+        let write = || -> std::io::Result<()> {
+            let mut f = fs::File::create(&tmp)?;
+            f.write_all(&bytes)?;
+            f.sync_all()?;
+            fs::rename(&tmp, &path)
+        };
+        write().map_err(|e| storage_err(StorageIOError::write_snapshot_any, e))?;
+        sync_dir(&self.dir).map_err(|e| storage_err(StorageIOError::write_snapshot_any, e))
+    }
+}
+
+/// `StorageIOError::write_snapshot` without a signature.
+trait WriteSnapshotAny {
+    fn write_snapshot_any(e: openraft::AnyError) -> Self;
+}
+
+impl WriteSnapshotAny for StorageIOError<u64> {
+    fn write_snapshot_any(e: openraft::AnyError) -> Self {
+        StorageIOError::write_snapshot(None, e)
+    }
+}
+
+impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
+    async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError> {
+        let (last_applied, membership) = {
+            let inner = self.inner.lock();
+            (inner.last_applied, inner.membership.clone())
+        };
+        let data = self.store.snapshot();
+        let meta = SnapshotMeta {
+            last_log_id: last_applied,
+            last_membership: membership,
+            snapshot_id: format!(
+                "{}-{}",
+                last_applied.map_or(0, |l| l.leader_id.term),
+                last_applied.map_or(0, |l| l.index)
+            ),
+        };
+        let stored = Stored {
+            meta: meta.clone(),
+            data,
+        };
+        self.save(&stored)?;
+        let data = stored.data.clone();
+        {
+            let mut inner = self.inner.lock();
+            inner.snapshot = Some(stored);
+            inner.snapshots_built += 1;
+        }
+        Ok(Snapshot {
+            meta,
+            snapshot: Box::new(Cursor::new(data)),
+        })
+    }
+}
+
+impl RaftStateMachine<TypeConfig> for StateMachine {
+    type SnapshotBuilder = StateMachine;
+
+    async fn applied_state(&mut self) -> Result<(Option<LogId>, StoredMembership), StorageError> {
+        let inner = self.inner.lock();
+        Ok((inner.last_applied, inner.membership.clone()))
+    }
+
+    async fn apply<I>(&mut self, entries: I) -> Result<Vec<Replies>, StorageError>
+    where
+        I: IntoIterator<Item = LogEntry> + Send,
+        I::IntoIter: Send,
+    {
+        let mut out = Vec::new();
+        for entry in entries {
+            let reply = match entry.payload {
+                EntryPayload::Blank => Replies::default(),
+                EntryPayload::Normal(batch) => {
+                    let applied = self.store.apply(&batch.0);
+                    if let Some(sink) = self.sink.get().and_then(Weak::upgrade) {
+                        let events: Vec<_> = applied
+                            .iter()
+                            .flat_map(|a| a.events.iter().cloned())
+                            .collect();
+                        if !events.is_empty() {
+                            sink.on_events(&events);
+                        }
+                    }
+                    Replies(applied)
+                }
+                EntryPayload::Membership(m) => {
+                    self.inner.lock().membership = StoredMembership::new(Some(entry.log_id), m);
+                    Replies::default()
+                }
+            };
+            self.inner.lock().last_applied = Some(entry.log_id);
+            out.push(reply);
+        }
+        Ok(out)
+    }
+
+    async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
+        self.clone()
+    }
+
+    async fn begin_receiving_snapshot(&mut self) -> Result<Box<Cursor<Vec<u8>>>, StorageError> {
+        Ok(Box::new(Cursor::new(Vec::new())))
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        meta: &SnapshotMeta,
+        snapshot: Box<Cursor<Vec<u8>>>,
+    ) -> Result<(), StorageError> {
+        let data = snapshot.into_inner();
+        self.store
+            .load_snapshot(&data)
+            .map_err(|e| storage_err(StorageIOError::write_snapshot_any, e))?;
+        let stored = Stored {
+            meta: meta.clone(),
+            data,
+        };
+        self.save(&stored)?;
+        let mut inner = self.inner.lock();
+        inner.last_applied = meta.last_log_id;
+        inner.membership = meta.last_membership.clone();
+        inner.snapshot = Some(stored);
+        Ok(())
+    }
+
+    async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot<TypeConfig>>, StorageError> {
+        let inner = self.inner.lock();
+        Ok(inner.snapshot.as_ref().map(|s| Snapshot {
+            meta: s.meta.clone(),
+            snapshot: Box::new(Cursor::new(s.data.clone())),
+        }))
+    }
+}

@@ -1,0 +1,141 @@
+//! The raft engine's storage against openraft's own suite, and restarts
+//! over a data directory.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use idem_protocol::cmd::{Claim, Complete};
+use idem_protocol::{ClaimReply, Command, Outcome, Reply};
+use openraft::testing::{StoreBuilder, Suite};
+
+use super::log_store::LogStore;
+use super::state_machine::StateMachine;
+use super::types::{StorageError, TypeConfig};
+use super::{RaftConfig, StartError};
+use crate::engine::Engine;
+use crate::store::{Defaults, Op, Store, StoreConfig};
+
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(name: &str) -> TempDir {
+        static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let p = std::env::temp_dir().join(format!("idem-raft-{name}-{}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p).unwrap();
+        TempDir(p)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+struct Builder;
+
+impl StoreBuilder<TypeConfig, LogStore, StateMachine, TempDir> for Builder {
+    async fn build(&self) -> Result<(TempDir, LogStore, StateMachine), StorageError> {
+        let dir = TempDir::new("suite");
+        let log = LogStore::open(&dir.0.join("log"), 1 << 16).unwrap();
+        let store = Arc::new(Store::new(StoreConfig::default()));
+        let sm = StateMachine::open(store, &dir.0).unwrap();
+        Ok((dir, log, sm))
+    }
+}
+
+/// openraft's storage suite (log and state machine). It builds its own
+/// runtime per case, so it runs from a plain test.
+#[test]
+fn openraft_storage_suite_passes() {
+    if let Err(e) = Suite::test_all(Builder) {
+        panic!("storage suite: {e}");
+    }
+}
+
+const DEFAULTS: Defaults = Defaults {
+    lease_ms: 30_000,
+    retain_ms: 86_400_000,
+};
+
+fn cfg(dir: &TempDir) -> RaftConfig {
+    RaftConfig {
+        data_dir: dir.0.clone(),
+        node_id: 1,
+        max_pending_proposals: 1024,
+        max_batch_bytes: 1 << 20,
+        proposal_timeout_ms: 10_000,
+        snapshot_entries: 50,
+        segment_bytes: 1 << 16,
+    }
+}
+
+async fn run(e: &Engine, cmd: Command) -> Reply {
+    let op = Op::from_command(cmd, &DEFAULTS).unwrap();
+    e.submit(op).await.unwrap().reply
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_survive_a_restart_and_fences_keep_increasing() {
+    let dir = TempDir::new("restart");
+    let mut last_fence = 0;
+    for round in 0..3u64 {
+        let e = Engine::raft(cfg(&dir), StoreConfig::default())
+            .await
+            .unwrap();
+        // Everything completed before is replayed.
+        for r in 0..round {
+            for i in 0..40 {
+                let k = Bytes::from(format!("k{r}-{i}"));
+                assert_eq!(
+                    run(&e, Command::Claim(Claim::new(k))).await,
+                    Reply::Claim(ClaimReply::Completed {
+                        outcome: Outcome::Ok,
+                        value: Bytes::from(format!("v{r}-{i}")),
+                    }),
+                    "round {round}: k{r}-{i}"
+                );
+            }
+        }
+        // Enough writes for snapshots to be taken and the log purged.
+        for i in 0..40 {
+            let k = Bytes::from(format!("k{round}-{i}"));
+            let Reply::Claim(ClaimReply::Acquired { fence }) =
+                run(&e, Command::Claim(Claim::new(k.clone()))).await
+            else {
+                panic!("fresh key")
+            };
+            assert!(fence > last_fence, "fence {fence} after {last_fence}");
+            last_fence = fence;
+            let done = Command::Complete(Complete {
+                key: k,
+                fence,
+                value: Bytes::from(format!("v{round}-{i}")),
+                retain_ms: None,
+                error: false,
+            });
+            assert_eq!(run(&e, done).await, Reply::Ok);
+        }
+        let (info, _) = e.raft_info().unwrap();
+        assert!(info.fsyncs > 0);
+        e.shutdown().await;
+    }
+    assert!(dir.0.join("snapshot").exists(), "a snapshot was written");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_engine_on_one_data_dir_is_refused() {
+    let dir = TempDir::new("lock");
+    let first = Engine::raft(cfg(&dir), StoreConfig::default())
+        .await
+        .unwrap();
+    let second = Engine::raft(cfg(&dir), StoreConfig::default()).await;
+    assert!(
+        matches!(second, Err(StartError::Locked(_))),
+        "second engine started"
+    );
+    first.shutdown().await;
+}

@@ -1,0 +1,544 @@
+//! The write-ahead log: append-only segment files of checksummed records,
+//! one `fdatasync` per appended batch, and a small metadata file replaced
+//! atomically.
+//!
+//! # Format (version 1, integers little-endian)
+//!
+//! A segment is named after the index of its first record,
+//! `{first_index:020}.wal`, and holds:
+//!
+//! ```text
+//! "IDEMWAL\0" u32:version u64:first_index          (the header, 20 bytes)
+//! records × ( u32:len u32:crc32 u64:index payload ) (len = 8 + payload length;
+//!                                                    crc over index and payload)
+//! ```
+//!
+//! Indexes are consecutive across records and segments. The metadata file
+//! `meta` holds `"IDEMMETA" u32:version u32:len u32:crc32 payload`, written
+//! to `meta.tmp`, synced, renamed over `meta`, and the directory synced.
+//!
+//! # Recovery
+//!
+//! A record that does not check out at the end of the last segment, with
+//! nothing valid after it, is a write cut short by a crash: it is cut off
+//! (and logged). Anything else that does not check out — a bad record
+//! followed by valid ones, a bad header, a gap in the indexes, damage in a
+//! segment that is not the last — is a startup error naming the file and
+//! offset: the log is never skipped over silently.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+
+use tracing::warn;
+
+const SEGMENT_MAGIC: &[u8; 8] = b"IDEMWAL\0";
+const META_MAGIC: &[u8; 8] = b"IDEMMETA";
+/// The log format this build writes and reads.
+pub const WAL_VERSION: u32 = 1;
+const HEADER_LEN: u64 = 20;
+/// `len` + `crc`.
+const RECORD_HEAD: usize = 8;
+/// The longest record payload accepted (a batch of commands is capped well
+/// below this).
+const MAX_RECORD: u32 = 256 << 20;
+
+/// A log that cannot be opened or written.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum WalError {
+    /// A file operation failed.
+    #[error("{op} {path}: {source}")]
+    Io {
+        /// What was being done.
+        op: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        source: io::Error,
+    },
+    /// A file holds something that is not a valid log.
+    #[error("{path} at offset {offset}: {reason}")]
+    Corrupt {
+        /// The file.
+        path: PathBuf,
+        /// Where the damage starts.
+        offset: u64,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A file was written by a newer (or unknown) format.
+    #[error("{path}: log format version {found} is not supported (this build reads {WAL_VERSION})")]
+    Version {
+        /// The file.
+        path: PathBuf,
+        /// The version found.
+        found: u32,
+    },
+}
+
+fn io_err<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> WalError + 'a {
+    move |source| WalError::Io {
+        op,
+        path: path.to_owned(),
+        source,
+    }
+}
+
+fn corrupt(path: &Path, offset: u64, reason: impl Into<String>) -> WalError {
+    WalError::Corrupt {
+        path: path.to_owned(),
+        offset,
+        reason: reason.into(),
+    }
+}
+
+/// Syncs a directory, so that files created or renamed in it survive a
+/// crash.
+pub fn sync_dir(dir: &Path) -> Result<(), WalError> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io_err("sync directory", dir))
+}
+
+/// Records read back from the log: index and payload, in index order.
+pub type Records = Vec<(u64, Vec<u8>)>;
+
+#[derive(Debug, Clone)]
+struct Segment {
+    first: u64,
+    path: PathBuf,
+}
+
+/// Where a record lives.
+#[derive(Debug, Clone, Copy)]
+struct Slot {
+    /// Position of its segment in `segments`.
+    segment: usize,
+    offset: u64,
+}
+
+/// The log.
+#[derive(Debug)]
+pub struct Wal {
+    dir: PathBuf,
+    segments: Vec<Segment>,
+    /// The last segment, open for appending, and its length.
+    active: Option<(File, u64)>,
+    /// The first index held and where every record starts.
+    first: u64,
+    slots: Vec<Slot>,
+    segment_bytes: u64,
+    /// `fdatasync`s done.
+    pub syncs: u64,
+}
+
+fn segment_name(first: u64) -> String {
+    format!("{first:020}.wal")
+}
+
+fn crc(index: u64, payload: &[u8]) -> u32 {
+    let mut h = crc32fast::Hasher::new();
+    h.update(&index.to_le_bytes());
+    h.update(payload);
+    h.finalize()
+}
+
+/// One record parsed at `at` in `buf`: its index, payload and length.
+fn parse_record(buf: &[u8], at: usize) -> Option<(u64, &[u8], usize)> {
+    let head = buf.get(at..at + RECORD_HEAD)?;
+    let len = u32::from_le_bytes([head[0], head[1], head[2], head[3]]);
+    let sum = u32::from_le_bytes([head[4], head[5], head[6], head[7]]);
+    if !(8..=MAX_RECORD).contains(&len) {
+        return None;
+    }
+    let body = buf.get(at + RECORD_HEAD..at + RECORD_HEAD + len as usize)?;
+    let mut ix = [0u8; 8];
+    ix.copy_from_slice(&body[..8]);
+    let index = u64::from_le_bytes(ix);
+    let payload = &body[8..];
+    (crc(index, payload) == sum).then_some((index, payload, RECORD_HEAD + len as usize))
+}
+
+impl Wal {
+    /// Opens (or creates) the log in `dir`, returning it and every record
+    /// it holds, in index order. A torn tail is cut off; any other damage
+    /// is an error.
+    pub fn open(dir: &Path, segment_bytes: u64) -> Result<(Wal, Records), WalError> {
+        fs::create_dir_all(dir).map_err(io_err("create", dir))?;
+        let mut firsts = Vec::new();
+        for entry in fs::read_dir(dir).map_err(io_err("read directory", dir))? {
+            let entry = entry.map_err(io_err("read directory", dir))?;
+            let name = entry.file_name();
+            let Some(stem) = name.to_str().and_then(|n| n.strip_suffix(".wal")) else {
+                continue;
+            };
+            let first: u64 = stem
+                .parse()
+                .map_err(|_| corrupt(&entry.path(), 0, "not a log segment name"))?;
+            firsts.push(first);
+        }
+        firsts.sort_unstable();
+        let mut wal = Wal {
+            dir: dir.to_owned(),
+            segments: Vec::new(),
+            active: None,
+            first: firsts.first().copied().unwrap_or(0),
+            slots: Vec::new(),
+            segment_bytes: segment_bytes.max(HEADER_LEN + 64),
+            syncs: 0,
+        };
+        let mut records = Vec::new();
+        let count = firsts.len();
+        for (n, first) in firsts.into_iter().enumerate() {
+            let path = dir.join(segment_name(first));
+            let last = n + 1 == count;
+            let valid_len = wal.load_segment(&path, first, last, &mut records)?;
+            wal.segments.push(Segment {
+                first,
+                path: path.clone(),
+            });
+            if last {
+                let f = OpenOptions::new()
+                    .append(true)
+                    .open(&path)
+                    .map_err(io_err("open", &path))?;
+                wal.active = Some((f, valid_len));
+            }
+        }
+        Ok((wal, records))
+    }
+
+    /// Reads one segment, checking every record; returns the length of its
+    /// valid prefix (cutting a torn tail of the last segment).
+    fn load_segment(
+        &mut self,
+        path: &Path,
+        first: u64,
+        last: bool,
+        out: &mut Vec<(u64, Vec<u8>)>,
+    ) -> Result<u64, WalError> {
+        let mut buf = Vec::new();
+        File::open(path)
+            .and_then(|mut f| f.read_to_end(&mut buf))
+            .map_err(io_err("read", path))?;
+        if buf.len() < HEADER_LEN as usize {
+            if last && SEGMENT_MAGIC.starts_with(&buf[..buf.len().min(8)]) {
+                // Cut while its header was written: nothing in it was ever
+                // acknowledged.
+                warn!(file = %path.display(), "removing a log segment cut short while it was created");
+                fs::remove_file(path).map_err(io_err("remove", path))?;
+                return self.recreate_header(path, first);
+            }
+            return Err(corrupt(path, 0, "segment header is cut short"));
+        }
+        if &buf[..8] != SEGMENT_MAGIC {
+            return Err(corrupt(path, 0, "not an Idem log segment"));
+        }
+        let version = u32::from_le_bytes([buf[8], buf[9], buf[10], buf[11]]);
+        if version != WAL_VERSION {
+            return Err(WalError::Version {
+                path: path.to_owned(),
+                found: version,
+            });
+        }
+        let mut f = [0u8; 8];
+        f.copy_from_slice(&buf[12..20]);
+        if u64::from_le_bytes(f) != first {
+            return Err(corrupt(path, 12, "header does not match the file name"));
+        }
+        let segment = self.segments.len();
+        let mut at = HEADER_LEN as usize;
+        let mut expect = first;
+        while at < buf.len() {
+            match parse_record(&buf, at) {
+                Some((index, payload, len)) => {
+                    if index != expect {
+                        return Err(corrupt(
+                            path,
+                            at as u64,
+                            format!("record index {index} where {expect} was expected"),
+                        ));
+                    }
+                    if out.is_empty() && self.slots.is_empty() {
+                        self.first = index;
+                    }
+                    self.slots.push(Slot {
+                        segment,
+                        offset: at as u64,
+                    });
+                    out.push((index, payload.to_vec()));
+                    expect += 1;
+                    at += len;
+                }
+                None => {
+                    let later = (at + 1..buf.len()).any(|p| parse_record(&buf, p).is_some());
+                    if !last || later {
+                        return Err(corrupt(
+                            path,
+                            at as u64,
+                            "damaged record with valid records after it",
+                        ));
+                    }
+                    warn!(
+                        file = %path.display(),
+                        offset = at,
+                        bytes = buf.len() - at,
+                        "cutting off a torn write at the end of the log"
+                    );
+                    let f = OpenOptions::new()
+                        .write(true)
+                        .open(path)
+                        .map_err(io_err("open", path))?;
+                    f.set_len(at as u64).map_err(io_err("truncate", path))?;
+                    f.sync_all().map_err(io_err("sync", path))?;
+                    return Ok(at as u64);
+                }
+            }
+        }
+        Ok(at as u64)
+    }
+
+    fn recreate_header(&mut self, path: &Path, first: u64) -> Result<u64, WalError> {
+        write_header(path, first)?;
+        sync_dir(&self.dir)?;
+        Ok(HEADER_LEN)
+    }
+
+    /// The first index held (meaningful when not empty).
+    pub fn first_index(&self) -> u64 {
+        self.first
+    }
+
+    /// The index after the last record.
+    pub fn next_index(&self) -> u64 {
+        self.first + self.slots.len() as u64
+    }
+
+    /// Whether the log holds no record.
+    pub fn is_empty(&self) -> bool {
+        self.slots.is_empty()
+    }
+
+    /// Appends records (whose indexes must continue the log) and syncs them
+    /// with one `fdatasync` before returning.
+    pub fn append<'a>(
+        &mut self,
+        records: impl IntoIterator<Item = (u64, &'a [u8])>,
+    ) -> Result<(), WalError> {
+        let mut buf = Vec::new();
+        let mut pending: Vec<u64> = Vec::new();
+        for (index, payload) in records {
+            let expected = self.next_index() + pending.len() as u64;
+            if !(self.slots.is_empty() && pending.is_empty()) && index != expected {
+                return Err(corrupt(
+                    &self.dir,
+                    0,
+                    format!("append of index {index} where {expected} was expected"),
+                ));
+            }
+            if self.slots.is_empty() && pending.is_empty() {
+                self.first = index;
+            }
+            if self.active.is_none()
+                || self
+                    .active
+                    .as_ref()
+                    .is_some_and(|(_, len)| *len + buf.len() as u64 >= self.segment_bytes)
+            {
+                self.write_out(&buf, &pending)?;
+                buf.clear();
+                pending.clear();
+                self.start_segment(index)?;
+            }
+            let len = (payload.len() + 8) as u32;
+            buf.extend_from_slice(&len.to_le_bytes());
+            buf.extend_from_slice(&crc(index, payload).to_le_bytes());
+            buf.extend_from_slice(&index.to_le_bytes());
+            buf.extend_from_slice(payload);
+            pending.push(buf.len() as u64);
+        }
+        self.write_out(&buf, &pending)
+    }
+
+    /// Writes `buf` (records ending at the offsets in `ends`) to the
+    /// active segment and syncs it.
+    fn write_out(&mut self, buf: &[u8], ends: &[u64]) -> Result<(), WalError> {
+        if buf.is_empty() {
+            return Ok(());
+        }
+        let segment = self.segments.len() - 1;
+        let path = self.segments[segment].path.clone();
+        let Some((file, len)) = self.active.as_mut() else {
+            return Err(corrupt(&path, 0, "no active segment"));
+        };
+        let base = *len;
+        file.write_all(buf).map_err(io_err("write", &path))?;
+        file.sync_data().map_err(io_err("sync", &path))?;
+        self.syncs += 1;
+        *len += buf.len() as u64;
+        let mut start = 0;
+        for &end in ends {
+            self.slots.push(Slot {
+                segment,
+                offset: base + start,
+            });
+            start = end;
+        }
+        Ok(())
+    }
+
+    /// Starts a new segment whose first record is `first`; its directory
+    /// entry is synced before anything in it is written.
+    fn start_segment(&mut self, first: u64) -> Result<(), WalError> {
+        let path = self.dir.join(segment_name(first));
+        write_header(&path, first)?;
+        sync_dir(&self.dir)?;
+        let f = OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .map_err(io_err("open", &path))?;
+        self.segments.push(Segment { first, path });
+        self.active = Some((f, HEADER_LEN));
+        Ok(())
+    }
+
+    /// Removes every record from `index` on (a conflicting suffix).
+    pub fn truncate_from(&mut self, index: u64) -> Result<(), WalError> {
+        if index >= self.next_index() {
+            return Ok(());
+        }
+        let keep = index.saturating_sub(self.first) as usize;
+        let cut = self.slots[keep];
+        // Whole segments after the cut go.
+        while self.segments.len() > cut.segment + 1 {
+            if let Some(seg) = self.segments.pop() {
+                fs::remove_file(&seg.path).map_err(io_err("remove", &seg.path))?;
+            }
+        }
+        let seg = &self.segments[cut.segment];
+        let path = seg.path.clone();
+        let f = OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .map_err(io_err("open", &path))?;
+        f.set_len(cut.offset).map_err(io_err("truncate", &path))?;
+        f.sync_all().map_err(io_err("sync", &path))?;
+        sync_dir(&self.dir)?;
+        self.slots.truncate(keep);
+        let f = OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .map_err(io_err("open", &path))?;
+        self.active = Some((f, cut.offset));
+        Ok(())
+    }
+
+    /// Removes segments that hold only records up to `index` (inclusive).
+    /// Returns how many records were dropped.
+    pub fn purge_upto(&mut self, index: u64) -> Result<u64, WalError> {
+        let mut dropped = 0u64;
+        while self.segments.len() > 1 {
+            let next_first = self.segments[1].first;
+            if next_first > index + 1 {
+                break;
+            }
+            let seg = self.segments.remove(0);
+            fs::remove_file(&seg.path).map_err(io_err("remove", &seg.path))?;
+            let n = (next_first - self.first) as usize;
+            self.slots.drain(..n.min(self.slots.len()));
+            for s in &mut self.slots {
+                s.segment -= 1;
+            }
+            self.first = next_first;
+            dropped += n as u64;
+        }
+        if dropped > 0 {
+            sync_dir(&self.dir)?;
+        }
+        Ok(dropped)
+    }
+
+    /// Removes every segment: the next append starts the log afresh at its
+    /// index (after everything was purged and the log moves on past it).
+    pub fn reset(&mut self) -> Result<(), WalError> {
+        self.active = None;
+        for seg in self.segments.drain(..) {
+            fs::remove_file(&seg.path).map_err(io_err("remove", &seg.path))?;
+        }
+        self.slots.clear();
+        sync_dir(&self.dir)
+    }
+
+    /// Names of the segment files, oldest first.
+    pub fn segment_paths(&self) -> Vec<PathBuf> {
+        self.segments.iter().map(|s| s.path.clone()).collect()
+    }
+}
+
+fn write_header(path: &Path, first: u64) -> Result<(), WalError> {
+    let mut f = OpenOptions::new()
+        .create_new(true)
+        .write(true)
+        .open(path)
+        .map_err(io_err("create", path))?;
+    let mut h = Vec::with_capacity(HEADER_LEN as usize);
+    h.extend_from_slice(SEGMENT_MAGIC);
+    h.extend_from_slice(&WAL_VERSION.to_le_bytes());
+    h.extend_from_slice(&first.to_le_bytes());
+    f.write_all(&h).map_err(io_err("write", path))?;
+    f.sync_all().map_err(io_err("sync", path))
+}
+
+/// Writes `payload` as the metadata file of `dir`, atomically.
+pub fn write_meta(dir: &Path, payload: &[u8]) -> Result<(), WalError> {
+    let tmp = dir.join("meta.tmp");
+    let path = dir.join("meta");
+    let mut out = Vec::with_capacity(20 + payload.len());
+    out.extend_from_slice(META_MAGIC);
+    out.extend_from_slice(&WAL_VERSION.to_le_bytes());
+    out.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+    out.extend_from_slice(&crc32fast::hash(payload).to_le_bytes());
+    out.extend_from_slice(payload);
+    let mut f = File::create(&tmp).map_err(io_err("create", &tmp))?;
+    f.write_all(&out).map_err(io_err("write", &tmp))?;
+    f.sync_all().map_err(io_err("sync", &tmp))?;
+    fs::rename(&tmp, &path).map_err(io_err("rename", &tmp))?;
+    sync_dir(dir)
+}
+
+/// Reads the metadata file of `dir`, if there is one.
+pub fn read_meta(dir: &Path) -> Result<Option<Vec<u8>>, WalError> {
+    let path = dir.join("meta");
+    let mut buf = Vec::new();
+    match File::open(&path) {
+        Ok(mut f) => {
+            f.seek(SeekFrom::Start(0)).map_err(io_err("read", &path))?;
+            f.read_to_end(&mut buf).map_err(io_err("read", &path))?;
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(io_err("open", &path)(e)),
+    }
+    if buf.len() < 20 || &buf[..8] != META_MAGIC {
+        return Err(corrupt(&path, 0, "not an Idem metadata file"));
+    }
+    let version = u32::from_le_bytes([buf[8], buf[9], buf[10], buf[11]]);
+    if version != WAL_VERSION {
+        return Err(WalError::Version {
+            path,
+            found: version,
+        });
+    }
+    let len = u32::from_le_bytes([buf[12], buf[13], buf[14], buf[15]]) as usize;
+    let sum = u32::from_le_bytes([buf[16], buf[17], buf[18], buf[19]]);
+    let payload = buf
+        .get(20..20 + len)
+        .ok_or_else(|| corrupt(&path, 20, "cut short"))?;
+    if crc32fast::hash(payload) != sum {
+        return Err(corrupt(&path, 16, "checksum mismatch"));
+    }
+    Ok(Some(payload.to_vec()))
+}
+
+#[cfg(test)]
+mod tests;

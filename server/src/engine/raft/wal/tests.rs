@@ -1,0 +1,213 @@
+#![allow(clippy::single_range_in_vec_init)] // batches of records, written as ranges
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use super::{HEADER_LEN, Wal, WalError, read_meta, write_meta};
+
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(name: &str) -> TempDir {
+        let p = std::env::temp_dir().join(format!(
+            "idem-wal-{name}-{}-{:?}",
+            std::process::id(),
+            std::thread::current().id()
+        ));
+        let _ = fs::remove_dir_all(&p);
+        fs::create_dir_all(&p).unwrap();
+        TempDir(p)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.0);
+    }
+}
+
+fn payload(i: u64) -> Vec<u8> {
+    format!("entry-{i}-{}", "x".repeat((i % 7) as usize * 13)).into_bytes()
+}
+
+fn fill(dir: &Path, segment_bytes: u64, batches: &[std::ops::Range<u64>]) -> Wal {
+    let (mut wal, recs) = Wal::open(dir, segment_bytes).unwrap();
+    assert!(recs.is_empty());
+    for b in batches {
+        let data: Vec<(u64, Vec<u8>)> = b.clone().map(|i| (i, payload(i))).collect();
+        wal.append(data.iter().map(|(i, p)| (*i, &p[..]))).unwrap();
+    }
+    wal
+}
+
+fn indexes(recs: &[(u64, Vec<u8>)]) -> Vec<u64> {
+    recs.iter().map(|r| r.0).collect()
+}
+
+#[test]
+fn records_survive_reopening_across_segments() {
+    let d = TempDir::new("reopen");
+    let wal = fill(&d.0, 300, &[1..4, 4..20, 20..21]);
+    assert!(wal.segment_paths().len() > 2, "small segments roll over");
+    assert_eq!(wal.syncs as usize, 3 + wal.segment_paths().len() - 1);
+    drop(wal);
+    let (wal, recs) = Wal::open(&d.0, 300).unwrap();
+    assert_eq!(indexes(&recs), (1..21).collect::<Vec<_>>());
+    for (i, p) in &recs {
+        assert_eq!(p, &payload(*i));
+    }
+    assert_eq!(wal.first_index(), 1);
+    assert_eq!(wal.next_index(), 21);
+}
+
+#[test]
+fn truncate_and_purge() {
+    let d = TempDir::new("trunc");
+    let mut wal = fill(&d.0, 300, &[1..30]);
+    wal.truncate_from(25).unwrap();
+    assert_eq!(wal.next_index(), 25);
+    wal.append([(25, &b"new"[..])]).unwrap();
+    let dropped = wal.purge_upto(10).unwrap();
+    assert!(dropped > 0 && dropped <= 10);
+    let first = wal.first_index();
+    drop(wal);
+    let (_, recs) = Wal::open(&d.0, 300).unwrap();
+    assert_eq!(recs.first().map(|r| r.0), Some(first));
+    assert_eq!(
+        recs.last().map(|r| (r.0, r.1.clone())),
+        Some((25, b"new".to_vec()))
+    );
+    assert_eq!(indexes(&recs), (first..26).collect::<Vec<_>>());
+}
+
+/// Cut the last segment at every byte offset of its final batches: recovery
+/// keeps exactly the records whose bytes were all there (the synced prefix),
+/// and the log can be appended to again.
+#[test]
+fn a_cut_at_any_offset_keeps_exactly_the_whole_records() {
+    let d = TempDir::new("cut");
+    let wal = fill(&d.0, 1 << 20, &[1..5, 5..9, 9..12]);
+    let seg = wal.segment_paths().pop().unwrap();
+    drop(wal);
+    let full = fs::read(&seg).unwrap();
+    // Where each record ends, from the record lengths.
+    let mut ends = Vec::new();
+    let mut at = HEADER_LEN as usize;
+    while at < full.len() {
+        let len = u32::from_le_bytes([full[at], full[at + 1], full[at + 2], full[at + 3]]);
+        at += 8 + len as usize;
+        ends.push(at);
+    }
+    assert_eq!(ends.len(), 11);
+    let from = ends[3]; // the last two batches, and the end of the first
+    for cut in from..=full.len() {
+        fs::write(&seg, &full[..cut]).unwrap();
+        let (mut wal, recs) = Wal::open(&d.0, 1 << 20).unwrap();
+        let whole = ends.iter().filter(|&&e| e <= cut).count() as u64;
+        assert_eq!(
+            indexes(&recs),
+            (1..=whole).collect::<Vec<_>>(),
+            "cut at {cut}"
+        );
+        assert_eq!(
+            fs::metadata(&seg).unwrap().len() as usize,
+            ends[whole as usize - 1]
+        );
+        // Appending continues from there.
+        wal.append([(whole + 1, &b"again"[..])]).unwrap();
+        drop(wal);
+        let (_, recs) = Wal::open(&d.0, 1 << 20).unwrap();
+        assert_eq!(recs.last().unwrap().0, whole + 1);
+    }
+}
+
+#[test]
+fn a_flipped_byte_in_the_last_record_is_a_torn_tail() {
+    let d = TempDir::new("flip-tail");
+    let wal = fill(&d.0, 1 << 20, &[1..6]);
+    let seg = wal.segment_paths().pop().unwrap();
+    drop(wal);
+    let mut bytes = fs::read(&seg).unwrap();
+    let n = bytes.len();
+    bytes[n - 2] ^= 0x40;
+    fs::write(&seg, &bytes).unwrap();
+    let (_, recs) = Wal::open(&d.0, 1 << 20).unwrap();
+    assert_eq!(indexes(&recs), vec![1, 2, 3, 4]);
+}
+
+#[test]
+fn a_flipped_byte_before_valid_records_is_an_error_not_a_truncation() {
+    let d = TempDir::new("flip-mid");
+    let wal = fill(&d.0, 1 << 20, &[1..6]);
+    let seg = wal.segment_paths().pop().unwrap();
+    drop(wal);
+    let mut bytes = fs::read(&seg).unwrap();
+    let before = bytes.len();
+    bytes[HEADER_LEN as usize + 20] ^= 0x01;
+    fs::write(&seg, &bytes).unwrap();
+    let err = Wal::open(&d.0, 1 << 20).unwrap_err();
+    match &err {
+        WalError::Corrupt { path, offset, .. } => {
+            assert_eq!(path, &seg);
+            assert_eq!(*offset, HEADER_LEN);
+        }
+        other => panic!("expected Corrupt, got {other:?}"),
+    }
+    assert!(err.to_string().contains(&seg.display().to_string()));
+    assert_eq!(
+        fs::metadata(&seg).unwrap().len() as usize,
+        before,
+        "never truncated"
+    );
+}
+
+#[test]
+fn damage_in_an_older_segment_is_an_error() {
+    let d = TempDir::new("old");
+    let wal = fill(&d.0, 200, &[1..20]);
+    let first = wal.segment_paths()[0].clone();
+    drop(wal);
+    let mut bytes = fs::read(&first).unwrap();
+    let n = bytes.len();
+    bytes[n - 1] ^= 0xff;
+    fs::write(&first, &bytes).unwrap();
+    assert!(matches!(
+        Wal::open(&d.0, 200),
+        Err(WalError::Corrupt { path, .. }) if path == first
+    ));
+}
+
+#[test]
+fn newer_and_foreign_formats_are_refused() {
+    let d = TempDir::new("version");
+    let wal = fill(&d.0, 1 << 20, &[1..3]);
+    let seg = wal.segment_paths().pop().unwrap();
+    drop(wal);
+    let mut bytes = fs::read(&seg).unwrap();
+    bytes[8] = 9;
+    fs::write(&seg, &bytes).unwrap();
+    let e = Wal::open(&d.0, 1 << 20).unwrap_err();
+    assert!(matches!(e, WalError::Version { found: 9, .. }), "{e}");
+    assert!(e.to_string().contains("version 9"));
+    bytes[..8].copy_from_slice(b"REDIS001");
+    fs::write(&seg, &bytes).unwrap();
+    assert!(matches!(
+        Wal::open(&d.0, 1 << 20),
+        Err(WalError::Corrupt { offset: 0, .. })
+    ));
+}
+
+#[test]
+fn meta_is_replaced_atomically_and_checked() {
+    let d = TempDir::new("meta");
+    assert_eq!(read_meta(&d.0).unwrap(), None);
+    write_meta(&d.0, b"vote=1").unwrap();
+    write_meta(&d.0, b"vote=2").unwrap();
+    assert_eq!(read_meta(&d.0).unwrap().as_deref(), Some(&b"vote=2"[..]));
+    assert!(!d.0.join("meta.tmp").exists());
+    let mut bytes = fs::read(d.0.join("meta")).unwrap();
+    let n = bytes.len();
+    bytes[n - 1] ^= 1;
+    fs::write(d.0.join("meta"), &bytes).unwrap();
+    assert!(matches!(read_meta(&d.0), Err(WalError::Corrupt { .. })));
+}

@@ -1,0 +1,165 @@
+//! The raft engine on real processes: what was acknowledged survives a
+//! kill -9, and one data directory serves one idemd at a time.
+
+use std::path::PathBuf;
+
+use idem_protocol::{ClaimReply, Frame, Outcome};
+
+use crate::support::*;
+
+struct DataDir(PathBuf);
+
+impl DataDir {
+    fn new(name: &str) -> DataDir {
+        let p = std::env::temp_dir().join(format!("idem-it-{}", key(name)));
+        let _ = std::fs::remove_dir_all(&p);
+        DataDir(p)
+    }
+
+    fn arg(&self) -> &str {
+        self.0.to_str().expect("utf-8 temp path")
+    }
+}
+
+impl Drop for DataDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+async fn raft(dir: &DataDir) -> Idemd {
+    Idemd::start_with(&[], &["--engine", "raft", "--data-dir", dir.arg()]).await
+}
+
+/// Field `name` of an INSPECT reply (RESP2: a flat array of pairs).
+fn field(f: &Frame, name: &str) -> Frame {
+    let Frame::Array(items) = f else {
+        panic!("INSPECT reply {f:?}")
+    };
+    items
+        .chunks(2)
+        .find(|p| matches!(&p[0], Frame::Bulk(b) | Frame::Simple(b) if b == name.as_bytes()))
+        .map(|p| p[1].clone())
+        .unwrap_or_else(|| panic!("no {name} in {f:?}"))
+}
+
+#[tokio::test]
+async fn acknowledged_records_survive_kill_9() {
+    let dir = DataDir::new("kill9");
+    let mut s = raft(&dir).await;
+    let mut c = s.conn().await;
+    let (done, rec, owned) = (key("done"), key("rec"), key("owned"));
+    let f1 = c.acquire(&["CLAIM", &done]).await;
+    assert_eq!(
+        c.cmd(&["COMPLETE", &done, &f1.to_string(), "charged"])
+            .await,
+        ok()
+    );
+    let f2 = c
+        .acquire(&["CLAIM", &rec, "LEASE", "60000", "ONEXPIRE", "RECOVER"])
+        .await;
+    assert_eq!(
+        c.cmd(&["JOURNAL", &rec, &f2.to_string(), "step-3"]).await,
+        ok()
+    );
+    let f3 = c.acquire(&["CLAIM", &owned, "LEASE", "60000"]).await;
+    assert!(f1 < f2 && f2 < f3);
+    s.kill().await;
+
+    let s = raft(&dir).await;
+    let mut c = s.conn().await;
+    // The completed outcome is replayed.
+    assert_eq!(
+        claim(c.cmd(&["CLAIM", &done]).await),
+        ClaimReply::Completed {
+            outcome: Outcome::Ok,
+            value: "charged".into()
+        }
+    );
+    // The journal is there for whoever recovers, and the lease kept the
+    // time it had left (the clock does not run while the node is down).
+    let info = c.cmd(&["INSPECT", &rec]).await;
+    assert_eq!(field(&info, "journal"), Frame::Bulk("step-3".into()));
+    let Frame::Integer(left) = field(&info, "lease_ms") else {
+        panic!("lease_ms")
+    };
+    assert!((50_000..=60_000).contains(&left), "lease left {left}");
+    // The owner whose node restarted under it still owns its key.
+    assert_eq!(
+        c.cmd(&["COMPLETE", &owned, &f3.to_string(), "late"]).await,
+        ok()
+    );
+    // Fences are never reused.
+    let f4 = c.acquire(&["CLAIM", &key("after")]).await;
+    assert!(f4 > f3, "fence {f4} after {f3}");
+    let persistence = bulk(&c.cmd(&["INFO", "persistence"]).await);
+    assert!(persistence.contains("engine:raft"), "{persistence}");
+    assert!(
+        persistence.contains(&format!(
+            "data_dir:{}",
+            std::fs::canonicalize(&dir.0).unwrap().display()
+        )),
+        "{persistence}"
+    );
+}
+
+#[tokio::test]
+async fn a_second_idemd_on_one_data_dir_is_refused() {
+    let dir = DataDir::new("lock");
+    let _first = raft(&dir).await;
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_idemd"))
+        .args([
+            "--listen",
+            "127.0.0.1:0",
+            "--engine",
+            "raft",
+            "--data-dir",
+            dir.arg(),
+        ])
+        .env("RUST_LOG", "warn")
+        .output()
+        .await
+        .expect("idemd runs");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("in use by another idemd"), "{err}");
+}
+
+/// Many connections writing at once share log entries and fsyncs.
+#[tokio::test]
+async fn concurrent_writes_share_fsyncs() {
+    let dir = DataDir::new("group");
+    let s = raft(&dir).await;
+    let mut tasks = Vec::new();
+    for t in 0..16 {
+        let addr = s.addr;
+        tasks.push(tokio::spawn(async move {
+            let mut c = Conn::connect(addr).await;
+            for i in 0..50 {
+                let k = key(&format!("g{t}-{i}"));
+                c.write(&["CLAIM", &k]).await;
+            }
+            for _ in 0..50 {
+                assert!(matches!(
+                    claim(c.reply().await),
+                    ClaimReply::Acquired { .. }
+                ));
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let mut c = s.conn().await;
+    let text = bulk(&c.cmd(&["INFO", "persistence"]).await);
+    let get = |name: &str| -> f64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(&format!("{name}:")))
+            .unwrap_or_else(|| panic!("{name} in {text}"))
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    assert!(get("wal_cmds") >= 800.0, "{text}");
+    assert!(get("wal_cmds_per_fsync") > 1.0, "{text}");
+}
