@@ -126,7 +126,7 @@ impl Default for RawConfig {
     fn default() -> Self {
         RawConfig {
             listen: "127.0.0.1:7379".into(),
-            engine: "memory".into(),
+            engine: "raft".into(),
             data_dir: "idem-data".into(),
             max_pending_proposals: 65_536,
             max_batch_bytes: 8 << 20,

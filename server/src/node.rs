@@ -3,7 +3,7 @@
 //! the client registry and the counters).
 
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 use crate::clients::Clients;
@@ -22,7 +22,9 @@ struct Inner {
     clients: Clients,
     metrics: Metrics,
     started: Instant,
-    local_addr: SocketAddr,
+    /// The address configured, until the listener is bound.
+    configured: SocketAddr,
+    bound: OnceLock<SocketAddr>,
 }
 
 /// A node of Idem: a cheap handle.
@@ -65,7 +67,8 @@ impl Node {
             clients: Clients::default(),
             metrics: Metrics::default(),
             started: Instant::now(),
-            local_addr,
+            configured: local_addr,
+            bound: OnceLock::new(),
         }))
     }
 
@@ -99,8 +102,13 @@ impl Node {
         self.0.started
     }
 
-    /// The address actually bound.
+    /// The address actually bound (the configured one until then).
     pub fn local_addr(&self) -> SocketAddr {
-        self.0.local_addr
+        self.0.bound.get().copied().unwrap_or(self.0.configured)
+    }
+
+    /// Records the address the listener got (once).
+    pub fn set_bound(&self, addr: SocketAddr) {
+        let _ = self.0.bound.set(addr);
     }
 }

@@ -29,13 +29,20 @@ pub struct Server {
 }
 
 impl Server {
-    /// Binds the listen address and builds the engine.
+    /// Starts the engine (for raft: replays the log over the latest
+    /// snapshot), then binds the listen address: nothing is accepted before
+    /// the node can serve.
+    ///
+    /// # Errors
+    ///
+    /// When the engine cannot start or the address cannot be bound.
     pub async fn bind(config: Config) -> io::Result<Server> {
-        let listener = TcpListener::bind(config.listen).await?;
-        let local_addr = listener.local_addr()?;
-        let node = Node::start(config, local_addr)
+        let listen = config.listen;
+        let node = Node::start(config, listen)
             .await
             .map_err(io::Error::other)?;
+        let listener = TcpListener::bind(listen).await?;
+        node.set_bound(listener.local_addr()?);
         Ok(Server { listener, node })
     }
 

@@ -19,7 +19,7 @@ pub struct Idemd {
 }
 
 impl Idemd {
-    /// idemd with defaults on a free loopback port.
+    /// idemd with defaults on a free loopback port (memory engine).
     pub async fn start() -> Idemd {
         Idemd::start_with(&[], &[]).await
     }
@@ -29,6 +29,12 @@ impl Idemd {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_idemd"));
         if !args.contains(&"--listen") {
             cmd.arg("--listen").arg("127.0.0.1:0");
+        }
+        // Tests of the protocol run on the memory engine, said explicitly;
+        // the raft engine's tests pass --engine raft and a data dir of
+        // their own.
+        if !args.contains(&"--engine") {
+            cmd.arg("--engine").arg("memory");
         }
         cmd.args(args);
         cmd.env("RUST_LOG", "warn");

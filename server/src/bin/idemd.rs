@@ -1,7 +1,7 @@
 //! `idemd`: run the Idem idempotency server.
 //!
-//! With no arguments it serves on 127.0.0.1:7379 with the in-memory engine
-//! and default limits. Configuration: `--config FILE` (TOML, see
+//! With no arguments it serves on 127.0.0.1:7379 with the durable raft
+//! engine (data in `./idem-data`) and default limits. Configuration: `--config FILE` (TOML, see
 //! `config/idem.toml`), then `IDEM_*` environment variables, then flags.
 
 use std::path::PathBuf;
@@ -24,8 +24,8 @@ struct Args {
     /// Address to listen on, HOST:PORT (default 127.0.0.1:7379).
     #[arg(long, value_name = "HOST:PORT")]
     listen: Option<String>,
-    /// Storage engine: memory (default; nothing survives a restart) or
-    /// raft (a durable log on disk).
+    /// Storage engine: raft (default: a durable log on disk) or memory
+    /// (nothing survives a restart).
     #[arg(long, value_name = "ENGINE")]
     engine: Option<String>,
     /// Data directory of the raft engine (default ./idem-data).

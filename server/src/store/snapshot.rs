@@ -108,11 +108,12 @@ fn put_record(out: &mut Vec<u8>, r: &Rec<'_>) {
 }
 
 impl Store {
-    /// The replicated state, in the canonical format above. Takes every
-    /// shard's lock for the duration, so the snapshot is consistent.
+    /// The replicated state, in the canonical format above. Every shard's
+    /// lock is held while the records are copied (so the snapshot is
+    /// consistent), not while they are sorted and checksummed.
     pub fn snapshot(&self) -> Vec<u8> {
         let guards: Vec<_> = self.shards.iter().map(|s| s.lock()).collect();
-        let mut recs: Vec<(&[u8], Vec<u8>)> = Vec::new();
+        let mut recs: Vec<Vec<u8>> = Vec::new();
         for sh in &guards {
             for (id, rec) in sh.slab.iter() {
                 let p = rec.parts();
@@ -136,28 +137,34 @@ impl Store {
                         body,
                     },
                 );
-                recs.push((p.key, buf));
+                recs.push(buf);
             }
         }
-        recs.sort_unstable_by(|a, b| a.0.cmp(b.0));
         let limits = self.limits();
-        let mut out = Vec::with_capacity(64 + recs.iter().map(|r| r.1.len()).sum::<usize>());
-        out.extend_from_slice(MAGIC);
-        out.extend_from_slice(&SNAPSHOT_VERSION.to_le_bytes());
-        for v in [
+        let header = [
             self.clock.load(Ordering::Acquire),
             self.next_fence.load(Ordering::Acquire),
             self.seq.load(Ordering::Acquire),
             limits.max_memory_bytes,
             limits.headroom_bytes,
             recs.len() as u64,
-        ] {
+        ];
+        drop(guards);
+        // Each copied record starts with its key's length and the key.
+        fn key(r: &[u8]) -> &[u8] {
+            let n = u32::from_le_bytes([r[0], r[1], r[2], r[3]]) as usize;
+            &r[4..4 + n]
+        }
+        recs.sort_unstable_by(|a, b| key(a).cmp(key(b)));
+        let mut out = Vec::with_capacity(64 + recs.iter().map(Vec::len).sum::<usize>());
+        out.extend_from_slice(MAGIC);
+        out.extend_from_slice(&SNAPSHOT_VERSION.to_le_bytes());
+        for v in header {
             out.extend_from_slice(&v.to_le_bytes());
         }
-        for (_, r) in &recs {
+        for r in &recs {
             out.extend_from_slice(r);
         }
-        drop(guards);
         let crc = crc32fast::hash(&out);
         out.extend_from_slice(&crc.to_le_bytes());
         out

@@ -201,13 +201,19 @@ impl WriteSnapshotAny for StorageIOError<u64> {
     }
 }
 
-impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
+/// A snapshot taken between two applies (so its records and its last
+/// applied id agree), written to disk when openraft asks for it.
+pub struct SnapshotBuilder {
+    sm: StateMachine,
+    last_applied: Option<LogId>,
+    membership: StoredMembership,
+    data: Vec<u8>,
+}
+
+impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
     async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError> {
-        let (last_applied, membership) = {
-            let inner = self.inner.lock();
-            (inner.last_applied, inner.membership.clone())
-        };
-        let data = self.store.snapshot();
+        let (last_applied, membership) = (self.last_applied, self.membership.clone());
+        let data = std::mem::take(&mut self.data);
         let meta = SnapshotMeta {
             last_log_id: last_applied,
             last_membership: membership,
@@ -221,10 +227,10 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
             meta: meta.clone(),
             data,
         };
-        self.save(&stored)?;
+        self.sm.save(&stored)?;
         let data = stored.data.clone();
         {
-            let mut inner = self.inner.lock();
+            let mut inner = self.sm.inner.lock();
             inner.snapshot = Some(stored);
             inner.snapshots_built += 1;
         }
@@ -236,7 +242,7 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
 }
 
 impl RaftStateMachine<TypeConfig> for StateMachine {
-    type SnapshotBuilder = StateMachine;
+    type SnapshotBuilder = SnapshotBuilder;
 
     async fn applied_state(&mut self) -> Result<(Option<LogId>, StoredMembership), StorageError> {
         let inner = self.inner.lock();
@@ -276,8 +282,19 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         Ok(out)
     }
 
+    /// Called between applies: the copy taken here is consistent with the
+    /// last applied id (apply waits while the store is copied).
     async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
-        self.clone()
+        let (last_applied, membership) = {
+            let inner = self.inner.lock();
+            (inner.last_applied, inner.membership.clone())
+        };
+        SnapshotBuilder {
+            sm: self.clone(),
+            last_applied,
+            membership,
+            data: self.store.snapshot(),
+        }
     }
 
     async fn begin_receiving_snapshot(&mut self) -> Result<Box<Cursor<Vec<u8>>>, StorageError> {
