@@ -2,8 +2,11 @@
 # Idem vs Redis in one run: starts redis-server and idemd (release build) on
 # free loopback ports, runs every workload at 1 and 50 connections with
 # pipeline 1 and 16, the herd (1,000 waiters) and the memory load (1M
-# completed records, 32-byte keys, 64-byte values), prints the table and
-# cleans up.
+# completed records, 32-byte keys, 64-byte values) with neither side
+# durable (idemd --engine memory, Redis without persistence); then, durable
+# against durable (idemd's default raft engine, Redis with appendonly yes
+# and appendfsync always), claims and claim+complete cycles at 50
+# connections, pipeline 1 and 16. Prints the tables and cleans up.
 #
 #   bash benches/compare.sh [extra idem-bench flags]
 #
@@ -45,7 +48,7 @@ start_servers() {
     --maxclients 10000 --daemonize no > "$WORK/redis.log" 2>&1 &
   REDIS_PID=$!
   IDEM_WORKER_THREADS=$IDEM_THREADS IDEM_MAX_MEMORY_BYTES=8589934592 RUST_LOG=warn \
-    ./target/release/idemd --listen "127.0.0.1:$IDEM_PORT" > "$WORK/idemd.log" 2>&1 &
+    ./target/release/idemd --listen "127.0.0.1:$IDEM_PORT" --engine memory > "$WORK/idemd.log" 2>&1 &
   IDEM_PID=$!
   for _ in $(seq 50); do
     redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1 && redis-cli -p "$IDEM_PORT" ping >/dev/null 2>&1 && return
@@ -70,4 +73,27 @@ start_servers
 ./target/release/idem-bench --idem "127.0.0.1:$IDEM_PORT" --redis "127.0.0.1:$REDIS_PORT" \
   --no-throughput --memory "$RECORDS" --json "${JSON%.json}-memory.json"
 stop_servers
-echo "JSON: $JSON ${JSON%.json}-memory.json"
+# 3. Durable against durable, on fresh servers: every acknowledged write is
+# fsynced on both sides.
+REDIS_PORT=$(free_port)
+IDEM_PORT=$(free_port)
+mkdir -p "$WORK/redis-aof" "$WORK/idem-data"
+redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save '' --appendonly yes --appendfsync always \
+  --dir "$WORK/redis-aof" --maxclients 10000 --daemonize no > "$WORK/redis.log" 2>&1 &
+REDIS_PID=$!
+IDEM_WORKER_THREADS=$IDEM_THREADS IDEM_MAX_MEMORY_BYTES=8589934592 RUST_LOG=warn \
+  ./target/release/idemd --listen "127.0.0.1:$IDEM_PORT" --engine raft --data-dir "$WORK/idem-data" \
+  > "$WORK/idemd.log" 2>&1 &
+IDEM_PID=$!
+for _ in $(seq 100); do
+  redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1 && redis-cli -p "$IDEM_PORT" ping >/dev/null 2>&1 && break
+  sleep 0.1
+done
+echo
+echo "durable: idemd raft engine (fdatasync per log entry, group commit) vs redis appendonly yes, appendfsync always"
+./target/release/idem-bench --idem "127.0.0.1:$IDEM_PORT" --redis "127.0.0.1:$REDIS_PORT" \
+  --workloads ping,claim,cycle --connections 50 --pipeline 1,16 \
+  --duration "$DURATION" --json "${JSON%.json}-durable.json" "$@"
+redis-cli -p "$IDEM_PORT" info persistence | tr -d '\r' | grep -E 'wal_' || true
+stop_servers
+echo "JSON: $JSON ${JSON%.json}-memory.json ${JSON%.json}-durable.json"
