@@ -163,3 +163,90 @@ async fn concurrent_writes_share_fsyncs() {
     assert!(get("wal_cmds") >= 800.0, "{text}");
     assert!(get("wal_cmds_per_fsync") > 1.0, "{text}");
 }
+
+/// What the clients were told, over a run with crashes.
+#[derive(Default)]
+struct History {
+    /// Keys whose COMPLETE was acknowledged, with the value.
+    completed: Vec<(String, String)>,
+    /// The largest fence acknowledged so far.
+    max_fence: u64,
+}
+
+/// Clients run claim/complete cycles while idemd is killed (SIGKILL) at
+/// random moments and restarted on its data dir; after every restart each
+/// COMPLETE acknowledged before is replayed with its value, and no fence
+/// acknowledged before is handed out again.
+#[tokio::test]
+async fn kill_9_under_load_loses_no_acknowledged_complete() {
+    use std::sync::{Arc, Mutex};
+    let dir = DataDir::new("kill-load");
+    let history = Arc::new(Mutex::new(History::default()));
+    let mut seed = std::process::id() as u64;
+    for round in 0..6 {
+        let mut s = raft(&dir).await;
+        // Everything acknowledged so far is there.
+        let mut c = s.conn().await;
+        let (done, max_fence) = {
+            let h = history.lock().unwrap();
+            (h.completed.clone(), h.max_fence)
+        };
+        for (k, v) in &done {
+            assert_eq!(
+                claim(c.cmd(&["CLAIM", k]).await),
+                ClaimReply::Completed {
+                    outcome: Outcome::Ok,
+                    value: v.clone().into()
+                },
+                "round {round}: acknowledged COMPLETE of {k} lost"
+            );
+        }
+        let fresh = c.acquire(&["CLAIM", &key("probe")]).await;
+        assert!(
+            fresh > max_fence,
+            "round {round}: fence {fresh} reused (max {max_fence})"
+        );
+        // Load, then a kill at a random moment.
+        let mut tasks = Vec::new();
+        for t in 0..8 {
+            let (addr, history) = (s.addr, Arc::clone(&history));
+            tasks.push(tokio::spawn(async move {
+                let mut c = Conn::connect(addr).await;
+                for i in 0.. {
+                    let k = key(&format!("r{round}-t{t}-{i}"));
+                    let Some(reply) = c.try_cmd(&["CLAIM", &k]).await else {
+                        return;
+                    };
+                    let ClaimReply::Acquired { fence } = claim(reply) else {
+                        panic!("fresh key not acquired")
+                    };
+                    {
+                        let mut h = history.lock().unwrap();
+                        h.max_fence = h.max_fence.max(fence);
+                    }
+                    let v = format!("v-{fence}");
+                    match c.try_cmd(&["COMPLETE", &k, &fence.to_string(), &v]).await {
+                        Some(r) if r == ok() => history.lock().unwrap().completed.push((k, v)),
+                        Some(r) => panic!("COMPLETE answered {r:?}"),
+                        // The reply was lost in the crash: unknown.
+                        None => return,
+                    }
+                }
+            }));
+        }
+        seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        tokio::time::sleep(std::time::Duration::from_millis(50 + (seed >> 33) % 300)).await;
+        s.kill().await;
+        for t in tasks {
+            t.await.unwrap();
+        }
+    }
+    let h = history.lock().unwrap();
+    assert!(
+        h.completed.len() > 100,
+        "only {} completes",
+        h.completed.len()
+    );
+}

@@ -105,6 +105,15 @@ impl Conn {
         self.stream.write_all(&out).await.expect("write");
     }
 
+    /// Sends a command and reads its reply; `None` if the connection broke
+    /// on the way (the server died): the outcome is unknown.
+    pub async fn try_cmd<A: AsRef<[u8]>>(&mut self, args: &[A]) -> Option<Frame> {
+        let mut out = BytesMut::new();
+        encode(&cmd_frame(args), Version::Resp2, &mut out);
+        self.stream.write_all(&out).await.ok()?;
+        self.read().await
+    }
+
     pub async fn write_raw(&mut self, bytes: &[u8]) {
         self.stream.write_all(bytes).await.expect("write");
     }
