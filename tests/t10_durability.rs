@@ -250,3 +250,155 @@ async fn kill_9_under_load_loses_no_acknowledged_complete() {
         h.completed.len()
     );
 }
+
+/// A small tmpfs, unmounted when dropped (`None` where mounting is not
+/// permitted, e.g. without root).
+struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    fn mount(name: &str, bytes: u64) -> Option<Tmpfs> {
+        let p = std::env::temp_dir().join(format!("idem-fs-{}", key(name)));
+        std::fs::create_dir_all(&p).ok()?;
+        let ok = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={bytes}")])
+            .arg("tmpfs")
+            .arg(&p)
+            .status()
+            .is_ok_and(|s| s.success());
+        if !ok {
+            eprintln!("cannot mount a tmpfs here (needs root): disk-full test not run");
+            let _ = std::fs::remove_dir(&p);
+            return None;
+        }
+        Some(Tmpfs(p))
+    }
+
+    /// Fills the filesystem to within `leave` bytes of full.
+    fn fill(&self, leave: u64) -> PathBuf {
+        let free = fs4::available_space(&self.0).unwrap();
+        let filler = self.0.join("filler");
+        let f = std::fs::File::create(&filler).unwrap();
+        use std::io::Write;
+        let mut w = std::io::BufWriter::new(f);
+        let chunk = vec![0u8; 4096];
+        let mut left = free.saturating_sub(leave);
+        while left > 0 {
+            let n = left.min(chunk.len() as u64) as usize;
+            if w.write_all(&chunk[..n]).is_err() {
+                break;
+            }
+            left -= n as u64;
+        }
+        let _ = w.flush();
+        filler
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg(&self.0).status();
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+#[tokio::test]
+async fn a_nearly_full_disk_refuses_writes_serves_replays_and_recovers() {
+    let Some(fs) = Tmpfs::mount("full", 16 << 20) else {
+        return;
+    };
+    let data = fs.0.join("data");
+    let s = Idemd::start_with(
+        &[("IDEM_MIN_FREE_DISK_BYTES", "4194304")],
+        &["--engine", "raft", "--data-dir", data.to_str().unwrap()],
+    )
+    .await;
+    let mut c = s.conn().await;
+    let done = key("done");
+    let f = c.acquire(&["CLAIM", &done]).await;
+    assert_eq!(
+        c.cmd(&["COMPLETE", &done, &f.to_string(), "kept"]).await,
+        ok()
+    );
+    let filler = fs.fill(2 << 20);
+    let r = c.cmd(&["CLAIM", &key("new")]).await;
+    assert!(err(&r).starts_with("TRYAGAIN disk full"), "{r:?}");
+    // Replays and reads do not need the log.
+    assert_eq!(
+        claim(c.cmd(&["CLAIM", &done]).await),
+        ClaimReply::Completed {
+            outcome: Outcome::Ok,
+            value: "kept".into()
+        }
+    );
+    assert!(matches!(c.cmd(&["INSPECT", &done]).await, Frame::Array(_)));
+    // Space returns: writes resume by themselves.
+    std::fs::remove_file(filler).unwrap();
+    c.acquire(&["CLAIM", &key("after")]).await;
+}
+
+#[tokio::test]
+async fn a_failed_log_write_stops_idemd_and_a_restart_recovers_the_synced_prefix() {
+    let Some(fs) = Tmpfs::mount("enospc", 16 << 20) else {
+        return;
+    };
+    let data = fs.0.join("data");
+    let args = ["--engine", "raft", "--data-dir", data.to_str().unwrap()];
+    let env = [("IDEM_MIN_FREE_DISK_BYTES", "0")];
+    let mut s = Idemd::start_with(&env, &args).await;
+    let mut c = s.conn().await;
+    let done = key("done");
+    let f = c.acquire(&["CLAIM", &done]).await;
+    assert_eq!(
+        c.cmd(&["COMPLETE", &done, &f.to_string(), "kept"]).await,
+        ok()
+    );
+    let filler = fs.fill(0);
+    // Writes until the log cannot take one: the write is never
+    // acknowledged, and idemd stops.
+    let big = "x".repeat(512 * 1024);
+    let mut refused = false;
+    for i in 0..64 {
+        let k = key(&format!("w{i}"));
+        match c.try_cmd(&["CLAIM", &k]).await {
+            Some(r) if matches!(claim_or_none(&r), Some(ClaimReply::Acquired { .. })) => {
+                let ClaimReply::Acquired { fence } = claim(r) else {
+                    unreachable!()
+                };
+                if c.try_cmd(&["COMPLETE", &k, &fence.to_string(), &big])
+                    .await
+                    .is_none()
+                {
+                    refused = true;
+                    break;
+                }
+            }
+            _ => {
+                refused = true;
+                break;
+            }
+        }
+    }
+    assert!(refused, "the full disk never stopped a write");
+    let status = tokio::time::timeout(std::time::Duration::from_secs(10), s.child.wait())
+        .await
+        .expect("idemd stopped")
+        .unwrap();
+    assert_eq!(status.code(), Some(70), "{status:?}");
+    std::fs::remove_file(filler).unwrap();
+    let s = Idemd::start_with(&env, &args).await;
+    let mut c = s.conn().await;
+    assert_eq!(
+        claim(c.cmd(&["CLAIM", &done]).await),
+        ClaimReply::Completed {
+            outcome: Outcome::Ok,
+            value: "kept".into()
+        }
+    );
+}
+
+fn claim_or_none(f: &Frame) -> Option<ClaimReply> {
+    match f {
+        Frame::Array(_) => Some(claim(f.clone())),
+        _ => None,
+    }
+}

@@ -67,6 +67,9 @@ pub struct RawConfig {
     pub snapshot_entries: u64,
     /// Size at which a log segment is closed, bytes.
     pub wal_segment_bytes: u64,
+    /// Free space on the data directory's filesystem below which writes get
+    /// -TRYAGAIN, bytes.
+    pub min_free_disk_bytes: u64,
     /// Number of store shards (a power of two; 0 picks one from the CPU count).
     pub shards: usize,
     /// Lease when CLAIM gives none, ms.
@@ -133,6 +136,7 @@ impl Default for RawConfig {
             proposal_timeout_ms: 10_000,
             snapshot_entries: 10_000,
             wal_segment_bytes: 64 << 20,
+            min_free_disk_bytes: 64 << 20,
             shards: 0,
             default_lease_ms: 30_000,
             max_lease_ms: 3_600_000,
@@ -271,6 +275,7 @@ macro_rules! numeric_keys {
             proposal_timeout_ms,
             snapshot_entries,
             wal_segment_bytes,
+            min_free_disk_bytes,
             shards,
             default_lease_ms,
             max_lease_ms,
@@ -498,6 +503,7 @@ impl RawConfig {
                 proposal_timeout_ms: self.proposal_timeout_ms,
                 snapshot_entries: self.snapshot_entries,
                 segment_bytes: self.wal_segment_bytes,
+                min_free_disk_bytes: self.min_free_disk_bytes,
             },
             store: StoreConfig { shards, seed: None },
             defaults: Defaults {

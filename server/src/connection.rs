@@ -53,6 +53,7 @@ pub async fn serve(node: Node, socket: TcpStream, addr: SocketAddr, stop: watch:
     let session = Session {
         info,
         version: Version::Resp2,
+        writes_pending: false,
     };
     if let Err(e) = run(&node, socket, session, stop).await {
         debug!(client = id, error = %e, "connection ended with an error");
@@ -283,6 +284,7 @@ async fn run(
                 held = cmd.ok();
                 break;
             }
+            session.writes_pending = pending.awaits_write();
             let action = match cmd {
                 Ok(cmd) => dispatch(node, &mut session, cmd),
                 Err(e) => {

@@ -122,7 +122,7 @@ pub fn dispatch(node: &Node, session: &mut Session, cmd: Command) -> Action {
         *last = (cmd.name(), session.info.since.elapsed().as_millis() as u64);
     }
     if cmd.key().is_some() {
-        return record(node, cmd);
+        return record(node, session, cmd);
     }
     Action::Reply(match cmd {
         Command::Ping(p) => match p.message {
@@ -143,7 +143,7 @@ pub fn dispatch(node: &Node, session: &mut Session, cmd: Command) -> Action {
 }
 
 /// A record command: a wait, a read or a write.
-fn record(node: &Node, cmd: Command) -> Action {
+fn record(node: &Node, session: &Session, cmd: Command) -> Action {
     if let Err(e) = validate(&cmd, &node.config().limits) {
         if e.code == ErrorCode::TooBig {
             bump(&node.metrics().toobig);
@@ -181,6 +181,18 @@ fn record(node: &Node, cmd: Command) -> Action {
     let Some(op) = Op::from_command(cmd, &node.config().defaults) else {
         return Action::Reply(err("not a record command"));
     };
+    // With a log, a CLAIM that changes nothing (a replay, a mismatch, a
+    // live owner) is answered from the store, unless this connection's
+    // earlier writes are still on their way (it must see them).
+    if let Op::Claim(c) = &op
+        && engine.has_log()
+        && !session.writes_pending
+    {
+        let seen = engine.read(Read::Claim(c));
+        if let Some(reply) = seen.reply.filter(|_| !seen.due) {
+            return Action::Reply(reply);
+        }
+    }
     match engine.submit(op) {
         Submission::Ready(Some(Ok(applied))) => Action::Reply(applied.reply),
         later => Action::Pending(Box::pin(async move { reply_of(later.await) })),

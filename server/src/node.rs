@@ -57,7 +57,7 @@ impl Node {
         // The limits are replicated state: they take effect through the
         // engine like any write (when they differ from what is in force).
         if engine.stats().limits != Some(config.memory) {
-            drop(engine.submit(Op::SetLimits(config.memory)));
+            engine.detach(Op::SetLimits(config.memory));
         }
         let waiters = Waiters::new(Arc::clone(&engine), config.defaults);
         Node(Arc::new(Inner {

@@ -12,4 +12,8 @@ pub struct Session {
     pub info: Arc<ClientInfo>,
     /// The protocol version (HELLO).
     pub version: Version,
+    /// Writes of this connection are still on their way through the log:
+    /// a command that could be answered from the store must not be (it
+    /// would not see them).
+    pub writes_pending: bool,
 }

@@ -520,7 +520,7 @@ impl Waiters {
             _ => return,
         };
         // Applying it sends the event that serves the next waiter.
-        drop(self.engine.submit(op));
+        self.engine.detach(op);
     }
 
     /// Removes waiter `id` from `key`'s queue; false if it was not there.

@@ -4,9 +4,10 @@
 //! clock, orders it and applies it, and resolves to what applying it
 //! returned. The `memory` engine applies at once and returns a ready
 //! future; a replicated engine resolves once the entry is committed and
-//! applied. The op is proposed when `submit` is called: dropping the future
-//! drops only the reply. Reads ([`Engine::read`]) are served from the local
-//! store and never change it.
+//! applied. The op is proposed when `submit` is called (or, while the
+//! proposal queue is full, when the future first finds room): to carry an
+//! op out without waiting for its reply, use [`Engine::detach`]. Reads
+//! ([`Engine::read`]) are served from the local store and never change it.
 //!
 //! Every applied op's key events (keys that left the in-flight state) are
 //! published, in apply order, to the subscribed [`EventSink`] (the
@@ -174,6 +175,12 @@ impl Engine {
         }
     }
 
+    /// Whether writes go through a log (so answering from the store, when
+    /// nothing changes, saves a round through it).
+    pub fn has_log(&self) -> bool {
+        matches!(self.inner, Inner::Raft { .. })
+    }
+
     /// The raft engine's state, if this is one.
     pub fn raft_info(&self) -> Option<(raft::RaftInfo, std::path::PathBuf)> {
         match &self.inner {
@@ -230,12 +237,20 @@ impl Engine {
         self.store().read(read, self.clock.now_ms())
     }
 
+    /// Submits `op` without waiting for its reply (it is still carried out
+    /// when the proposal queue is full and must wait for room).
+    pub fn detach(&self, op: Op) {
+        if let Submission::Pending(f) = self.submit(op) {
+            tokio::spawn(f);
+        }
+    }
+
     /// Submits an `Op::Expire` of `key` (for a deadline a read saw pass),
     /// without waiting for it.
     pub fn expire_soon(&self, key: &Bytes) {
-        drop(self.submit(Op::Expire {
+        self.detach(Op::Expire {
             keys: vec![key.clone()],
-        }));
+        });
     }
 
     /// Records stored.

@@ -126,11 +126,29 @@ impl LogStore {
     }
 }
 
+/// A write or sync of the log that failed: nothing after it can be
+/// acknowledged, and what the OS did with the failed write is unknown (a
+/// failed fsync may have dropped dirty pages). The process stops; a restart
+/// recovers the prefix that was synced.
+fn fatal(e: &WalError) -> ! {
+    tracing::error!(error = %e, "the log cannot be written: stopping (a restart recovers what was synced)");
+    eprintln!("idemd: fatal: the log cannot be written: {e}");
+    std::process::exit(70)
+}
+
+/// Turns a log error into a storage error; an I/O error is fatal.
+fn checked(e: WalError, kind: fn(openraft::AnyError) -> StorageIOError<u64>) -> StorageError {
+    if matches!(e, WalError::Io { .. }) {
+        fatal(&e);
+    }
+    storage_err(kind, e)
+}
+
 fn save_meta(inner: &mut Inner) -> Result<(), StorageError> {
     inner.meta.committed = inner.committed;
     let bytes = postcard::to_allocvec(&inner.meta)
         .map_err(|e| storage_err(StorageIOError::write_vote, e))?;
-    write_meta(&inner.dir, &bytes).map_err(|e| storage_err(StorageIOError::write_vote, e))
+    write_meta(&inner.dir, &bytes).map_err(|e| checked(e, StorageIOError::write_vote))
 }
 
 impl RaftLogReader<TypeConfig> for LogStore {
@@ -213,12 +231,12 @@ impl RaftLogStorage<TypeConfig> for LogStore {
                     inner
                         .wal
                         .reset()
-                        .map_err(|e| storage_err(StorageIOError::write_logs, e))?;
+                        .map_err(|e| checked(e, StorageIOError::write_logs))?;
                 }
                 inner
                     .wal
                     .append(encoded.iter().map(|(i, b)| (*i, &b[..])))
-                    .map_err(|e| storage_err(StorageIOError::write_logs, e))?;
+                    .map_err(|e| checked(e, StorageIOError::write_logs))?;
                 for e in entries {
                     inner.entries.insert(e.log_id.index, e);
                 }
@@ -237,7 +255,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             inner
                 .wal
                 .truncate_from(log_id.index)
-                .map_err(|e| storage_err(StorageIOError::write_logs, e))?;
+                .map_err(|e| checked(e, StorageIOError::write_logs))?;
             inner.entries.split_off(&log_id.index);
             Ok(())
         })
@@ -253,7 +271,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             inner
                 .wal
                 .purge_upto(log_id.index)
-                .map_err(|e| storage_err(StorageIOError::write_logs, e))?;
+                .map_err(|e| checked(e, StorageIOError::write_logs))?;
             Ok(())
         })
         .await

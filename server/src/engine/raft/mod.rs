@@ -66,6 +66,9 @@ pub struct RaftConfig {
     pub snapshot_entries: u64,
     /// Size at which a log segment is closed and a new one started.
     pub segment_bytes: u64,
+    /// Below this much free space on the data directory's filesystem,
+    /// writes get `-TRYAGAIN` (reads and replays keep working).
+    pub min_free_disk_bytes: u64,
 }
 
 /// Why the raft engine could not start.
@@ -218,7 +221,11 @@ impl RaftEngine {
             raft.clone(),
             rx,
             proposer_clock,
-            cfg.max_batch_bytes,
+            Limits {
+                max_bytes: cfg.max_batch_bytes,
+                min_free_disk: cfg.min_free_disk_bytes,
+                dir: data_dir.clone(),
+            },
             Arc::clone(&stats),
         ));
         info!(
@@ -248,25 +255,38 @@ impl RaftEngine {
     }
 
     /// Proposes `op`; resolves once it is applied (its entry fsynced).
+    ///
+    /// When `max_pending_proposals` are already queued, the op waits for
+    /// room (its connection keeps at most `max_pending_per_connection`
+    /// requests in progress, then stops reading), within the proposal
+    /// timeout.
     pub fn submit(&self, op: Op) -> super::Submission {
         let (tx, rx) = oneshot::channel();
         let bytes = op_size(&op);
-        match self.proposals.try_send(Proposal { op, bytes, tx }) {
-            Ok(()) => {}
-            Err(mpsc::error::TrySendError::Full(_)) => {
-                return super::Submission::Ready(Some(Err(EngineError::TryAgain(
-                    "too many proposals pending (max_pending_proposals)",
-                ))));
-            }
+        let waiting = match self.proposals.try_send(Proposal { op, bytes, tx }) {
+            Ok(()) => None,
+            Err(mpsc::error::TrySendError::Full(p)) => Some((self.proposals.clone(), p)),
             Err(mpsc::error::TrySendError::Closed(_)) => {
                 return super::Submission::Ready(Some(Err(EngineError::TryAgain(
                     "the engine is stopping",
                 ))));
             }
-        }
+        };
         let timeout = self.proposal_timeout;
         super::Submission::Pending(Box::pin(async move {
-            match tokio::time::timeout(timeout, rx).await {
+            let deadline = tokio::time::Instant::now() + timeout;
+            if let Some((proposals, p)) = waiting {
+                match tokio::time::timeout_at(deadline, proposals.send(p)).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(_)) => return Err(EngineError::TryAgain("the engine is stopping")),
+                    Err(_) => {
+                        return Err(EngineError::TryAgain(
+                            "too many writes pending: not proposed within proposal_timeout_ms",
+                        ));
+                    }
+                }
+            }
+            match tokio::time::timeout_at(deadline, rx).await {
                 Ok(Ok(r)) => r,
                 Ok(Err(_)) => Err(EngineError::TryAgain("the engine is stopping")),
                 Err(_) => Err(EngineError::TryAgain(
@@ -347,15 +367,35 @@ fn op_size(op: &Op) -> usize {
     }
 }
 
+/// What the proposer checks before writing.
+struct Limits {
+    max_bytes: usize,
+    min_free_disk: u64,
+    dir: PathBuf,
+}
+
+impl Limits {
+    /// Whether the data directory's filesystem has room for more log.
+    fn disk_ok(&self) -> bool {
+        match fs4::available_space(&self.dir) {
+            Ok(free) => free >= self.min_free_disk,
+            // Cannot tell: let the write find out.
+            Err(_) => true,
+        }
+    }
+}
+
 /// The proposer: takes every pending proposal (up to the caps), stamps
 /// them, writes them as one entry, and answers each with its own reply.
 async fn propose(
     raft: Raft<TypeConfig>,
     mut rx: mpsc::Receiver<Proposal>,
     clock: Clock,
-    max_bytes: usize,
+    limits: Limits,
     stats: Arc<RaftStats>,
 ) {
+    let max_bytes = limits.max_bytes;
+    let mut disk_full = false;
     let mut carry: Option<Proposal> = None;
     loop {
         let first = match carry.take() {
@@ -381,6 +421,26 @@ async fn propose(
                 }
                 Err(_) => break,
             }
+        }
+        if !limits.disk_ok() {
+            if !disk_full {
+                warn!(
+                    dir = %limits.dir.display(),
+                    min_free_disk_bytes = limits.min_free_disk,
+                    "disk nearly full: refusing writes until space returns"
+                );
+                disk_full = true;
+            }
+            for tx in txs {
+                let _ = tx.send(Err(EngineError::TryAgain(
+                    "disk full: the data directory is below min_free_disk_bytes; writes resume when space returns",
+                )));
+            }
+            continue;
+        }
+        if disk_full {
+            info!(dir = %limits.dir.display(), "disk space is back: accepting writes");
+            disk_full = false;
         }
         stats.entries.fetch_add(1, Ordering::Relaxed);
         stats.ops.fetch_add(ops.len() as u64, Ordering::Relaxed);

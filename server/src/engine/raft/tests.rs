@@ -70,6 +70,7 @@ fn cfg(dir: &TempDir) -> RaftConfig {
         proposal_timeout_ms: 10_000,
         snapshot_entries: 50,
         segment_bytes: 1 << 16,
+        min_free_disk_bytes: 0,
     }
 }
 
