@@ -396,6 +396,7 @@ async fn propose(
 ) {
     let max_bytes = limits.max_bytes;
     let mut disk_full = false;
+    let inflight = Arc::new(tokio::sync::Semaphore::new(MAX_INFLIGHT_ENTRIES));
     let mut carry: Option<Proposal> = None;
     loop {
         let first = match carry.take() {
@@ -431,11 +432,10 @@ async fn propose(
                 );
                 disk_full = true;
             }
-            for tx in txs {
-                let _ = tx.send(Err(EngineError::TryAgain(
-                    "disk full: the data directory is below min_free_disk_bytes; writes resume when space returns",
-                )));
-            }
+            fail(
+                txs,
+                "disk full: the data directory is below min_free_disk_bytes; writes resume when space returns",
+            );
             continue;
         }
         if disk_full {
@@ -448,21 +448,47 @@ async fn propose(
             stamp_ms: clock.now_ms(),
             ops,
         };
-        match raft.client_write(Batch(entry)).await {
-            Ok(resp) => {
-                for (tx, applied) in txs.into_iter().zip(resp.data.0) {
-                    let _ = tx.send(Ok(applied));
-                }
-            }
+        // Entries reach the Raft core in proposal order; while they are
+        // written and applied, the next batch gathers (at most
+        // MAX_INFLIGHT_ENTRIES in flight).
+        let Ok(permit) = Arc::clone(&inflight).acquire_owned().await else {
+            return;
+        };
+        let rx = match raft.client_write_ff(Batch(entry)).await {
+            Ok(rx) => rx,
             Err(e) => {
-                warn!(error = %e, "a proposal failed");
-                for tx in txs {
-                    let _ = tx.send(Err(EngineError::TryAgain(
-                        "the log could not take the write",
-                    )));
-                }
+                warn!(error = %e, "the raft core stopped");
+                fail(txs, "the log could not take the write");
+                continue;
             }
-        }
+        };
+        tokio::spawn(async move {
+            match rx.await {
+                Ok(Ok(resp)) => {
+                    for (tx, applied) in txs.into_iter().zip(resp.data.0) {
+                        let _ = tx.send(Ok(applied));
+                    }
+                }
+                Ok(Err(e)) => {
+                    warn!(error = %e, "a proposal failed");
+                    fail(txs, "the log could not take the write");
+                }
+                Err(_) => fail(txs, "the raft core stopped"),
+            }
+            drop(permit);
+        });
+    }
+}
+
+/// Entries written and not yet applied, at most. One: with more, each entry
+/// gathers fewer writes and the log syncs more often for the same load
+/// (measured: 50 connections at pipeline 1 fell from 29k to 16k claims/s
+/// with four), since the Raft core syncs each entry on its own.
+const MAX_INFLIGHT_ENTRIES: usize = 1;
+
+fn fail(txs: Vec<oneshot::Sender<Submitted>>, why: &'static str) {
+    for tx in txs {
+        let _ = tx.send(Err(EngineError::TryAgain(why)));
     }
 }
 
