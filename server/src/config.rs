@@ -65,6 +65,8 @@ pub struct RawConfig {
     pub proposal_timeout_ms: u64,
     /// Log entries since the last snapshot that trigger a new one.
     pub snapshot_entries: u64,
+    /// Bytes of writes logged since the last snapshot that trigger a new one.
+    pub snapshot_log_bytes: u64,
     /// Size at which a log segment is closed, bytes.
     pub wal_segment_bytes: u64,
     /// Free space on the data directory's filesystem below which writes get
@@ -135,6 +137,7 @@ impl Default for RawConfig {
             max_batch_bytes: 8 << 20,
             proposal_timeout_ms: 10_000,
             snapshot_entries: 10_000,
+            snapshot_log_bytes: 64 << 20,
             wal_segment_bytes: 64 << 20,
             min_free_disk_bytes: 64 << 20,
             shards: 0,
@@ -274,6 +277,7 @@ macro_rules! numeric_keys {
             max_batch_bytes,
             proposal_timeout_ms,
             snapshot_entries,
+            snapshot_log_bytes,
             wal_segment_bytes,
             min_free_disk_bytes,
             shards,
@@ -401,6 +405,7 @@ impl RawConfig {
         positive("max_pending_proposals", self.max_pending_proposals as u64)?;
         positive("proposal_timeout_ms", self.proposal_timeout_ms)?;
         positive("snapshot_entries", self.snapshot_entries)?;
+        positive("snapshot_log_bytes", self.snapshot_log_bytes)?;
         if self.max_batch_bytes < 4096 {
             return Err(invalid("max_batch_bytes", "must be at least 4096"));
         }
@@ -502,6 +507,7 @@ impl RawConfig {
                 max_batch_bytes: self.max_batch_bytes,
                 proposal_timeout_ms: self.proposal_timeout_ms,
                 snapshot_entries: self.snapshot_entries,
+                snapshot_log_bytes: self.snapshot_log_bytes,
                 segment_bytes: self.wal_segment_bytes,
                 min_free_disk_bytes: self.min_free_disk_bytes,
             },

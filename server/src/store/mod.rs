@@ -59,7 +59,7 @@ use record::State;
 use rules::Ctx;
 pub use shard::ShardStats;
 use shard::{Shard, Slab, state_index};
-pub use snapshot::{SNAPSHOT_VERSION, SnapshotError};
+pub use snapshot::{SNAPSHOT_VERSION, SnapshotCopy, SnapshotError};
 
 /// `-FENCED`: the caller's fence does not own the key.
 pub const FENCED: ServerError =

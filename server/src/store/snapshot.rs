@@ -107,37 +107,87 @@ fn put_record(out: &mut Vec<u8>, r: &Rec<'_>) {
     out.extend_from_slice(r.body);
 }
 
+/// A copy of the store's replicated state taken at one point
+/// ([`Store::snapshot_copy`]).
+pub struct SnapshotCopy {
+    header: [u64; 6],
+    recs: Vec<(Record, Option<Bytes>)>,
+}
+
+impl SnapshotCopy {
+    /// Number of records copied.
+    pub fn len(&self) -> usize {
+        self.recs.len()
+    }
+
+    /// Whether no record was copied.
+    pub fn is_empty(&self) -> bool {
+        self.recs.is_empty()
+    }
+
+    /// The snapshot, in the canonical format above.
+    pub fn encode(mut self) -> Vec<u8> {
+        self.recs.sort_unstable_by(|a, b| a.0.key().cmp(b.0.key()));
+        let body_len: usize = self
+            .recs
+            .iter()
+            .map(|(r, l)| 48 + r.data_len() + l.as_ref().map_or(0, Bytes::len))
+            .sum();
+        let mut out = Vec::with_capacity(64 + body_len);
+        out.extend_from_slice(MAGIC);
+        out.extend_from_slice(&SNAPSHOT_VERSION.to_le_bytes());
+        for v in self.header {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+        for (rec, large) in &self.recs {
+            let p = rec.parts();
+            let body = match large {
+                Some(b) => &b[..],
+                None => rec.inline_body(),
+            };
+            put_record(
+                &mut out,
+                &Rec {
+                    key: p.key,
+                    state: rec.state(),
+                    on_expire: rec.on_expire(),
+                    recovered: rec.recovered(),
+                    fence: rec.fence,
+                    deadline: rec.deadline,
+                    retain_ms: rec.retain_ms(),
+                    fingerprint: p.fingerprint,
+                    attempt: p.attempt,
+                    body,
+                },
+            );
+        }
+        let crc = crc32fast::hash(&out);
+        out.extend_from_slice(&crc.to_le_bytes());
+        out
+    }
+}
+
 impl Store {
-    /// The replicated state, in the canonical format above. Every shard's
-    /// lock is held while the records are copied (so the snapshot is
-    /// consistent), not while they are sorted and checksummed.
+    /// The replicated state, in the canonical format above.
     pub fn snapshot(&self) -> Vec<u8> {
+        self.snapshot_copy().encode()
+    }
+
+    /// A point-in-time copy of the replicated state, to be encoded later
+    /// ([`SnapshotCopy::encode`]). Every shard's lock is held while the
+    /// records are copied (so the copy is consistent), not while they are
+    /// sorted, encoded and checksummed.
+    pub fn snapshot_copy(&self) -> SnapshotCopy {
         let guards: Vec<_> = self.shards.iter().map(|s| s.lock()).collect();
-        let mut recs: Vec<Vec<u8>> = Vec::new();
+        let mut recs = Vec::with_capacity(guards.iter().map(|g| g.slab.len()).sum());
         for sh in &guards {
             for (id, rec) in sh.slab.iter() {
-                let p = rec.parts();
-                let body = match sh.slab.large_body(id) {
-                    Some(b) if rec.is_large() => &b[..],
-                    _ => rec.inline_body(),
+                let large = if rec.is_large() {
+                    sh.slab.large_body(id).cloned()
+                } else {
+                    None
                 };
-                let mut buf = Vec::with_capacity(40 + p.key.len() + body.len());
-                put_record(
-                    &mut buf,
-                    &Rec {
-                        key: p.key,
-                        state: rec.state(),
-                        on_expire: rec.on_expire(),
-                        recovered: rec.recovered(),
-                        fence: rec.fence,
-                        deadline: rec.deadline,
-                        retain_ms: rec.retain_ms(),
-                        fingerprint: p.fingerprint,
-                        attempt: p.attempt,
-                        body,
-                    },
-                );
-                recs.push(buf);
+                recs.push((rec.clone(), large));
             }
         }
         let limits = self.limits();
@@ -150,24 +200,7 @@ impl Store {
             recs.len() as u64,
         ];
         drop(guards);
-        // Each copied record starts with its key's length and the key.
-        fn key(r: &[u8]) -> &[u8] {
-            let n = u32::from_le_bytes([r[0], r[1], r[2], r[3]]) as usize;
-            &r[4..4 + n]
-        }
-        recs.sort_unstable_by(|a, b| key(a).cmp(key(b)));
-        let mut out = Vec::with_capacity(64 + recs.iter().map(Vec::len).sum::<usize>());
-        out.extend_from_slice(MAGIC);
-        out.extend_from_slice(&SNAPSHOT_VERSION.to_le_bytes());
-        for v in header {
-            out.extend_from_slice(&v.to_le_bytes());
-        }
-        for r in &recs {
-            out.extend_from_slice(r);
-        }
-        let crc = crc32fast::hash(&out);
-        out.extend_from_slice(&crc.to_le_bytes());
-        out
+        SnapshotCopy { header, recs }
     }
 
     /// A store holding the state of `snapshot`, laid out by `cfg`.

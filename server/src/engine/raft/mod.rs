@@ -64,6 +64,9 @@ pub struct RaftConfig {
     pub proposal_timeout_ms: u64,
     /// Log entries since the last snapshot that trigger a new one.
     pub snapshot_entries: u64,
+    /// Bytes of writes logged since the last snapshot that trigger a new
+    /// one (whichever comes first).
+    pub snapshot_log_bytes: u64,
     /// Size at which a log segment is closed and a new one started.
     pub segment_bytes: u64,
     /// Below this much free space on the data directory's filesystem,
@@ -224,6 +227,7 @@ impl RaftEngine {
             Limits {
                 max_bytes: cfg.max_batch_bytes,
                 min_free_disk: cfg.min_free_disk_bytes,
+                snapshot_bytes: cfg.snapshot_log_bytes,
                 dir: data_dir.clone(),
             },
             Arc::clone(&stats),
@@ -371,6 +375,7 @@ fn op_size(op: &Op) -> usize {
 struct Limits {
     max_bytes: usize,
     min_free_disk: u64,
+    snapshot_bytes: u64,
     dir: PathBuf,
 }
 
@@ -397,6 +402,10 @@ async fn propose(
     let max_bytes = limits.max_bytes;
     let mut disk_full = false;
     let inflight = Arc::new(tokio::sync::Semaphore::new(MAX_INFLIGHT_ENTRIES));
+    // Bytes logged since the last snapshot was asked for: the log (kept in
+    // memory until a snapshot covers it) stays bounded by size as well as
+    // by entries.
+    let mut since_snapshot = 0u64;
     let mut carry: Option<Proposal> = None;
     loop {
         let first = match carry.take() {
@@ -441,6 +450,13 @@ async fn propose(
         if disk_full {
             info!(dir = %limits.dir.display(), "disk space is back: accepting writes");
             disk_full = false;
+        }
+        since_snapshot += size as u64;
+        if since_snapshot >= limits.snapshot_bytes {
+            since_snapshot = 0;
+            if let Err(e) = raft.trigger().snapshot().await {
+                warn!(error = %e, "cannot ask for a snapshot");
+            }
         }
         stats.entries.fetch_add(1, Ordering::Relaxed);
         stats.ops.fetch_add(ops.len() as u64, Ordering::Relaxed);

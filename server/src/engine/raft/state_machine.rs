@@ -28,7 +28,7 @@ use super::types::{
 };
 use super::wal::sync_dir;
 use crate::engine::EventSink;
-use crate::store::Store;
+use crate::store::{SnapshotCopy, Store};
 
 const MAGIC: &[u8; 8] = b"IDEMRSNP";
 const VERSION: u32 = 1;
@@ -207,13 +207,21 @@ pub struct SnapshotBuilder {
     sm: StateMachine,
     last_applied: Option<LogId>,
     membership: StoredMembership,
-    data: Vec<u8>,
+    copy: Option<SnapshotCopy>,
 }
 
 impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
     async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError> {
         let (last_applied, membership) = (self.last_applied, self.membership.clone());
-        let data = std::mem::take(&mut self.data);
+        // Encoding (sorting by key, checksumming) runs here, while applies
+        // go on.
+        let Some(copy) = self.copy.take() else {
+            return Err(storage_err(
+                StorageIOError::write_snapshot_any,
+                "a snapshot builder was used twice",
+            ));
+        };
+        let data = copy.encode();
         let meta = SnapshotMeta {
             last_log_id: last_applied,
             last_membership: membership,
@@ -227,7 +235,21 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
             meta: meta.clone(),
             data,
         };
-        self.sm.save(&stored)?;
+        // A snapshot that cannot be written (a full disk, say) keeps the
+        // previous one and the whole log: openraft purges the log only once
+        // this returns, so it returns only once the file is on disk.
+        let mut failures = 0u64;
+        while let Err(e) = self.sm.save(&stored) {
+            if failures == 0 {
+                tracing::warn!(error = %e, "cannot write a snapshot: keeping the previous one and the log; retrying");
+            }
+            failures += 1;
+            let _ = fs::remove_file(self.sm.dir.join("snapshot.tmp"));
+            tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+        }
+        if failures > 0 {
+            tracing::info!(attempts = failures + 1, "snapshot written");
+        }
         let data = stored.data.clone();
         {
             let mut inner = self.sm.inner.lock();
@@ -289,11 +311,18 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             let inner = self.inner.lock();
             (inner.last_applied, inner.membership.clone())
         };
+        let started = std::time::Instant::now();
+        let copy = self.store.snapshot_copy();
+        tracing::info!(
+            records = copy.len(),
+            applies_paused_ms = started.elapsed().as_millis() as u64,
+            "store copied for a snapshot"
+        );
         SnapshotBuilder {
             sm: self.clone(),
             last_applied,
             membership,
-            data: self.store.snapshot(),
+            copy: Some(copy),
         }
     }
 

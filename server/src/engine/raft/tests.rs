@@ -69,6 +69,7 @@ fn cfg(dir: &TempDir) -> RaftConfig {
         max_batch_bytes: 1 << 20,
         proposal_timeout_ms: 10_000,
         snapshot_entries: 50,
+        snapshot_log_bytes: 1 << 30,
         segment_bytes: 1 << 16,
         min_free_disk_bytes: 0,
     }
