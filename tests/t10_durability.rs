@@ -27,6 +27,18 @@ impl Drop for DataDir {
     }
 }
 
+/// A CLAIM of `key` replays the completed `value`.
+async fn assert_replays(c: &mut Conn, key: &str, value: &str) {
+    assert_eq!(
+        claim(c.cmd(&["CLAIM", key]).await),
+        ClaimReply::Completed {
+            outcome: Outcome::Ok,
+            value: value.to_owned().into()
+        },
+        "the acknowledged COMPLETE of {key} is not replayed"
+    );
+}
+
 async fn raft(dir: &DataDir) -> Idemd {
     Idemd::start_with(&[], &["--engine", "raft", "--data-dir", dir.arg()]).await
 }
@@ -69,13 +81,7 @@ async fn acknowledged_records_survive_kill_9() {
     let s = raft(&dir).await;
     let mut c = s.conn().await;
     // The completed outcome is replayed.
-    assert_eq!(
-        claim(c.cmd(&["CLAIM", &done]).await),
-        ClaimReply::Completed {
-            outcome: Outcome::Ok,
-            value: "charged".into()
-        }
-    );
+    assert_replays(&mut c, &done, "charged").await;
     // The journal is there for whoever recovers, and the lease kept the
     // time it had left (the clock does not run while the node is down).
     let info = c.cmd(&["INSPECT", &rec]).await;
@@ -192,14 +198,7 @@ async fn kill_9_under_load_loses_no_acknowledged_complete() {
             (h.completed.clone(), h.max_fence)
         };
         for (k, v) in &done {
-            assert_eq!(
-                claim(c.cmd(&["CLAIM", k]).await),
-                ClaimReply::Completed {
-                    outcome: Outcome::Ok,
-                    value: v.clone().into()
-                },
-                "round {round}: acknowledged COMPLETE of {k} lost"
-            );
+            assert_replays(&mut c, k, v).await;
         }
         let fresh = c.acquire(&["CLAIM", &key("probe")]).await;
         assert!(
@@ -323,13 +322,7 @@ async fn a_nearly_full_disk_refuses_writes_serves_replays_and_recovers() {
     let r = c.cmd(&["CLAIM", &key("new")]).await;
     assert!(err(&r).starts_with("TRYAGAIN disk full"), "{r:?}");
     // Replays and reads do not need the log.
-    assert_eq!(
-        claim(c.cmd(&["CLAIM", &done]).await),
-        ClaimReply::Completed {
-            outcome: Outcome::Ok,
-            value: "kept".into()
-        }
-    );
+    assert_replays(&mut c, &done, "kept").await;
     assert!(matches!(c.cmd(&["INSPECT", &done]).await, Frame::Array(_)));
     // Space returns: writes resume by themselves.
     std::fs::remove_file(filler).unwrap();
@@ -387,13 +380,7 @@ async fn a_failed_log_write_stops_idemd_and_a_restart_recovers_the_synced_prefix
     std::fs::remove_file(filler).unwrap();
     let s = Idemd::start_with(&env, &args).await;
     let mut c = s.conn().await;
-    assert_eq!(
-        claim(c.cmd(&["CLAIM", &done]).await),
-        ClaimReply::Completed {
-            outcome: Outcome::Ok,
-            value: "kept".into()
-        }
-    );
+    assert_replays(&mut c, &done, "kept").await;
 }
 
 fn claim_or_none(f: &Frame) -> Option<ClaimReply> {
