@@ -131,6 +131,9 @@ pub struct Wal {
     segment_bytes: u64,
     /// `fdatasync`s done.
     pub syncs: u64,
+    /// The batch held back by the deliberately broken mode (debug builds).
+    #[cfg(debug_assertions)]
+    deferred: Vec<u8>,
 }
 
 fn segment_name(first: u64) -> String {
@@ -187,6 +190,8 @@ impl Wal {
             slots: Vec::new(),
             segment_bytes: segment_bytes.max(HEADER_LEN + 64),
             syncs: 0,
+            #[cfg(debug_assertions)]
+            deferred: Vec::new(),
         };
         let mut records = Vec::new();
         let count = firsts.len();
@@ -373,6 +378,17 @@ impl Wal {
             return Err(corrupt(&path, 0, "no active segment"));
         };
         let base = *len;
+        #[cfg(debug_assertions)]
+        if faults::defer_writes() {
+            // Deliberately broken (debug builds, for the crash tests' own
+            // test): the batch is acknowledged while it is only in memory;
+            // it reaches the file with the next one.
+            let previous = std::mem::replace(&mut self.deferred, buf.to_vec());
+            file.write_all(&previous).map_err(io_err("write", &path))?;
+        } else {
+            file.write_all(buf).map_err(io_err("write", &path))?;
+        }
+        #[cfg(not(debug_assertions))]
         file.write_all(buf).map_err(io_err("write", &path))?;
         file.sync_data().map_err(io_err("sync", &path))?;
         self.syncs += 1;
@@ -473,6 +489,28 @@ impl Wal {
     /// Names of the segment files, oldest first.
     pub fn segment_paths(&self) -> Vec<PathBuf> {
         self.segments.iter().map(|s| s.path.clone()).collect()
+    }
+}
+
+/// A deliberately broken log, for showing that the crash tests catch one:
+/// debug builds only, and only when `IDEMD_UNSAFE_TEST_ACK_BEFORE_WRITE=1`.
+#[cfg(debug_assertions)]
+mod faults {
+    use std::sync::OnceLock;
+
+    /// Acknowledge each batch before it is written (it is written with the
+    /// next one): a crash loses acknowledged writes.
+    pub(super) fn defer_writes() -> bool {
+        static ON: OnceLock<bool> = OnceLock::new();
+        *ON.get_or_init(|| {
+            let on = std::env::var("IDEMD_UNSAFE_TEST_ACK_BEFORE_WRITE").is_ok_and(|v| v == "1");
+            if on {
+                tracing::error!(
+                    "IDEMD_UNSAFE_TEST_ACK_BEFORE_WRITE=1: writes are acknowledged before they are written (test mode)"
+                );
+            }
+            on
+        })
     }
 }
 
