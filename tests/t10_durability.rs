@@ -168,6 +168,8 @@ async fn concurrent_writes_share_fsyncs() {
     };
     assert!(get("wal_cmds") >= 800.0, "{text}");
     assert!(get("wal_cmds_per_fsync") > 1.0, "{text}");
+    assert!(get("wal_fsync_p99_us") >= get("wal_fsync_p50_us"), "{text}");
+    assert!(get("wal_fsync_p50_us") > 0.0, "{text}");
 }
 
 /// What the clients were told, over a run with crashes.

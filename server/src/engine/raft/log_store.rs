@@ -109,9 +109,12 @@ impl LogStore {
         })
     }
 
-    /// `fdatasync`s done by the log so far.
-    pub fn syncs(&self) -> u64 {
-        self.inner.lock().wal.syncs
+    /// `fdatasync`s done by the log so far, and their 50th and 99th
+    /// percentile times in µs.
+    pub fn syncs(&self) -> (u64, u64, u64) {
+        let inner = self.inner.lock();
+        let (p50, p99) = inner.wal.sync_percentiles();
+        (inner.wal.syncs, p50, p99)
     }
 
     /// Runs `f` on the log on a blocking thread (file I/O and syncs).

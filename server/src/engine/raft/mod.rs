@@ -310,6 +310,7 @@ impl RaftEngine {
         let m = self.raft.metrics().borrow().clone();
         let (snapshot_index, snapshots) = self.sm.snapshot_state();
         let entries = self.stats.entries.load(Ordering::Relaxed);
+        let (fsyncs, fsync_p50_us, fsync_p99_us) = self.log.syncs();
         RaftInfo {
             term: m.current_term,
             last_log_index: m.last_log_index.unwrap_or(0),
@@ -317,7 +318,9 @@ impl RaftEngine {
             snapshot_index: snapshot_index.map_or(0, |l| l.index),
             snapshots_built: snapshots,
             leader: m.current_leader == Some(m.id),
-            fsyncs: self.log.syncs(),
+            fsyncs,
+            fsync_p50_us,
+            fsync_p99_us,
             entries,
             ops: self.stats.ops.load(Ordering::Relaxed),
         }
@@ -348,6 +351,10 @@ pub struct RaftInfo {
     pub leader: bool,
     /// Log `fdatasync`s since start.
     pub fsyncs: u64,
+    /// Their median time, µs.
+    pub fsync_p50_us: u64,
+    /// Their 99th percentile time, µs.
+    pub fsync_p99_us: u64,
     /// Entries proposed since start.
     pub entries: u64,
     /// Ops proposed since start.

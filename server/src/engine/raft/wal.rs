@@ -131,6 +131,8 @@ pub struct Wal {
     segment_bytes: u64,
     /// `fdatasync`s done.
     pub syncs: u64,
+    /// How long they took, in µs.
+    sync_us: hdrhistogram::Histogram<u64>,
     /// The batch held back by the deliberately broken mode (debug builds).
     #[cfg(debug_assertions)]
     deferred: Vec<u8>,
@@ -190,6 +192,7 @@ impl Wal {
             slots: Vec::new(),
             segment_bytes: segment_bytes.max(HEADER_LEN + 64),
             syncs: 0,
+            sync_us: new_histogram(),
             #[cfg(debug_assertions)]
             deferred: Vec::new(),
         };
@@ -390,7 +393,10 @@ impl Wal {
         }
         #[cfg(not(debug_assertions))]
         file.write_all(buf).map_err(io_err("write", &path))?;
+        let started = std::time::Instant::now();
         file.sync_data().map_err(io_err("sync", &path))?;
+        self.sync_us
+            .saturating_record(started.elapsed().as_micros() as u64);
         self.syncs += 1;
         *len += buf.len() as u64;
         let mut start = 0;
@@ -475,6 +481,14 @@ impl Wal {
         Ok(dropped)
     }
 
+    /// The 50th and 99th percentile of `fdatasync` times so far, in µs.
+    pub fn sync_percentiles(&self) -> (u64, u64) {
+        (
+            self.sync_us.value_at_quantile(0.5),
+            self.sync_us.value_at_quantile(0.99),
+        )
+    }
+
     /// Removes every segment: the next append starts the log afresh at its
     /// index (after everything was purged and the log moves on past it).
     pub fn reset(&mut self) -> Result<(), WalError> {
@@ -512,6 +526,16 @@ mod faults {
             on
         })
     }
+}
+
+/// A histogram of µs from 1 µs to 100 s, 2 significant digits.
+///
+/// # Panics
+///
+/// Never: the bounds are constants hdrhistogram accepts.
+fn new_histogram() -> hdrhistogram::Histogram<u64> {
+    hdrhistogram::Histogram::new_with_bounds(1, 100_000_000, 2)
+        .expect("constant histogram bounds are valid")
 }
 
 fn write_header(path: &Path, first: u64) -> Result<(), WalError> {
