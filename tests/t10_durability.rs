@@ -419,3 +419,46 @@ fn claim_or_none(f: &Frame) -> Option<ClaimReply> {
         _ => None,
     }
 }
+
+/// With the proposal queue at its smallest, pipelined writes of one
+/// connection still take effect in order, and a read behind them sees them.
+#[tokio::test]
+async fn pipelined_writes_keep_their_order_when_the_queue_is_full() {
+    let dir = DataDir::new("order");
+    let s = Idemd::start_with(
+        &[("IDEM_MAX_PENDING_PROPOSALS", "1")],
+        &["--engine", "raft", "--data-dir", dir.arg()],
+    )
+    .await;
+    let mut tasks = Vec::new();
+    for t in 0..8 {
+        let addr = s.addr;
+        tasks.push(tokio::spawn(async move {
+            let mut c = Conn::connect(addr).await;
+            for i in 0..20 {
+                let k = key(&format!("o{t}-{i}"));
+                let f = c.acquire(&["CLAIM", &k]).await.to_string();
+                c.write(&["JOURNAL", &k, &f, "first"]).await;
+                c.write(&["JOURNAL", &k, &f, "second"]).await;
+                c.write(&["INSPECT", &k]).await;
+                c.write(&["COMPLETE", &k, &f, "done"]).await;
+                c.write(&["SETTLE", &k, "WAIT", "1000"]).await;
+                assert_eq!(c.reply().await, ok());
+                assert_eq!(c.reply().await, ok());
+                let info = c.reply().await;
+                assert_eq!(field(&info, "journal"), Frame::Bulk("second".into()));
+                assert_eq!(c.reply().await, ok());
+                assert_eq!(
+                    settle(c.reply().await),
+                    idem_protocol::SettleReply::Completed {
+                        outcome: Outcome::Ok,
+                        value: "done".into()
+                    }
+                );
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+}

@@ -406,8 +406,11 @@ impl RawConfig {
         positive("proposal_timeout_ms", self.proposal_timeout_ms)?;
         positive("snapshot_entries", self.snapshot_entries)?;
         positive("snapshot_log_bytes", self.snapshot_log_bytes)?;
-        if self.max_batch_bytes < 4096 {
-            return Err(invalid("max_batch_bytes", "must be at least 4096"));
+        if !(4096..=64 << 20).contains(&self.max_batch_bytes) {
+            return Err(invalid(
+                "max_batch_bytes",
+                "must be between 4096 and 67108864",
+            ));
         }
         if self.wal_segment_bytes < 4096 {
             return Err(invalid("wal_segment_bytes", "must be at least 4096"));

@@ -160,16 +160,12 @@ impl Pending {
     }
 }
 
-/// A command answered from the store without the log (and without
-/// waiting): it must see this connection's earlier writes, so it runs only
-/// once they are applied.
+/// A command that may be answered from the store without the log (a read,
+/// or a wait, which looks first): it must see this connection's earlier
+/// writes, so it runs only once they are applied.
 fn is_plain_read(cmd: &Command) -> bool {
-    let flags = cmd.spec().flags;
-    flags.contains(Flags::READ)
-        && match cmd {
-            Command::Settle(s) => s.wait_ms.unwrap_or(0) == 0,
-            _ => true,
-        }
+    cmd.spec().flags.contains(Flags::READ)
+        || matches!(cmd, Command::Claim(c) if c.wait_ms.unwrap_or(0) > 0)
 }
 
 async fn idle(deadline: Option<Instant>) {

@@ -195,6 +195,11 @@ fn record(node: &Node, session: &Session, cmd: Command) -> Action {
     }
     match engine.submit(op) {
         Submission::Ready(Some(Ok(applied))) => Action::Reply(applied.reply),
+        // Not proposed yet (the queue is full): nothing after it on this
+        // connection may run before it, or it could be overtaken.
+        waiting @ Submission::Waiting(_) => {
+            Action::Block(Box::pin(async move { reply_of(waiting.await) }))
+        }
         later => Action::Pending(Box::pin(async move { reply_of(later.await) })),
     }
 }

@@ -79,6 +79,10 @@ pub enum Submission {
     Ready(Option<Submitted>),
     /// Applied later.
     Pending(Pin<Box<dyn Future<Output = Submitted> + Send>>),
+    /// Waiting for room in a full proposal queue before it is even
+    /// proposed: later writes of the same connection must wait for it (so
+    /// they cannot overtake it), as after a blocking command.
+    Waiting(Pin<Box<dyn Future<Output = Submitted> + Send>>),
 }
 
 impl Submission {
@@ -100,7 +104,7 @@ impl Future for Submission {
             Submission::Ready(r) => Poll::Ready(r.take().unwrap_or(Err(EngineError::TryAgain(
                 "submission polled after completion",
             )))),
-            Submission::Pending(f) => f.as_mut().poll(cx),
+            Submission::Pending(f) | Submission::Waiting(f) => f.as_mut().poll(cx),
         }
     }
 }
@@ -240,7 +244,7 @@ impl Engine {
     /// Submits `op` without waiting for its reply (it is still carried out
     /// when the proposal queue is full and must wait for room).
     pub fn detach(&self, op: Op) {
-        if let Submission::Pending(f) = self.submit(op) {
+        if let Submission::Pending(f) | Submission::Waiting(f) = self.submit(op) {
             tokio::spawn(f);
         }
     }

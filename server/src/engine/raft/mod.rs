@@ -31,7 +31,7 @@ use std::collections::BTreeMap;
 use std::fs::{self, File};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::time::Duration;
 
 use openraft::{BasicNode, Raft, SnapshotPolicy};
@@ -107,6 +107,22 @@ struct Proposal {
     /// Approximate encoded size, for the batch cap.
     bytes: usize,
     tx: oneshot::Sender<Submitted>,
+    /// [`QUEUED`], [`TAKEN`] (into an entry) or [`WITHDRAWN`] (timed out
+    /// first: never proposed).
+    state: Arc<AtomicU8>,
+}
+
+const QUEUED: u8 = 0;
+const TAKEN: u8 = 1;
+const WITHDRAWN: u8 = 2;
+
+impl Proposal {
+    /// Takes the proposal into an entry, unless its submitter gave up.
+    fn take(&self) -> bool {
+        self.state
+            .compare_exchange(QUEUED, TAKEN, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    }
 }
 
 /// Counters of the engine.
@@ -267,7 +283,14 @@ impl RaftEngine {
     pub fn submit(&self, op: Op) -> super::Submission {
         let (tx, rx) = oneshot::channel();
         let bytes = op_size(&op);
-        let waiting = match self.proposals.try_send(Proposal { op, bytes, tx }) {
+        let state = Arc::new(AtomicU8::new(QUEUED));
+        let proposal = Proposal {
+            op,
+            bytes,
+            tx,
+            state: Arc::clone(&state),
+        };
+        let waiting = match self.proposals.try_send(proposal) {
             Ok(()) => None,
             Err(mpsc::error::TrySendError::Full(p)) => Some((self.proposals.clone(), p)),
             Err(mpsc::error::TrySendError::Closed(_)) => {
@@ -277,7 +300,8 @@ impl RaftEngine {
             }
         };
         let timeout = self.proposal_timeout;
-        super::Submission::Pending(Box::pin(async move {
+        let full = waiting.is_some();
+        let fut = Box::pin(async move {
             let deadline = tokio::time::Instant::now() + timeout;
             if let Some((proposals, p)) = waiting {
                 match tokio::time::timeout_at(deadline, proposals.send(p)).await {
@@ -290,14 +314,32 @@ impl RaftEngine {
                     }
                 }
             }
-            match tokio::time::timeout_at(deadline, rx).await {
-                Ok(Ok(r)) => r,
-                Ok(Err(_)) => Err(EngineError::TryAgain("the engine is stopping")),
-                Err(_) => Err(EngineError::TryAgain(
-                    "not applied within proposal_timeout_ms",
-                )),
+            let mut rx = rx;
+            match tokio::time::timeout_at(deadline, &mut rx).await {
+                Ok(Ok(r)) => return r,
+                Ok(Err(_)) => return Err(EngineError::TryAgain("the engine is stopping")),
+                Err(_) => {}
             }
-        }))
+            // Timed out: withdrawn if the proposer has not taken it yet (so
+            // it is certainly not applied); once taken into an entry its
+            // outcome comes soon (a sync and an apply away), and is the one
+            // to report.
+            if state
+                .compare_exchange(QUEUED, WITHDRAWN, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+            {
+                return Err(EngineError::TryAgain(
+                    "not proposed within proposal_timeout_ms (withdrawn: not applied)",
+                ));
+            }
+            rx.await
+                .unwrap_or(Err(EngineError::TryAgain("the engine is stopping")))
+        });
+        if full {
+            super::Submission::Waiting(fut)
+        } else {
+            super::Submission::Pending(fut)
+        }
     }
 
     /// The data directory (absolute).
@@ -415,6 +457,11 @@ async fn propose(
     let mut since_snapshot = 0u64;
     let mut carry: Option<Proposal> = None;
     loop {
+        // One entry in flight at a time (MAX_INFLIGHT_ENTRIES): while it is
+        // written and applied, proposals gather for the next one.
+        let Ok(permit) = Arc::clone(&inflight).acquire_owned().await else {
+            return;
+        };
         let first = match carry.take() {
             Some(p) => p,
             None => match rx.recv().await {
@@ -422,22 +469,29 @@ async fn propose(
                 None => return,
             },
         };
-        let mut size = first.bytes;
-        let mut ops = vec![first.op];
-        let mut txs = vec![first.tx];
-        while ops.len() < MAX_BATCH_OPS {
-            match rx.try_recv() {
-                Ok(p) if size + p.bytes > max_bytes => {
-                    carry = Some(p);
-                    break;
-                }
-                Ok(p) => {
-                    size += p.bytes;
-                    ops.push(p.op);
-                    txs.push(p.tx);
-                }
-                Err(_) => break,
+        let mut size = 0;
+        let mut ops = Vec::new();
+        let mut txs = Vec::new();
+        let mut next = Some(first);
+        while let Some(p) = next.take() {
+            // A proposal whose submitter gave up (timed out) is dropped:
+            // it was answered "not applied", so it must not be.
+            if p.take() {
+                size += p.bytes;
+                ops.push(p.op);
+                txs.push(p.tx);
             }
+            if ops.len() >= MAX_BATCH_OPS {
+                break;
+            }
+            match rx.try_recv() {
+                Ok(p) if !ops.is_empty() && size + p.bytes > max_bytes => carry = Some(p),
+                Ok(p) => next = Some(p),
+                Err(_) => {}
+            }
+        }
+        if ops.is_empty() {
+            continue;
         }
         if !limits.disk_ok() {
             if !disk_full {
@@ -467,15 +521,11 @@ async fn propose(
         }
         stats.entries.fetch_add(1, Ordering::Relaxed);
         stats.ops.fetch_add(ops.len() as u64, Ordering::Relaxed);
+        // Stamped as it goes to the log, not while it waited: leases and
+        // retention start no earlier than the write does.
         let entry = Entry {
             stamp_ms: clock.now_ms(),
             ops,
-        };
-        // Entries reach the Raft core in proposal order; while they are
-        // written and applied, the next batch gathers (at most
-        // MAX_INFLIGHT_ENTRIES in flight).
-        let Ok(permit) = Arc::clone(&inflight).acquire_owned().await else {
-            return;
         };
         let rx = match raft.client_write_ff(Batch(entry)).await {
             Ok(rx) => rx,

@@ -201,6 +201,20 @@ impl Wal {
         for (n, first) in firsts.into_iter().enumerate() {
             let path = dir.join(segment_name(first));
             let last = n + 1 == count;
+            // Indexes run on from one segment to the next: a missing or
+            // stray segment is an error, not a gap to skip.
+            if let Some(&(prev, _)) = records.last()
+                && first != prev + 1
+            {
+                return Err(corrupt(
+                    &path,
+                    0,
+                    format!(
+                        "segment starts at index {first} where {} was expected",
+                        prev + 1
+                    ),
+                ));
+            }
             let valid_len = wal.load_segment(&path, first, last, &mut records)?;
             wal.segments.push(Segment {
                 first,
@@ -211,9 +225,13 @@ impl Wal {
                     .append(true)
                     .open(&path)
                     .map_err(io_err("open", &path))?;
+                // What a crash left in the page cache but not on disk is
+                // made durable before anything is served from it.
+                f.sync_all().map_err(io_err("sync", &path))?;
                 wal.active = Some((f, valid_len));
             }
         }
+        sync_dir(dir)?;
         Ok((wal, records))
     }
 
@@ -280,7 +298,12 @@ impl Wal {
                     at += len;
                 }
                 None => {
-                    let later = (at + 1..buf.len()).any(|p| parse_record(&buf, p).is_some());
+                    // Valid records after it mean damage, not a torn
+                    // write; only indexes that could follow count.
+                    let later = (at + 1..buf.len()).any(|p| {
+                        parse_record(&buf, p)
+                            .is_some_and(|(i, _, _)| i >= expect && i - expect < 1 << 20)
+                    });
                     if !last || later {
                         return Err(corrupt(
                             path,
@@ -359,6 +382,16 @@ impl Wal {
                 pending.clear();
                 self.start_segment(index)?;
             }
+            if payload.len() + 8 > MAX_RECORD as usize {
+                return Err(corrupt(
+                    &self.dir,
+                    0,
+                    format!(
+                        "a record of {} bytes is over the largest accepted",
+                        payload.len()
+                    ),
+                ));
+            }
             let len = (payload.len() + 8) as u32;
             buf.extend_from_slice(&len.to_le_bytes());
             buf.extend_from_slice(&crc(index, payload).to_le_bytes());
@@ -382,19 +415,24 @@ impl Wal {
         };
         let base = *len;
         #[cfg(debug_assertions)]
-        if faults::defer_writes() {
+        let written = if faults::defer_writes() {
             // Deliberately broken (debug builds, for the crash tests' own
             // test): the batch is acknowledged while it is only in memory;
             // it reaches the file with the next one.
             let previous = std::mem::replace(&mut self.deferred, buf.to_vec());
-            file.write_all(&previous).map_err(io_err("write", &path))?;
+            file.write_all(&previous)
         } else {
-            file.write_all(buf).map_err(io_err("write", &path))?;
-        }
+            file.write_all(buf)
+        };
         #[cfg(not(debug_assertions))]
-        file.write_all(buf).map_err(io_err("write", &path))?;
+        let written = file.write_all(buf);
         let started = std::time::Instant::now();
-        file.sync_data().map_err(io_err("sync", &path))?;
+        if let Err(e) = written.and_then(|()| file.sync_data()) {
+            // Whatever of the batch reached the file must not be read back
+            // after a restart as if it were durable: cut it (best effort).
+            let _ = file.set_len(base).and_then(|()| file.sync_all());
+            return Err(io_err("write or sync", &path)(e));
+        }
         self.sync_us
             .saturating_record(started.elapsed().as_micros() as u64);
         self.syncs += 1;

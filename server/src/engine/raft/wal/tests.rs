@@ -211,3 +211,27 @@ fn meta_is_replaced_atomically_and_checked() {
     fs::write(d.0.join("meta"), &bytes).unwrap();
     assert!(matches!(read_meta(&d.0), Err(WalError::Corrupt { .. })));
 }
+
+#[test]
+fn a_missing_segment_is_an_error_not_a_gap() {
+    let d = TempDir::new("gap");
+    let wal = fill(&d.0, 200, &[1..30]);
+    let segs = wal.segment_paths();
+    assert!(segs.len() >= 3);
+    drop(wal);
+    fs::remove_file(&segs[1]).unwrap();
+    let e = Wal::open(&d.0, 200).unwrap_err();
+    assert!(
+        matches!(&e, WalError::Corrupt { path, .. } if path == &segs[2]),
+        "{e}"
+    );
+}
+
+#[test]
+fn oversized_records_are_refused_before_writing() {
+    let d = TempDir::new("big");
+    let (mut wal, _) = Wal::open(&d.0, 1 << 20).unwrap();
+    let big = vec![0u8; super::MAX_RECORD as usize];
+    assert!(wal.append([(1, &big[..])]).is_err());
+    assert!(wal.is_empty());
+}
