@@ -44,6 +44,9 @@ struct Inner {
 #[derive(Clone)]
 pub struct LogStore {
     inner: Arc<Mutex<Inner>>,
+    /// Sync count and percentiles, copied after each append so that INFO
+    /// never waits on the log's lock during a sync.
+    sync_stats: Arc<Mutex<(u64, u64, u64)>>,
 }
 
 /// Why the log could not be opened.
@@ -99,6 +102,7 @@ impl LogStore {
         }
         let committed = meta.committed;
         Ok(LogStore {
+            sync_stats: Arc::new(Mutex::new((0, 0, 0))),
             inner: Arc::new(Mutex::new(Inner {
                 wal,
                 entries,
@@ -112,9 +116,7 @@ impl LogStore {
     /// `fdatasync`s done by the log so far, and their 50th and 99th
     /// percentile times in µs.
     pub fn syncs(&self) -> (u64, u64, u64) {
-        let inner = self.inner.lock();
-        let (p50, p99) = inner.wal.sync_percentiles();
-        (inner.wal.syncs, p50, p99)
+        *self.sync_stats.lock()
     }
 
     /// Runs `f` on the log on a blocking thread (file I/O and syncs).
@@ -222,6 +224,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
                 .map_err(|err| storage_err(StorageIOError::write_logs, err))?;
             encoded.push((e.log_id.index, bytes));
         }
+        let sync_stats = Arc::clone(&self.sync_stats);
         let result = self
             .blocking(move |inner| {
                 let first = encoded.first().map(|e| e.0);
@@ -243,6 +246,8 @@ impl RaftLogStorage<TypeConfig> for LogStore {
                 for e in entries {
                     inner.entries.insert(e.log_id.index, e);
                 }
+                let (p50, p99) = inner.wal.sync_percentiles();
+                *sync_stats.lock() = (inner.wal.syncs, p50, p99);
                 Ok(())
             })
             .await;

@@ -221,7 +221,6 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
                 "a snapshot builder was used twice",
             ));
         };
-        let data = copy.encode();
         let meta = SnapshotMeta {
             last_log_id: last_applied,
             last_membership: membership,
@@ -231,25 +230,33 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
                 last_applied.map_or(0, |l| l.index)
             ),
         };
-        let stored = Stored {
-            meta: meta.clone(),
-            data,
-        };
-        // A snapshot that cannot be written (a full disk, say) keeps the
+        // Encoding, writing and syncing run on a blocking thread. A
+        // snapshot that cannot be written (a full disk, say) keeps the
         // previous one and the whole log: openraft purges the log only once
         // this returns, so it returns only once the file is on disk.
-        let mut failures = 0u64;
-        while let Err(e) = self.sm.save(&stored) {
-            if failures == 0 {
-                tracing::warn!(error = %e, "cannot write a snapshot: keeping the previous one and the log; retrying");
+        let sm = self.sm.clone();
+        let file_meta = meta.clone();
+        let stored = tokio::task::spawn_blocking(move || {
+            let stored = Stored {
+                meta: file_meta,
+                data: copy.encode(),
+            };
+            let mut failures = 0u64;
+            while let Err(e) = sm.save(&stored) {
+                if failures == 0 {
+                    tracing::warn!(error = %e, "cannot write a snapshot: keeping the previous one and the log; retrying");
+                }
+                failures += 1;
+                let _ = fs::remove_file(sm.dir.join("snapshot.tmp"));
+                std::thread::sleep(std::time::Duration::from_secs(1));
             }
-            failures += 1;
-            let _ = fs::remove_file(self.sm.dir.join("snapshot.tmp"));
-            tokio::time::sleep(std::time::Duration::from_secs(1)).await;
-        }
-        if failures > 0 {
-            tracing::info!(attempts = failures + 1, "snapshot written");
-        }
+            if failures > 0 {
+                tracing::info!(attempts = failures + 1, "snapshot written");
+            }
+            stored
+        })
+        .await
+        .map_err(|e| storage_err(StorageIOError::write_snapshot_any, e))?;
         let data = stored.data.clone();
         {
             let mut inner = self.sm.inner.lock();
