@@ -128,6 +128,20 @@ impl Pending {
         }
     }
 
+    /// Every reply at the front that is known now, in order (at least one,
+    /// or pending): all of them go out with one write.
+    fn poll_ready(&mut self, cx: &mut std::task::Context<'_>) -> Poll<Vec<(Reply, Version)>> {
+        let mut ready = Vec::new();
+        while let Poll::Ready(r) = self.poll_front(cx) {
+            ready.push(r);
+        }
+        if ready.is_empty() {
+            Poll::Pending
+        } else {
+            Poll::Ready(ready)
+        }
+    }
+
     /// Whether a reply not yet known is owed (a write still in the log).
     fn awaits_write(&self) -> bool {
         self.queue
@@ -352,14 +366,10 @@ async fn run(
                 pending.unblock_with(&Reply::Error(e));
                 closing = true;
             }
-            (reply, v) = poll_fn(|cx| pending.poll_front(cx)), if !pending.is_empty() => {
+            ready = poll_fn(|cx| pending.poll_ready(cx)), if !pending.is_empty() => {
                 last_activity = Instant::now();
-                push(&mut out, v, &reply);
-                // Replies known right behind it go out in the same turn.
-                while let Some((Owed::Ready(_), _)) = pending.queue.front() {
-                    if let Some((Owed::Ready(r), v)) = pending.queue.pop_front() {
-                        push(&mut out, v, &r);
-                    }
+                for (reply, v) in ready {
+                    push(&mut out, v, &reply);
                 }
             }
             n = write_some(&socket, &out), if !out.is_empty() => {
