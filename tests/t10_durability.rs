@@ -462,3 +462,42 @@ async fn pipelined_writes_keep_their_order_when_the_queue_is_full() {
         t.await.unwrap();
     }
 }
+
+/// The data directory written by the first durable release
+/// (`tests/fixtures/data-v1`) opens and replays identically.
+#[tokio::test]
+async fn a_data_dir_of_the_first_durable_release_replays_identically() {
+    let dir = DataDir::new("fixture");
+    let fixture =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/data-v1");
+    std::fs::create_dir_all(dir.0.join("log")).unwrap();
+    for f in ["log/00000000000000000000.wal", "log/meta"] {
+        std::fs::copy(fixture.join(f), dir.0.join(f)).unwrap();
+    }
+    let s = raft(&dir).await;
+    let mut c = s.conn().await;
+    assert_replays(&mut c, "fixture:paid", "receipt-42").await;
+    assert_eq!(
+        claim(c.cmd(&["CLAIM", "fixture:declined", "FP", "fp-1"]).await),
+        ClaimReply::Completed {
+            outcome: Outcome::Err,
+            value: "card declined".into()
+        }
+    );
+    assert!(
+        err(&c.cmd(&["CLAIM", "fixture:declined", "FP", "fp-2"]).await).starts_with("MISMATCH")
+    );
+    let info = c.cmd(&["INSPECT", "fixture:charging"]).await;
+    assert_eq!(field(&info, "state"), Frame::simple("in_flight"));
+    assert_eq!(field(&info, "fence"), Frame::Integer(3));
+    assert_eq!(field(&info, "journal"), Frame::Bulk("gateway-req-9".into()));
+    assert_eq!(field(&info, "attempt"), Frame::Bulk("a-7".into()));
+    // The owner's retry gets its key back; the released key is free; fences
+    // continue after the last one handed out.
+    assert_eq!(
+        c.acquire(&["CLAIM", "fixture:charging", "ATTEMPT", "a-7"])
+            .await,
+        3
+    );
+    assert_eq!(c.acquire(&["CLAIM", "fixture:released"]).await, 5);
+}
