@@ -248,6 +248,15 @@ impl Wal {
         File::open(path)
             .and_then(|mut f| f.read_to_end(&mut buf))
             .map_err(io_err("read", path))?;
+        let header_only = buf.len() <= HEADER_LEN as usize;
+        if last && header_only && buf.iter().all(|&b| b == 0) && !buf.is_empty() {
+            // Created by a crash before its header reached the disk (the
+            // file was extended, its bytes not written): nothing in it was
+            // ever acknowledged.
+            warn!(file = %path.display(), "removing a log segment whose header was never written");
+            fs::remove_file(path).map_err(io_err("remove", path))?;
+            return self.recreate_header(path, first);
+        }
         if buf.len() < HEADER_LEN as usize {
             if last && SEGMENT_MAGIC.starts_with(&buf[..buf.len().min(8)]) {
                 // Cut while its header was written: nothing in it was ever

@@ -235,3 +235,22 @@ fn oversized_records_are_refused_before_writing() {
     assert!(wal.append([(1, &big[..])]).is_err());
     assert!(wal.is_empty());
 }
+
+#[test]
+fn a_last_segment_whose_header_never_reached_the_disk_is_recreated() {
+    let d = TempDir::new("zero-header");
+    let wal = fill(&d.0, 200, &[1..20]);
+    let next = wal.next_index();
+    let segs = wal.segment_paths();
+    drop(wal);
+    // A crash while the next segment was being created.
+    let torn = d.0.join(format!("{next:020}.wal"));
+    fs::write(&torn, [0u8; HEADER_LEN as usize]).unwrap();
+    let (mut wal, recs) = Wal::open(&d.0, 200).unwrap();
+    assert_eq!(recs.len(), 19);
+    assert_eq!(wal.segment_paths().len(), segs.len() + 1);
+    wal.append([(next, &b"after"[..])]).unwrap();
+    drop(wal);
+    let (_, recs) = Wal::open(&d.0, 200).unwrap();
+    assert_eq!(recs.last().unwrap(), &(next, b"after".to_vec()));
+}
