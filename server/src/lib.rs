@@ -14,7 +14,8 @@
 //! - [`store`]: the deterministic, lock-sharded state machine of records:
 //!   replicated ops in, replies and key events out; pure reads; canonical
 //!   snapshots.
-//! - [`engine`]: how ops reach the store (`memory`), as futures, and the
+//! - [`engine`]: how ops reach the store, as futures: `raft` (the default:
+//!   a durable log through openraft, `engine::raft`) or `memory`; and the
 //!   expiry proposer.
 //! - [`waiters`]: server-side waiting beside the store, driven by the
 //!   engine's key events.
