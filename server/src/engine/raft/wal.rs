@@ -133,9 +133,11 @@ pub struct Wal {
     pub syncs: u64,
     /// How long they took, in µs.
     sync_us: hdrhistogram::Histogram<u64>,
-    /// The batch held back by the deliberately broken mode (debug builds).
+    /// The batches held back by the deliberately broken mode (debug builds).
     #[cfg(debug_assertions)]
     deferred: Vec<u8>,
+    #[cfg(debug_assertions)]
+    deferred_batches: u32,
 }
 
 fn segment_name(first: u64) -> String {
@@ -195,6 +197,8 @@ impl Wal {
             sync_us: new_histogram(),
             #[cfg(debug_assertions)]
             deferred: Vec::new(),
+            #[cfg(debug_assertions)]
+            deferred_batches: 0,
         };
         let mut records = Vec::new();
         let count = firsts.len();
@@ -426,10 +430,17 @@ impl Wal {
         #[cfg(debug_assertions)]
         let written = if faults::defer_writes() {
             // Deliberately broken (debug builds, for the crash tests' own
-            // test): the batch is acknowledged while it is only in memory;
-            // it reaches the file with the next one.
-            let previous = std::mem::replace(&mut self.deferred, buf.to_vec());
-            file.write_all(&previous)
+            // test): batches are acknowledged while they are only in
+            // memory; they reach the file eight at a time.
+            self.deferred.extend_from_slice(buf);
+            self.deferred_batches += 1;
+            if self.deferred_batches >= 8 {
+                self.deferred_batches = 0;
+                let held = std::mem::take(&mut self.deferred);
+                file.write_all(&held)
+            } else {
+                Ok(())
+            }
         } else {
             file.write_all(buf)
         };
@@ -559,8 +570,8 @@ impl Wal {
 mod faults {
     use std::sync::OnceLock;
 
-    /// Acknowledge each batch before it is written (it is written with the
-    /// next one): a crash loses acknowledged writes.
+    /// Acknowledge batches before they are written (they are written eight
+    /// at a time): a crash loses acknowledged writes.
     pub(super) fn defer_writes() -> bool {
         static ON: OnceLock<bool> = OnceLock::new();
         *ON.get_or_init(|| {
