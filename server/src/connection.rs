@@ -82,6 +82,8 @@ struct Pending {
     queue: VecDeque<(Owed, Version)>,
     /// A blocking request is in the queue.
     blocked: bool,
+    /// Entries whose reply is not known yet (`Later` or `Blocking`).
+    unknown: usize,
 }
 
 impl Pending {
@@ -111,6 +113,7 @@ impl Pending {
             Some((Owed::Later(f) | Owed::Blocking(f), v)) => match f.as_mut().poll(cx) {
                 Poll::Ready(r) => {
                     let v = *v;
+                    self.unknown -= 1;
                     if matches!(self.queue.pop_front(), Some((Owed::Blocking(_), _))) {
                         self.blocked = false;
                     }
@@ -144,9 +147,7 @@ impl Pending {
 
     /// Whether a reply not yet known is owed (a write still in the log).
     fn awaits_write(&self) -> bool {
-        self.queue
-            .iter()
-            .any(|(o, _)| matches!(o, Owed::Later(_) | Owed::Blocking(_)))
+        self.unknown > 0
     }
 
     /// Adds a reply that comes later.
@@ -154,6 +155,7 @@ impl Pending {
         if matches!(owed, Owed::Blocking(_)) {
             self.blocked = true;
         }
+        self.unknown += 1;
         self.queue.push_back((owed, version));
     }
 
@@ -162,6 +164,7 @@ impl Pending {
         for (owed, _) in &mut self.queue {
             if matches!(owed, Owed::Blocking(_)) {
                 *owed = Owed::Ready(reply.clone());
+                self.unknown -= 1;
             }
         }
         self.blocked = false;
@@ -169,7 +172,9 @@ impl Pending {
 
     /// Withdraws blocking requests (the client left).
     fn withdraw_blocking(&mut self) {
+        let before = self.queue.len();
         self.queue.retain(|(o, _)| !matches!(o, Owed::Blocking(_)));
+        self.unknown -= before - self.queue.len();
         self.blocked = false;
     }
 }
