@@ -220,10 +220,7 @@ impl Waiters {
         parked.done = true;
         self.stats.timed_out.fetch_add(1, Ordering::Relaxed);
         // The wait ran out: answer with the key's state now.
-        match self.ask_now(&ask).await {
-            Ok(r) => r,
-            Err(r) => r,
-        }
+        self.ask_now(&ask).await
     }
 
     /// Asks once, without waiting: `Ok` with the reply if the key is not in
@@ -252,8 +249,9 @@ impl Waiters {
         }
     }
 
-    async fn ask_now(&self, ask: &Ask) -> Result<Reply, Reply> {
-        self.ask_once(ask).await.map_err(|(r, _)| r)
+    /// Asks once, without waiting: the reply, whatever it is.
+    async fn ask_now(&self, ask: &Ask) -> Reply {
+        self.ask_once(ask).await.unwrap_or_else(|(r, _)| r)
     }
 
     /// Answers at once, or parks (`Err`). A CLAIM behind queued waiters
@@ -272,7 +270,7 @@ impl Waiters {
                 match self.engine.read(Read::Claim(op)).reply {
                     Some(reply) if in_flight(&reply).is_none() => return Ok(reply),
                     None if self.in_flight_now(key) => {
-                        return Ok(self.ask_now(&ask).await.unwrap_or_else(|r| r));
+                        return Ok(self.ask_now(&ask).await);
                     }
                     _ => {}
                 }
@@ -309,7 +307,7 @@ impl Waiters {
             }
             return Err(self.enqueue(&mut sh, key, ask, index, Some(remaining)));
         }
-        self.ask_now(&ask).await.map_or_else(Ok, Ok)
+        Ok(self.ask_now(&ask).await)
     }
 
     /// Adds a waiter to `key`'s queue (made if missing, with a lease timer

@@ -85,17 +85,6 @@ pub enum Submission {
     Waiting(Pin<Box<dyn Future<Output = Submitted> + Send>>),
 }
 
-impl Submission {
-    /// The result if it is there already, else the submission itself.
-    #[allow(clippy::result_large_err)]
-    pub fn into_ready(self) -> Result<Submitted, Submission> {
-        match self {
-            Submission::Ready(Some(r)) => Ok(r),
-            other => Err(other),
-        }
-    }
-}
-
 impl Future for Submission {
     type Output = Submitted;
 
@@ -199,11 +188,6 @@ impl Engine {
         if let Inner::Raft { engine, .. } = &self.inner {
             engine.shutdown().await;
         }
-    }
-
-    /// The node's clock.
-    pub fn clock(&self) -> &Clock {
-        &self.clock
     }
 
     /// Subscribes `sink` to the key events (once; later calls are ignored).
