@@ -172,99 +172,184 @@ async fn concurrent_writes_share_fsyncs() {
     assert!(get("wal_fsync_p50_us") > 0.0, "{text}");
 }
 
-/// What the clients were told, over a run with crashes.
-#[derive(Default)]
-struct History {
-    /// Keys whose COMPLETE was acknowledged, with the value.
-    completed: Vec<(String, String)>,
-    /// The largest fence acknowledged so far.
-    max_fence: u64,
+/// What a crash run exercised.
+#[derive(Debug, Default)]
+struct Exercised {
+    calls: usize,
+    unknown: usize,
+    completes: usize,
+    recovers: usize,
+    fenced: usize,
 }
 
-/// Runs claim/complete cycles from eight clients against idemd (started
-/// with `env`) on one data dir, killing it (SIGKILL) at a random moment,
-/// `rounds` times. After every restart it checks that every COMPLETE
-/// acknowledged before replays with its value and that no fence
-/// acknowledged before is handed out again; a lost reply counts as unknown.
-/// Returns the number of acknowledged COMPLETEs, or the first violation.
-async fn crash_history(env: &[(&str, &str)], rounds: usize) -> Result<usize, String> {
-    use std::sync::{Arc, Mutex};
-    let dir = DataDir::new("kill-load");
-    let args = ["--engine", "raft", "--data-dir", dir.arg()];
-    let history = Arc::new(Mutex::new(History::default()));
-    let mut seed = std::process::id() as u64;
-    for round in 0..rounds {
-        let mut s = Idemd::start_with(env, &args).await;
-        let mut c = s.conn().await;
-        let (done, max_fence) = {
-            let h = history.lock().unwrap();
-            (h.completed.clone(), h.max_fence)
-        };
-        for (k, v) in &done {
-            let got = claim(c.cmd(&["CLAIM", k]).await);
-            let want = ClaimReply::Completed {
-                outcome: Outcome::Ok,
-                value: v.clone().into(),
-            };
-            if got != want {
-                return Err(format!(
-                    "round {round}: the acknowledged COMPLETE of {k} is lost: CLAIM answers {got:?}"
-                ));
-            }
-        }
-        let fresh = c.acquire(&["CLAIM", &key("probe")]).await;
-        if fresh <= max_fence {
-            return Err(format!(
-                "round {round}: fence {fresh} handed out again (acknowledged up to {max_fence})"
-            ));
-        }
-        // Load, then a kill at a random moment.
-        let mut tasks = Vec::new();
-        for t in 0..8 {
-            let (addr, history) = (s.addr, Arc::clone(&history));
-            tasks.push(tokio::spawn(async move {
-                let mut c = Conn::connect(addr).await;
-                for i in 0.. {
-                    let k = key(&format!("r{round}-t{t}-{i}"));
-                    let Some(reply) = c.try_cmd(&["CLAIM", &k]).await else {
-                        return;
-                    };
-                    let ClaimReply::Acquired { fence } = claim(reply) else {
-                        panic!("fresh key not acquired")
-                    };
-                    {
-                        let mut h = history.lock().unwrap();
-                        h.max_fence = h.max_fence.max(fence);
-                    }
-                    let v = format!("v-{fence}");
-                    match c.try_cmd(&["COMPLETE", &k, &fence.to_string(), &v]).await {
-                        Some(r) if r == ok() => history.lock().unwrap().completed.push((k, v)),
-                        Some(r) => panic!("COMPLETE answered {r:?}"),
-                        // The reply was lost in the crash: unknown.
-                        None => return,
-                    }
-                }
-            }));
-        }
-        seed = seed
+/// A tiny deterministic generator (the seed is printed on failure).
+struct Rng(u64);
+
+impl Rng {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 = self
+            .0
             .wrapping_mul(6364136223846793005)
             .wrapping_add(1442695040888963407);
-        tokio::time::sleep(std::time::Duration::from_millis(50 + (seed >> 33) % 300)).await;
+        (self.0 >> 33) % n
+    }
+}
+
+/// One client's load until its connection breaks: claims of a few keys
+/// shared with the other clients (the set moves on every 50 ms), then as
+/// the owner journals, renews, sometimes overruns its lease (so another
+/// client takes over and this one must be fenced), and completes, abandons,
+/// releases or walks away.
+async fn owner_load(mut rec: history::Recorder, prefix: String, mut rng: Rng) {
+    use history::Call;
+    let start = std::time::Instant::now();
+    loop {
+        let slot = start.elapsed().as_millis() as u64 / 50 + rng.below(4);
+        let key = format!("{prefix}-{slot}");
+        let lease_ms = [150, 250][rng.below(2) as usize];
+        let Some(reply) = rec
+            .call(Call::Claim {
+                key: key.clone(),
+                lease_ms,
+            })
+            .await
+        else {
+            return;
+        };
+        let fence = match claim(reply) {
+            ClaimReply::Acquired { fence } | ClaimReply::Recover { fence, .. } => fence,
+            ClaimReply::InFlight { .. } => {
+                tokio::time::sleep(std::time::Duration::from_millis(rng.below(10))).await;
+                continue;
+            }
+            ClaimReply::Completed { .. } => continue,
+        };
+        let mut seq = 0;
+        let journal = async |rec: &mut history::Recorder, seq: &mut u64| {
+            *seq += 1;
+            rec.call(Call::Journal {
+                key: key.clone(),
+                fence,
+                seq: *seq,
+            })
+            .await
+        };
+        if rng.below(2) == 0 && journal(&mut rec, &mut seq).await.is_none() {
+            return;
+        }
+        let pause = if rng.below(8) == 0 {
+            lease_ms + 40
+        } else {
+            rng.below(20)
+        };
+        tokio::time::sleep(std::time::Duration::from_millis(pause)).await;
+        if rng.below(3) == 0 {
+            let renew = Call::Renew {
+                key: key.clone(),
+                fence,
+                lease_ms,
+            };
+            if rec.call(renew).await.is_none() || journal(&mut rec, &mut seq).await.is_none() {
+                return;
+            }
+        }
+        let end = match rng.below(20) {
+            0..=13 => Call::Complete {
+                key: key.clone(),
+                fence,
+                value: format!("v-{fence}"),
+            },
+            14..=16 => Call::Abandon { key, fence },
+            17 => Call::Release { key, fence },
+            _ => continue,
+        };
+        if rec.call(end).await.is_none() {
+            return;
+        }
+    }
+}
+
+/// Runs the owner load from eight clients against idemd (started with
+/// `env`) on one data directory, killing it (SIGKILL) at a random moment,
+/// `rounds` times. After every restart a prober claims every key used so
+/// far (acknowledged COMPLETEs must replay, leases cut by the crash must
+/// still hold, abandoned keys hand over their journals), and the whole
+/// history is checked (see `support::history`). Returns what was
+/// exercised, or the violations found.
+async fn crash_history(env: &[(&str, &str)], rounds: usize) -> Result<Exercised, String> {
+    use history::{Call, History, Recorder};
+    let dir = DataDir::new("kill-load");
+    let args = ["--engine", "raft", "--data-dir", dir.arg()];
+    let history = History::default();
+    let seed = std::process::id() as u64 ^ 0x9e37_79b9;
+    let mut rng = Rng(seed);
+    let prefix = key("h");
+    for round in 0..=rounds {
+        let mut s = Idemd::start_with(env, &args).await;
+        let mut prober = Recorder::new(usize::MAX, s.conn().await, &history);
+        for k in history.keys() {
+            let probe = Call::Claim {
+                key: k,
+                lease_ms: 100,
+            };
+            prober.call(probe).await.expect("idemd is up");
+        }
+        let bad = history::check(&history.events());
+        if !bad.is_empty() {
+            return Err(format!(
+                "seed {seed:#x}, after {round} kills: {} violations:\n{}",
+                bad.len(),
+                bad.join("\n")
+            ));
+        }
+        if round == rounds {
+            break;
+        }
+        let mut tasks = Vec::new();
+        for t in 0..8 {
+            let rec = Recorder::new(t, s.conn().await, &history);
+            let load = owner_load(rec, format!("{prefix}-r{round}"), Rng(rng.below(u64::MAX)));
+            tasks.push(tokio::spawn(load));
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100 + rng.below(500))).await;
         s.kill().await;
         for t in tasks {
             t.await.unwrap();
         }
     }
-    let n = history.lock().unwrap().completed.len();
-    Ok(n)
+    let events = history.events();
+    let grants_of = |e: &history::Event, recover: bool| {
+        matches!(&e.reply, Some((_, r)) if matches!(
+            ClaimReply::from_frame(r.clone()),
+            Ok(ClaimReply::Recover { .. }) if recover
+        ))
+    };
+    Ok(Exercised {
+        calls: events.len(),
+        unknown: events.iter().filter(|e| e.reply.is_none()).count(),
+        completes: history.completed().len(),
+        recovers: events.iter().filter(|e| grants_of(e, true)).count(),
+        fenced: events
+            .iter()
+            .filter(|e| matches!(&e.reply, Some((_, Frame::Error(m))) if m.starts_with(b"FENCED")))
+            .count(),
+    })
 }
 
+/// Twenty kill -9 cycles at random moments under owner load: the whole
+/// history keeps every promise (`support::history`).
 #[tokio::test]
-async fn kill_9_under_load_loses_no_acknowledged_complete() {
-    let completed = crash_history(&[], 6)
+async fn kill_9_under_load_keeps_every_promise_over_the_whole_history() {
+    let ran = crash_history(&[], 20)
         .await
-        .unwrap_or_else(|violation| panic!("{violation}"));
-    assert!(completed > 100, "only {completed} completes");
+        .unwrap_or_else(|violations| panic!("{violations}"));
+    eprintln!("{ran:?}");
+    // The run must have exercised what the checker checks.
+    assert!(ran.completes > 100, "{ran:?}");
+    assert!(ran.recovers > 0, "{ran:?}");
+    assert!(ran.fenced > 0, "{ran:?}");
+    assert!(ran.unknown > 0, "{ran:?}");
+    assert!(ran.calls > ran.completes, "{ran:?}");
 }
 
 /// The same check against a build that acknowledges writes before they are
@@ -272,12 +357,23 @@ async fn kill_9_under_load_loses_no_acknowledged_complete() {
 #[cfg(debug_assertions)]
 #[tokio::test]
 async fn the_crash_check_catches_a_server_that_acknowledges_before_writing() {
-    let result = crash_history(&[("IDEMD_UNSAFE_TEST_ACK_BEFORE_WRITE", "1")], 6).await;
+    let result = crash_history(&[("IDEMD_UNSAFE_TEST_ACK_BEFORE_WRITE", "1")], 20).await;
     assert!(
         result.is_err(),
         "acknowledging before writing went unnoticed: {result:?}"
     );
     eprintln!("found as expected: {}", result.unwrap_err());
+}
+
+/// The same check against a build that hands out fences again after a
+/// restart (a switch of debug builds): it must find the reuse.
+#[cfg(debug_assertions)]
+#[tokio::test]
+async fn the_crash_check_catches_a_server_that_reuses_fences() {
+    let result = crash_history(&[("IDEMD_UNSAFE_TEST_REUSE_FENCES", "1")], 20).await;
+    let found = result.expect_err("reused fences went unnoticed");
+    assert!(found.contains("fence"), "{found}");
+    eprintln!("found as expected: {found}");
 }
 
 /// A small tmpfs, unmounted when dropped (`None` where mounting is not

@@ -6,6 +6,8 @@ use std::net::SocketAddr;
 use std::process::Stdio;
 use std::time::Duration;
 
+pub mod history;
+
 use bytes::{Bytes, BytesMut};
 use idem_protocol::{ClaimReply, Frame, Limits, SettleReply, Version, decode, encode};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};

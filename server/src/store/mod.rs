@@ -159,6 +159,17 @@ impl Store {
         }
     }
 
+    /// Sets the fence counter back by `n` (never below 1), so fences are
+    /// handed out again: a deliberately broken store, for showing that the
+    /// crash tests catch fence reuse. Debug builds only.
+    #[cfg(debug_assertions)]
+    #[doc(hidden)]
+    pub fn unsafe_rewind_fences(&self, n: u64) {
+        let next = self.next_fence.load(Ordering::Acquire);
+        self.next_fence
+            .store(next.saturating_sub(n).max(1), Ordering::Release);
+    }
+
     fn hash(&self, key: &[u8]) -> u64 {
         self.hasher.hash_one(key)
     }

@@ -231,6 +231,13 @@ impl RaftEngine {
         raft.ensure_linearizable()
             .await
             .map_err(|e| StartError::Raft(e.to_string()))?;
+        #[cfg(debug_assertions)]
+        if std::env::var("IDEMD_UNSAFE_TEST_REUSE_FENCES").is_ok_and(|v| v == "1") {
+            tracing::error!(
+                "IDEMD_UNSAFE_TEST_REUSE_FENCES=1: fences handed out before are handed out again (test mode)"
+            );
+            store.unsafe_rewind_fences(8);
+        }
         let clock = store.stats().clock;
         let anchor = if clock == 0 { wall_ms } else { clock };
         let proposer_clock = Clock::starting_at(anchor);
