@@ -172,6 +172,65 @@ async fn concurrent_writes_share_fsyncs() {
     assert!(get("wal_fsync_p50_us") > 0.0, "{text}");
 }
 
+/// INFO's replication section reports the log and snapshots: a snapshot
+/// every 20 entries here, so a few hundred writes build several.
+#[tokio::test]
+async fn info_reports_the_log_and_its_snapshots() {
+    let dir = DataDir::new("info");
+    let s = Idemd::start_with(
+        &[("IDEM_SNAPSHOT_ENTRIES", "20")],
+        &["--engine", "raft", "--data-dir", dir.arg()],
+    )
+    .await;
+    let mut c = s.conn().await;
+    for i in 0..200 {
+        c.acquire(&["CLAIM", &key(&format!("info-{i}"))]).await;
+    }
+    let text = eventually("a snapshot built", async || {
+        let text = bulk(&c.cmd(&["INFO", "replication"]).await);
+        (!text.contains("raft_snapshots_built:0\r\n")).then_some(text)
+    })
+    .await;
+    let get = |name: &str| -> f64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(&format!("{name}:")))
+            .unwrap_or_else(|| panic!("{name} in {text}"))
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    assert!(
+        text.contains("role:master\r\nconnected_slaves:0\r\n"),
+        "{text}"
+    );
+    assert_eq!(get("raft_leader"), 1.0, "{text}");
+    assert!(get("raft_term") >= 1.0, "{text}");
+    // One entry per write here (sequential), plus the leader's blank
+    // entry and the membership.
+    assert!(get("raft_last_log_index") >= 200.0, "{text}");
+    assert_eq!(
+        get("raft_commit_index"),
+        get("raft_last_log_index"),
+        "{text}"
+    );
+    assert_eq!(
+        get("raft_applied_index"),
+        get("raft_commit_index"),
+        "{text}"
+    );
+    assert!(get("raft_snapshots_built") >= 1.0, "{text}");
+    let index = get("raft_snapshot_index");
+    assert!(
+        index >= 20.0 && index <= get("raft_applied_index"),
+        "{text}"
+    );
+    assert!(get("raft_snapshot_time_sec") >= 0.0, "{text}");
+    assert!(
+        get("raft_snapshot_pause_max_ms") >= get("raft_snapshot_pause_ms"),
+        "{text}"
+    );
+}
+
 /// What a crash run exercised.
 #[derive(Debug, Default)]
 struct Exercised {

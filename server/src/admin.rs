@@ -223,17 +223,37 @@ pub fn info_text(node: &Node, wanted: &[String]) -> String {
         }
     });
     section("replication", &|o| {
-        let _ = write!(o, "role:master\r\nconnected_slaves:0\r\n");
+        match &raft {
+            // Redis's fields where the meaning matches: a leader is a
+            // master; a follower is a replica whose link is up while it
+            // knows a leader.
+            Some((r, _)) if !r.leader => {
+                let link = if r.leader_known { "up" } else { "down" };
+                let _ = write!(o, "role:slave\r\nmaster_link_status:{link}\r\n");
+            }
+            Some((r, _)) => {
+                let _ = write!(o, "role:master\r\nconnected_slaves:{}\r\n", r.followers);
+            }
+            None => {
+                let _ = write!(o, "role:master\r\nconnected_slaves:0\r\n");
+            }
+        }
         if let Some((r, _)) = &raft {
             let _ = write!(
                 o,
-                "raft_term:{}\r\nraft_leader:{}\r\nraft_last_log_index:{}\r\nraft_applied_index:{}\r\nraft_snapshot_index:{}\r\nraft_snapshots_built:{}\r\n",
+                "raft_term:{}\r\nraft_leader:{}\r\nraft_last_log_index:{}\r\nraft_commit_index:{}\r\nraft_applied_index:{}\r\n\
+                 raft_snapshot_index:{}\r\nraft_snapshots_built:{}\r\nraft_snapshot_time_sec:{:.3}\r\n\
+                 raft_snapshot_pause_ms:{}\r\nraft_snapshot_pause_max_ms:{}\r\n",
                 r.term,
                 u8::from(r.leader),
                 r.last_log_index,
+                r.commit_index,
                 r.applied_index,
                 r.snapshot_index,
-                r.snapshots_built
+                r.snapshots_built,
+                r.snapshot_secs,
+                r.snapshot_pause_ms,
+                r.snapshot_pause_max_ms
             );
         }
     });

@@ -47,6 +47,8 @@ pub struct LogStore {
     /// Sync count and percentiles, copied after each append so that INFO
     /// never waits on the log's lock during a sync.
     sync_stats: Arc<Mutex<(u64, u64, u64)>>,
+    /// The committed index openraft reported last (0: none), for INFO.
+    committed_index: Arc<std::sync::atomic::AtomicU64>,
 }
 
 /// Why the log could not be opened.
@@ -103,6 +105,9 @@ impl LogStore {
         let committed = meta.committed;
         Ok(LogStore {
             sync_stats: Arc::new(Mutex::new((0, 0, 0))),
+            committed_index: Arc::new(std::sync::atomic::AtomicU64::new(
+                committed.map_or(0, |l| l.index),
+            )),
             inner: Arc::new(Mutex::new(Inner {
                 wal,
                 entries,
@@ -117,6 +122,12 @@ impl LogStore {
     /// percentile times in µs.
     pub fn syncs(&self) -> (u64, u64, u64) {
         *self.sync_stats.lock()
+    }
+
+    /// The committed index openraft reported last (0 before any).
+    pub fn committed_index(&self) -> u64 {
+        self.committed_index
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Runs `f` on the log on a blocking thread (file I/O and syncs).
@@ -200,6 +211,10 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), StorageError> {
+        self.committed_index.store(
+            committed.map_or(0, |l| l.index),
+            std::sync::atomic::Ordering::Relaxed,
+        );
         self.inner.lock().committed = committed;
         Ok(())
     }

@@ -357,16 +357,26 @@ impl RaftEngine {
     /// What INFO reports of the engine.
     pub fn info(&self) -> RaftInfo {
         let m = self.raft.metrics().borrow().clone();
-        let (snapshot_index, snapshots) = self.sm.snapshot_state();
+        let snapshots = self.sm.snapshot_stats();
         let entries = self.stats.entries.load(Ordering::Relaxed);
         let (fsyncs, fsync_p50_us, fsync_p99_us) = self.log.syncs();
         RaftInfo {
             term: m.current_term,
             last_log_index: m.last_log_index.unwrap_or(0),
+            commit_index: self.log.committed_index(),
             applied_index: m.last_applied.map_or(0, |l| l.index),
-            snapshot_index: snapshot_index.map_or(0, |l| l.index),
-            snapshots_built: snapshots,
+            snapshot_index: snapshots.last_log_id.map_or(0, |l| l.index),
+            snapshots_built: snapshots.built,
+            snapshot_secs: snapshots.last_secs,
+            snapshot_pause_ms: snapshots.last_pause_ms,
+            snapshot_pause_max_ms: snapshots.max_pause_ms,
             leader: m.current_leader == Some(m.id),
+            leader_known: m.current_leader.is_some(),
+            // openraft lists the leader among its replication targets.
+            followers: m
+                .replication
+                .as_ref()
+                .map_or(0, |r| r.keys().filter(|id| **id != m.id).count() as u64),
             fsyncs,
             fsync_p50_us,
             fsync_p99_us,
@@ -390,14 +400,26 @@ pub struct RaftInfo {
     pub term: u64,
     /// The last log index.
     pub last_log_index: u64,
+    /// The last committed index.
+    pub commit_index: u64,
     /// The last applied index.
     pub applied_index: u64,
     /// The last snapshot's index.
     pub snapshot_index: u64,
     /// Snapshots built since start.
     pub snapshots_built: u64,
+    /// How long the latest snapshot took, s.
+    pub snapshot_secs: f64,
+    /// How long applies waited while it copied the store, ms.
+    pub snapshot_pause_ms: u64,
+    /// The longest such wait since start, ms.
+    pub snapshot_pause_max_ms: u64,
     /// Whether this node leads.
     pub leader: bool,
+    /// Whether this node knows a leader.
+    pub leader_known: bool,
+    /// Nodes the leader replicates to (0 on a follower).
+    pub followers: u64,
     /// Log `fdatasync`s since start.
     pub fsyncs: u64,
     /// Their median time, µs.

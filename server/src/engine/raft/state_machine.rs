@@ -44,7 +44,22 @@ struct Inner {
     last_applied: Option<LogId>,
     membership: StoredMembership,
     snapshot: Option<Stored>,
-    snapshots_built: u64,
+    stats: SnapshotStats,
+}
+
+/// What INFO reports of snapshots.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SnapshotStats {
+    /// The log id the latest snapshot covers.
+    pub last_log_id: Option<LogId>,
+    /// Snapshots built since start.
+    pub built: u64,
+    /// How long the latest one took, from the copy to the synced file, s.
+    pub last_secs: f64,
+    /// How long applies waited while the latest one copied the store, ms.
+    pub last_pause_ms: u64,
+    /// The longest such wait since start, ms.
+    pub max_pause_ms: u64,
 }
 
 /// The state machine (a cheap handle; the snapshot builder shares it).
@@ -129,7 +144,7 @@ impl StateMachine {
             last_applied: None,
             membership: StoredMembership::default(),
             snapshot: None,
-            snapshots_built: 0,
+            stats: SnapshotStats::default(),
         };
         match fs::read(&path) {
             Ok(bytes) => {
@@ -166,12 +181,12 @@ impl StateMachine {
     }
 
     /// The last snapshot's log id and how many were built by this process.
-    pub fn snapshot_state(&self) -> (Option<LogId>, u64) {
+    pub fn snapshot_stats(&self) -> SnapshotStats {
         let inner = self.inner.lock();
-        (
-            inner.snapshot.as_ref().and_then(|s| s.meta.last_log_id),
-            inner.snapshots_built,
-        )
+        SnapshotStats {
+            last_log_id: inner.snapshot.as_ref().and_then(|s| s.meta.last_log_id),
+            ..inner.stats
+        }
     }
 
     fn save(&self, stored: &Stored) -> Result<(), StorageError> {
@@ -208,6 +223,9 @@ pub struct SnapshotBuilder {
     last_applied: Option<LogId>,
     membership: StoredMembership,
     copy: Option<SnapshotCopy>,
+    /// When the copy started, and how long applies waited for it.
+    started: std::time::Instant,
+    pause_ms: u64,
 }
 
 impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
@@ -261,7 +279,11 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
         {
             let mut inner = self.sm.inner.lock();
             inner.snapshot = Some(stored);
-            inner.snapshots_built += 1;
+            let stats = &mut inner.stats;
+            stats.built += 1;
+            stats.last_secs = self.started.elapsed().as_secs_f64();
+            stats.last_pause_ms = self.pause_ms;
+            stats.max_pause_ms = stats.max_pause_ms.max(self.pause_ms);
         }
         Ok(Snapshot {
             meta,
@@ -320,9 +342,10 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         };
         let started = std::time::Instant::now();
         let copy = self.store.snapshot_copy();
+        let pause_ms = started.elapsed().as_millis() as u64;
         tracing::info!(
             records = copy.len(),
-            applies_paused_ms = started.elapsed().as_millis() as u64,
+            applies_paused_ms = pause_ms,
             "store copied for a snapshot"
         );
         SnapshotBuilder {
@@ -330,6 +353,8 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             last_applied,
             membership,
             copy: Some(copy),
+            started,
+            pause_ms,
         }
     }
 
