@@ -1,8 +1,15 @@
-//! openraft's log storage over the write-ahead log: every entry appended
-//! is on disk (one `fdatasync` per append) before openraft is told it is
-//! flushed; the vote and the purge point live in the atomically replaced
-//! metadata file. Entries not yet purged are also kept in memory, so reads
-//! of the log never touch the disk.
+//! openraft's log storage over the write-ahead log.
+//!
+//! A dedicated writer thread owns the log files. `append` hands the
+//! encoded entries to it and returns at once; the thread writes everything
+//! handed to it since its last sync and syncs it with one `fdatasync`, then
+//! tells openraft those entries are flushed (`LogFlushed`). So syncs follow
+//! each other back to back, whatever the async runtime is busy with, and
+//! entries appended while one sync runs share the next. Truncation, purging
+//! and the metadata file (vote, committed index, purge point; replaced
+//! atomically) go through the same thread, in order with the appends, and
+//! are awaited. Entries not yet purged are also kept in memory, so reads of
+//! the log never touch the disk or wait for a sync.
 
 // openraft's `StorageError` is what its traits return; it is large, and
 // not ours to shrink.
@@ -13,11 +20,14 @@ use std::fmt::Debug;
 use std::ops::RangeBounds;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc;
 
 use openraft::storage::{LogFlushed, RaftLogStorage};
 use openraft::{LogState, RaftLogReader, StorageIOError};
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
+use tokio::sync::oneshot;
 
 use super::types::{LogEntry, LogId, StorageError, TypeConfig, Vote, storage_err};
 use super::wal::{Wal, WalError, read_meta, write_meta};
@@ -30,25 +40,54 @@ struct Meta {
     purged: Option<LogId>,
 }
 
-struct Inner {
-    wal: Wal,
+/// What the log holds, as openraft sees it (appended entries are here at
+/// once, before they are synced).
+struct State {
     entries: BTreeMap<u64, LogEntry>,
     meta: Meta,
-    /// The committed id reported last (saved with the next metadata write:
-    /// it is a hint, recomputed by the leader after a restart).
-    committed: Option<LogId>,
-    dir: PathBuf,
+}
+
+/// Encoded records (index, bytes) of one append, whether the files may be
+/// started afresh, and who to tell once they are synced.
+type Append = (Vec<(u64, Vec<u8>)>, bool, LogFlushed<TypeConfig>);
+
+/// Work for the writer thread.
+enum Job {
+    /// Write and sync these records, then report them flushed. `reset`:
+    /// the log held nothing unpurged when they were appended, so files
+    /// whose records were all purged may be started afresh.
+    Append {
+        records: Vec<(u64, Vec<u8>)>,
+        reset: bool,
+        callback: LogFlushed<TypeConfig>,
+    },
+    /// Remove every record from this index on.
+    Truncate {
+        index: u64,
+        done: oneshot::Sender<Result<(), StorageError>>,
+    },
+    /// Save the metadata, then remove the records up to this index.
+    Purge {
+        index: u64,
+        meta: Vec<u8>,
+        done: oneshot::Sender<Result<(), StorageError>>,
+    },
+    /// Save the metadata.
+    Meta {
+        meta: Vec<u8>,
+        done: oneshot::Sender<Result<(), StorageError>>,
+    },
 }
 
 /// The log store (a cheap handle; clones share the log).
 #[derive(Clone)]
 pub struct LogStore {
-    inner: Arc<Mutex<Inner>>,
-    /// Sync count and percentiles, copied after each append so that INFO
-    /// never waits on the log's lock during a sync.
+    state: Arc<Mutex<State>>,
+    jobs: mpsc::Sender<Job>,
+    /// Sync count and percentiles, copied after each sync by the writer.
     sync_stats: Arc<Mutex<(u64, u64, u64)>>,
     /// The committed index openraft reported last (0: none), for INFO.
-    committed_index: Arc<std::sync::atomic::AtomicU64>,
+    committed_index: Arc<AtomicU64>,
 }
 
 /// Why the log could not be opened.
@@ -68,10 +107,14 @@ pub enum OpenError {
         /// Why.
         reason: String,
     },
+    /// The writer thread could not be started.
+    #[error("cannot start the log writer thread: {0}")]
+    Thread(std::io::Error),
 }
 
 impl LogStore {
-    /// Opens the log in `dir` (created if missing).
+    /// Opens the log in `dir` (created if missing) and starts its writer
+    /// thread (which ends once every handle is dropped).
     pub fn open(dir: &Path, segment_bytes: u64) -> Result<LogStore, OpenError> {
         let meta: Meta = match read_meta(dir)? {
             Some(bytes) => postcard::from_bytes(&bytes).map_err(|e| OpenError::Entry {
@@ -102,19 +145,23 @@ impl LogStore {
             }
             entries.insert(index, entry);
         }
-        let committed = meta.committed;
+        let committed_index = Arc::new(AtomicU64::new(meta.committed.map_or(0, |l| l.index)));
+        let sync_stats = Arc::new(Mutex::new((0, 0, 0)));
+        let (jobs, rx) = mpsc::channel();
+        let writer = Writer {
+            wal,
+            dir: dir.to_owned(),
+            sync_stats: Arc::clone(&sync_stats),
+        };
+        std::thread::Builder::new()
+            .name("idem-log".into())
+            .spawn(move || writer.run(&rx))
+            .map_err(OpenError::Thread)?;
         Ok(LogStore {
-            sync_stats: Arc::new(Mutex::new((0, 0, 0))),
-            committed_index: Arc::new(std::sync::atomic::AtomicU64::new(
-                committed.map_or(0, |l| l.index),
-            )),
-            inner: Arc::new(Mutex::new(Inner {
-                wal,
-                entries,
-                meta,
-                committed,
-                dir: dir.to_owned(),
-            })),
+            state: Arc::new(Mutex::new(State { entries, meta })),
+            jobs,
+            sync_stats,
+            committed_index,
         })
     }
 
@@ -126,19 +173,134 @@ impl LogStore {
 
     /// The committed index openraft reported last (0 before any).
     pub fn committed_index(&self) -> u64 {
-        self.committed_index
-            .load(std::sync::atomic::Ordering::Relaxed)
+        self.committed_index.load(Ordering::Relaxed)
     }
 
-    /// Runs `f` on the log on a blocking thread (file I/O and syncs).
-    async fn blocking<T: Send + 'static>(
+    /// Hands `job` (made with a completion sender) to the writer and waits
+    /// for it to be done.
+    async fn run(
         &self,
-        f: impl FnOnce(&mut Inner) -> Result<T, StorageError> + Send + 'static,
-    ) -> Result<T, StorageError> {
-        let inner = Arc::clone(&self.inner);
-        tokio::task::spawn_blocking(move || f(&mut inner.lock()))
-            .await
-            .map_err(|e| storage_err(StorageIOError::write_logs, e))?
+        job: impl FnOnce(oneshot::Sender<Result<(), StorageError>>) -> Job,
+    ) -> Result<(), StorageError> {
+        let (tx, rx) = oneshot::channel();
+        self.jobs
+            .send(job(tx))
+            .map_err(|_| storage_err(StorageIOError::write_logs, "the log writer stopped"))?;
+        rx.await
+            .map_err(|_| storage_err(StorageIOError::write_logs, "the log writer stopped"))?
+    }
+
+    /// The metadata as it is now, encoded.
+    fn encoded_meta(state: &State) -> Result<Vec<u8>, StorageError> {
+        postcard::to_allocvec(&state.meta).map_err(|e| storage_err(StorageIOError::write_vote, e))
+    }
+}
+
+/// The writer thread's side: it alone touches the log files.
+struct Writer {
+    wal: Wal,
+    dir: PathBuf,
+    sync_stats: Arc<Mutex<(u64, u64, u64)>>,
+}
+
+/// Jobs taken in one round, at most (so callbacks of a long queue are not
+/// held back behind a very large write).
+const MAX_JOBS_PER_SYNC: usize = 1024;
+
+impl Writer {
+    fn run(mut self, rx: &mpsc::Receiver<Job>) {
+        let mut jobs = Vec::new();
+        while let Ok(first) = rx.recv() {
+            jobs.push(first);
+            while jobs.len() < MAX_JOBS_PER_SYNC {
+                match rx.try_recv() {
+                    Ok(j) => jobs.push(j),
+                    Err(_) => break,
+                }
+            }
+            let mut appends = Vec::new();
+            for job in jobs.drain(..) {
+                match job {
+                    Job::Append {
+                        records,
+                        reset,
+                        callback,
+                    } => appends.push((records, reset, callback)),
+                    other => {
+                        // Appends before it are written first.
+                        self.append(std::mem::take(&mut appends));
+                        self.other(other);
+                    }
+                }
+            }
+            self.append(appends);
+        }
+    }
+
+    /// Writes every record of `appends` with one sync and reports each
+    /// append flushed, in order.
+    fn append(&mut self, appends: Vec<Append>) {
+        let Some((first, reset, _)) = appends.first() else {
+            return;
+        };
+        let first_index = first.first().map(|r| r.0);
+        let mut result = Ok(());
+        if *reset && !self.wal.is_empty() && first_index.is_some_and(|f| f != self.wal.next_index())
+        {
+            // Everything held was purged (a snapshot moved the log on):
+            // start the files afresh at the new index.
+            result = self.wal.reset();
+        }
+        if result.is_ok() {
+            result = self.wal.append(
+                appends
+                    .iter()
+                    .flat_map(|(records, _, _)| records.iter().map(|(i, b)| (*i, &b[..]))),
+            );
+        }
+        if let Err(e) = &result
+            && matches!(e, WalError::Io { .. })
+        {
+            fatal(e);
+        }
+        let (p50, p99) = self.wal.sync_percentiles();
+        *self.sync_stats.lock() = (self.wal.syncs, p50, p99);
+        for (_, _, callback) in appends {
+            callback.log_io_completed(
+                result
+                    .as_ref()
+                    .map(|_| ())
+                    .map_err(|e| std::io::Error::other(e.to_string())),
+            );
+        }
+    }
+
+    fn other(&mut self, job: Job) {
+        let (result, done) = match job {
+            Job::Append { .. } => return,
+            Job::Truncate { index, done } => (
+                self.wal
+                    .truncate_from(index)
+                    .map_err(|e| checked(e, StorageIOError::write_logs)),
+                done,
+            ),
+            Job::Purge { index, meta, done } => {
+                let r = write_meta(&self.dir, &meta)
+                    .map_err(|e| checked(e, StorageIOError::write_vote))
+                    .and_then(|()| {
+                        self.wal
+                            .purge_upto(index)
+                            .map(|_| ())
+                            .map_err(|e| checked(e, StorageIOError::write_logs))
+                    });
+                (r, done)
+            }
+            Job::Meta { meta, done } => (
+                write_meta(&self.dir, &meta).map_err(|e| checked(e, StorageIOError::write_vote)),
+                done,
+            ),
+        };
+        let _ = done.send(result);
     }
 }
 
@@ -160,20 +322,13 @@ fn checked(e: WalError, kind: fn(openraft::AnyError) -> StorageIOError<u64>) -> 
     storage_err(kind, e)
 }
 
-fn save_meta(inner: &mut Inner) -> Result<(), StorageError> {
-    inner.meta.committed = inner.committed;
-    let bytes = postcard::to_allocvec(&inner.meta)
-        .map_err(|e| storage_err(StorageIOError::write_vote, e))?;
-    write_meta(&inner.dir, &bytes).map_err(|e| checked(e, StorageIOError::write_vote))
-}
-
 impl RaftLogReader<TypeConfig> for LogStore {
     async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + Send>(
         &mut self,
         range: RB,
     ) -> Result<Vec<LogEntry>, StorageError> {
-        let inner = self.inner.lock();
-        Ok(inner.entries.range(range).map(|(_, e)| e.clone()).collect())
+        let state = self.state.lock();
+        Ok(state.entries.range(range).map(|(_, e)| e.clone()).collect())
     }
 }
 
@@ -181,14 +336,14 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     type LogReader = LogStore;
 
     async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, StorageError> {
-        let inner = self.inner.lock();
-        let last = inner
+        let state = self.state.lock();
+        let last = state
             .entries
             .last_key_value()
             .map(|(_, e)| e.log_id)
-            .or(inner.meta.purged);
+            .or(state.meta.purged);
         Ok(LogState {
-            last_purged_log_id: inner.meta.purged,
+            last_purged_log_id: state.meta.purged,
             last_log_id: last,
         })
     }
@@ -198,29 +353,29 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn save_vote(&mut self, vote: &Vote) -> Result<(), StorageError> {
-        let vote = *vote;
-        self.blocking(move |inner| {
-            inner.meta.vote = Some(vote);
-            save_meta(inner)
-        })
-        .await
+        let meta = {
+            let mut state = self.state.lock();
+            state.meta.vote = Some(*vote);
+            LogStore::encoded_meta(&state)?
+        };
+        self.run(|done| Job::Meta { meta, done }).await
     }
 
     async fn read_vote(&mut self) -> Result<Option<Vote>, StorageError> {
-        Ok(self.inner.lock().meta.vote)
+        Ok(self.state.lock().meta.vote)
     }
 
+    /// Kept in memory and saved with the next metadata write: it is a hint,
+    /// recomputed by the leader after a restart.
     async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), StorageError> {
-        self.committed_index.store(
-            committed.map_or(0, |l| l.index),
-            std::sync::atomic::Ordering::Relaxed,
-        );
-        self.inner.lock().committed = committed;
+        self.committed_index
+            .store(committed.map_or(0, |l| l.index), Ordering::Relaxed);
+        self.state.lock().meta.committed = committed;
         Ok(())
     }
 
     async fn read_committed(&mut self) -> Result<Option<LogId>, StorageError> {
-        Ok(self.inner.lock().meta.committed)
+        Ok(self.state.lock().meta.committed)
     }
 
     async fn append<I>(
@@ -233,69 +388,50 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I::IntoIter: Send,
     {
         let entries: Vec<LogEntry> = entries.into_iter().collect();
-        let mut encoded = Vec::with_capacity(entries.len());
+        let mut records = Vec::with_capacity(entries.len());
         for e in &entries {
             let bytes = postcard::to_allocvec(e)
                 .map_err(|err| storage_err(StorageIOError::write_logs, err))?;
-            encoded.push((e.log_id.index, bytes));
+            records.push((e.log_id.index, bytes));
         }
-        let sync_stats = Arc::clone(&self.sync_stats);
-        let result = self
-            .blocking(move |inner| {
-                let first = encoded.first().map(|e| e.0);
-                if inner.entries.is_empty()
-                    && !inner.wal.is_empty()
-                    && first.is_some_and(|f| f != inner.wal.next_index())
-                {
-                    // Everything held was purged (a snapshot moved the log
-                    // on): start the files afresh at the new index.
-                    inner
-                        .wal
-                        .reset()
-                        .map_err(|e| checked(e, StorageIOError::write_logs))?;
-                }
-                inner
-                    .wal
-                    .append(encoded.iter().map(|(i, b)| (*i, &b[..])))
-                    .map_err(|e| checked(e, StorageIOError::write_logs))?;
-                for e in entries {
-                    inner.entries.insert(e.log_id.index, e);
-                }
-                let (p50, p99) = inner.wal.sync_percentiles();
-                *sync_stats.lock() = (inner.wal.syncs, p50, p99);
-                Ok(())
+        let reset = {
+            let mut state = self.state.lock();
+            let reset = state.entries.is_empty();
+            for e in entries {
+                state.entries.insert(e.log_id.index, e);
+            }
+            reset
+        };
+        self.jobs
+            .send(Job::Append {
+                records,
+                reset,
+                callback,
             })
-            .await;
-        match &result {
-            Ok(()) => callback.log_io_completed(Ok(())),
-            Err(e) => callback.log_io_completed(Err(std::io::Error::other(e.to_string()))),
-        }
-        result
+            .map_err(|_| storage_err(StorageIOError::write_logs, "the log writer stopped"))
     }
 
     async fn truncate(&mut self, log_id: LogId) -> Result<(), StorageError> {
-        self.blocking(move |inner| {
-            inner
-                .wal
-                .truncate_from(log_id.index)
-                .map_err(|e| checked(e, StorageIOError::write_logs))?;
-            inner.entries.split_off(&log_id.index);
-            Ok(())
+        self.state.lock().entries.split_off(&log_id.index);
+        self.run(|done| Job::Truncate {
+            index: log_id.index,
+            done,
         })
         .await
     }
 
     async fn purge(&mut self, log_id: LogId) -> Result<(), StorageError> {
-        self.blocking(move |inner| {
-            inner.meta.purged = Some(log_id);
-            save_meta(inner)?;
-            let keep = inner.entries.split_off(&(log_id.index + 1));
-            inner.entries = keep;
-            inner
-                .wal
-                .purge_upto(log_id.index)
-                .map_err(|e| checked(e, StorageIOError::write_logs))?;
-            Ok(())
+        let meta = {
+            let mut state = self.state.lock();
+            state.meta.purged = Some(log_id);
+            let keep = state.entries.split_off(&(log_id.index + 1));
+            state.entries = keep;
+            LogStore::encoded_meta(&state)?
+        };
+        self.run(|done| Job::Purge {
+            index: log_id.index,
+            meta,
+            done,
         })
         .await
     }

@@ -232,6 +232,7 @@ impl Wal {
                 // What a crash left in the page cache but not on disk is
                 // made durable before anything is served from it.
                 f.sync_all().map_err(io_err("sync", &path))?;
+                preallocate(&f, &path, wal.segment_bytes);
                 wal.active = Some((f, valid_len));
             }
         }
@@ -478,6 +479,7 @@ impl Wal {
             .append(true)
             .open(&path)
             .map_err(io_err("open", &path))?;
+        preallocate(&f, &path, self.segment_bytes);
         self.segments.push(Segment { first, path });
         self.active = Some((f, HEADER_LEN));
         Ok(())
@@ -561,6 +563,23 @@ impl Wal {
     /// Names of the segment files, oldest first.
     pub fn segment_paths(&self) -> Vec<PathBuf> {
         self.segments.iter().map(|s| s.path.clone()).collect()
+    }
+}
+
+/// Reserves the disk blocks of a whole segment ahead of its writes (the
+/// file's length stays that of what was written, so reading and recovery
+/// are unchanged): a segment's appends do not run out of space half way,
+/// and the free-space guard sees the space as taken. A filesystem that
+/// cannot preallocate, or has no room left, is logged; the writes then
+/// find out for themselves.
+fn preallocate(f: &File, path: &Path, bytes: u64) {
+    use rustix::fs::{FallocateFlags, fallocate};
+    match fallocate(f, FallocateFlags::KEEP_SIZE, 0, bytes) {
+        Ok(()) => {}
+        Err(e) if e == rustix::io::Errno::OPNOTSUPP => {}
+        Err(e) => {
+            warn!(file = %path.display(), bytes, error = %e, "cannot preallocate a log segment")
+        }
     }
 }
 

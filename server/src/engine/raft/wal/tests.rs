@@ -254,3 +254,34 @@ fn a_last_segment_whose_header_never_reached_the_disk_is_recreated() {
     let (_, recs) = Wal::open(&d.0, 200).unwrap();
     assert_eq!(recs.last().unwrap(), &(next, b"after".to_vec()));
 }
+
+#[test]
+fn segments_are_preallocated_without_changing_their_length() {
+    use std::os::unix::fs::MetadataExt;
+    let d = TempDir::new("prealloc");
+    let segment = 1 << 20;
+    let wal = fill(&d.0, segment, &[1..4]);
+    let path = &wal.segment_paths()[0];
+    let meta = fs::metadata(path).unwrap();
+    let written: u64 = HEADER_LEN
+        + (1..4)
+            .map(|i| super::RECORD_HEAD as u64 + 8 + payload(i).len() as u64)
+            .sum::<u64>();
+    assert_eq!(meta.len(), written, "the length is what was written");
+    // Where the filesystem can preallocate (not every one can), the whole
+    // segment's blocks are reserved.
+    if meta.blocks() * 512 < segment {
+        eprintln!(
+            "no preallocation on this filesystem ({} blocks)",
+            meta.blocks()
+        );
+        return;
+    }
+    drop(wal);
+    // Reopened: the records read back, and appends continue.
+    let (mut wal, recs) = Wal::open(&d.0, segment).unwrap();
+    assert_eq!(indexes(&recs), vec![1, 2, 3]);
+    wal.append([(4, &b"four"[..])]).unwrap();
+    let (_, recs) = Wal::open(&d.0, segment).unwrap();
+    assert_eq!(indexes(&recs), vec![1, 2, 3, 4]);
+}
