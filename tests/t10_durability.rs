@@ -131,6 +131,38 @@ async fn a_second_idemd_on_one_data_dir_is_refused() {
     assert!(err.contains("in use by another idemd"), "{err}");
 }
 
+/// A data directory written by a newer idemd (or not by idemd at all) is
+/// refused with the reason, and left untouched.
+#[tokio::test]
+async fn a_data_dir_of_a_newer_or_foreign_format_is_refused() {
+    let dir = DataDir::new("newer");
+    raft(&dir).await.kill().await;
+    let format = dir.0.join("FORMAT");
+    assert_eq!(
+        std::fs::read_to_string(&format).unwrap(),
+        "idem-data-format 1\n"
+    );
+    for (content, says) in [
+        (
+            "idem-data-format 99\n",
+            "format 99 is newer than this idemd reads",
+        ),
+        ("hello\n", "not an Idem data directory format file"),
+    ] {
+        std::fs::write(&format, content).unwrap();
+        let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_idemd"))
+            .args(["--listen", "127.0.0.1:0", "--data-dir", dir.arg()])
+            .env("RUST_LOG", "warn")
+            .output()
+            .await
+            .expect("idemd runs");
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(says), "{err}");
+        assert_eq!(std::fs::read_to_string(&format).unwrap(), content);
+    }
+}
+
 /// Many connections writing at once share log entries and fsyncs.
 #[tokio::test]
 async fn concurrent_writes_share_fsyncs() {
@@ -655,4 +687,52 @@ async fn a_data_dir_of_the_first_durable_release_replays_identically() {
         3
     );
     assert_eq!(c.acquire(&["CLAIM", "fixture:released"]).await, 5);
+}
+
+/// The data directory with a snapshot written by the first durable release
+/// (`tests/fixtures/data-v1-snapshot`) opens from its snapshot plus the log
+/// after it, and replays identically.
+#[tokio::test]
+async fn a_data_dir_with_a_snapshot_of_the_first_durable_release_replays_identically() {
+    let dir = DataDir::new("fixture-snap");
+    let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../tests/fixtures/data-v1-snapshot/data");
+    std::fs::create_dir_all(dir.0.join("log")).unwrap();
+    for f in [
+        "FORMAT",
+        "snapshot",
+        "log/00000000000000000000.wal",
+        "log/meta",
+    ] {
+        std::fs::copy(fixture.join(f), dir.0.join(f)).unwrap();
+    }
+    let s = raft(&dir).await;
+    let mut c = s.conn().await;
+    assert_eq!(info_field(&mut c, "raft_snapshot_index").await, 7);
+    assert_replays(&mut c, "fixture:paid", "receipt-42").await;
+    assert_replays(&mut c, "fixture:late", "after-snapshot").await;
+    assert_eq!(
+        claim(c.cmd(&["CLAIM", "fixture:declined", "FP", "fp-1"]).await),
+        ClaimReply::Completed {
+            outcome: Outcome::Err,
+            value: "card declined".into()
+        }
+    );
+    assert!(
+        err(&c.cmd(&["CLAIM", "fixture:declined", "FP", "fp-2"]).await).starts_with("MISMATCH")
+    );
+    let info = c.cmd(&["INSPECT", "fixture:charging"]).await;
+    assert_eq!(field(&info, "state"), Frame::simple("in_flight"));
+    assert_eq!(field(&info, "fence"), Frame::Integer(3));
+    assert_eq!(field(&info, "journal"), Frame::Bulk("gateway-req-9".into()));
+    assert_eq!(field(&info, "attempt"), Frame::Bulk("a-7".into()));
+    let open = c.cmd(&["INSPECT", "fixture:open"]).await;
+    assert_eq!(field(&open, "state"), Frame::simple("in_flight"));
+    assert_eq!(field(&open, "fence"), Frame::Integer(6));
+    assert_eq!(
+        c.acquire(&["CLAIM", "fixture:charging", "ATTEMPT", "a-7"])
+            .await,
+        3
+    );
+    assert_eq!(c.acquire(&["CLAIM", "fixture:released"]).await, 7);
 }

@@ -3,6 +3,7 @@
 //! from the committed log. One node for now; the types, the log and the
 //! state machine are those a cluster uses.
 //!
+//! - [`format`]: the data directory's format version and migrations;
 //! - [`wal`]: append-only checksummed segments and the metadata file;
 //! - [`log_store`]: openraft's log storage over it;
 //! - [`state_machine`]: openraft's state machine over the store, with
@@ -22,6 +23,7 @@
 //! never lapses or shortens a lease: leases and retention pause while the
 //! node is down.
 
+pub mod format;
 pub mod log_store;
 pub mod state_machine;
 pub mod types;
@@ -91,6 +93,10 @@ pub enum StartError {
         "data directory {0} is in use by another idemd (its lock file is held); stop it or use another --data-dir"
     )]
     Locked(PathBuf),
+    /// The data directory's format is not one this build reads, or its
+    /// migration failed.
+    #[error(transparent)]
+    Format(#[from] format::FormatError),
     /// The log cannot be opened.
     #[error(transparent)]
     Log(#[from] log_store::OpenError),
@@ -188,6 +194,15 @@ impl RaftEngine {
             reason: e.to_string(),
         })?;
         let lock = lock_dir(&data_dir)?;
+        if let format::Prepared::Migrated { from, backup } = format::prepare(&data_dir)? {
+            info!(
+                dir = %data_dir.display(),
+                from,
+                to = format::DATA_FORMAT,
+                backup = %backup.display(),
+                "data directory migrated"
+            );
+        }
         let log_dir = data_dir.join("log");
         let log = LogStore::open(&log_dir, cfg.segment_bytes)?;
         let sm = StateMachine::open(Arc::clone(&store), &data_dir)?;
