@@ -1,8 +1,10 @@
 //! One lock's worth of the store: a slab of records and a hash index of
 //! slot numbers into it.
 
-use bytes::Bytes;
 use std::collections::HashMap;
+use std::sync::Arc;
+
+use bytes::Bytes;
 
 use hashbrown::HashTable;
 use idem_protocol::{RecordInfo, RecordState};
@@ -59,17 +61,54 @@ pub(crate) fn cost_of(data_len: usize, large_body: Option<usize>) -> usize {
 }
 
 /// Slots per slab chunk. Chunks are allocated whole and never moved, so
-/// growing the slab never copies records.
-const CHUNK: usize = 4096;
+/// growing the slab never copies records. They are shared copy-on-write
+/// with snapshots ([`Slab::copy`]): the first change to a chunk after a
+/// snapshot copies that chunk alone (256 records, some µs), so a snapshot
+/// never holds applies back for long.
+const CHUNK: usize = 256;
+
+type Chunk = Arc<[Option<Record>]>;
 
 /// Records by slot number, with a free list, and the large bodies kept
 /// aside by slot number.
 #[derive(Default)]
 pub(crate) struct Slab {
-    chunks: Vec<Box<[Option<Record>]>>,
+    chunks: Vec<Chunk>,
     free: Vec<u32>,
     len: usize,
     large: HashMap<u32, Bytes>,
+}
+
+/// A point-in-time copy of a slab's records, sharing its chunks until the
+/// slab changes them.
+pub(crate) struct SlabCopy {
+    chunks: Vec<Chunk>,
+    large: HashMap<u32, Bytes>,
+    len: usize,
+}
+
+impl SlabCopy {
+    /// The records, with their large bodies.
+    pub(crate) fn records(&self) -> impl Iterator<Item = (&Record, Option<&Bytes>)> {
+        self.chunks.iter().enumerate().flat_map(move |(c, chunk)| {
+            chunk.iter().enumerate().filter_map(move |(i, r)| {
+                let r = r.as_ref()?;
+                let id = (c * CHUNK + i) as u32;
+                Some((
+                    r,
+                    if r.is_large() {
+                        self.large.get(&id)
+                    } else {
+                        None
+                    },
+                ))
+            })
+        })
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
 }
 
 impl Slab {
@@ -77,8 +116,24 @@ impl Slab {
         self.chunks.get(id as usize / CHUNK)?[id as usize % CHUNK].as_ref()
     }
 
+    /// The slot, its chunk first copied if a snapshot still shares it.
+    fn slot_mut(&mut self, id: u32) -> Option<&mut Option<Record>> {
+        let chunk = self.chunks.get_mut(id as usize / CHUNK)?;
+        Some(&mut Arc::make_mut(chunk)[id as usize % CHUNK])
+    }
+
     pub(crate) fn get_mut(&mut self, id: u32) -> Option<&mut Record> {
-        self.chunks.get_mut(id as usize / CHUNK)?[id as usize % CHUNK].as_mut()
+        self.slot_mut(id)?.as_mut()
+    }
+
+    /// A copy sharing every chunk (a reference count each) and the large
+    /// bodies.
+    pub(crate) fn copy(&self) -> SlabCopy {
+        SlabCopy {
+            chunks: self.chunks.clone(),
+            large: self.large.clone(),
+            len: self.len,
+        }
     }
 
     pub(crate) fn insert(&mut self, rec: Record) -> u32 {
@@ -92,12 +147,14 @@ impl Slab {
                 id
             }
         };
-        self.chunks[id as usize / CHUNK][id as usize % CHUNK] = Some(rec);
+        if let Some(slot) = self.slot_mut(id) {
+            *slot = Some(rec);
+        }
         id
     }
 
     pub(crate) fn remove(&mut self, id: u32) -> Option<Record> {
-        let rec = self.chunks.get_mut(id as usize / CHUNK)?[id as usize % CHUNK].take()?;
+        let rec = self.slot_mut(id)?.take()?;
         if rec.is_large() {
             self.large.remove(&id);
         }
@@ -123,11 +180,7 @@ impl Slab {
             }
             None => {}
         }
-        if let Some(slot) = self
-            .chunks
-            .get_mut(id as usize / CHUNK)
-            .map(|c| &mut c[id as usize % CHUNK])
-        {
+        if let Some(slot) = self.slot_mut(id) {
             *slot = Some(rec);
         }
     }
@@ -152,11 +205,6 @@ impl Slab {
             Some(r) => cost_of(r.data_len(), None),
             None => 0,
         }
-    }
-
-    /// The large body of slot `id`, if it keeps one aside.
-    pub(crate) fn large_body(&self, id: u32) -> Option<&Bytes> {
-        self.large.get(&id)
     }
 
     /// What INSPECT shows of slot `id` at `now`, seen as being in `state`
@@ -212,16 +260,6 @@ impl Slab {
             fingerprint: p.fingerprint.map(Bytes::copy_from_slice),
             journal,
             attempt,
-        })
-    }
-
-    /// The occupied slots and their records, in slot order.
-    pub(crate) fn iter(&self) -> impl Iterator<Item = (u32, &Record)> {
-        self.chunks.iter().enumerate().flat_map(|(c, chunk)| {
-            chunk
-                .iter()
-                .enumerate()
-                .filter_map(move |(i, r)| Some(((c * CHUNK + i) as u32, r.as_ref()?)))
         })
     }
 

@@ -25,7 +25,7 @@ use bytes::Bytes;
 use idem_protocol::{OnExpire, Outcome};
 
 use super::record::{LARGE_BODY, Parts, Record, State, restored_flags};
-use super::shard::state_index;
+use super::shard::{SlabCopy, state_index};
 use super::{Store, StoreConfig, table_hash};
 
 const MAGIC: &[u8; 8] = b"IDEMSNAP";
@@ -111,27 +111,28 @@ fn put_record(out: &mut Vec<u8>, r: &Rec<'_>) {
 /// ([`Store::snapshot_copy`]).
 pub struct SnapshotCopy {
     header: [u64; 6],
-    recs: Vec<(Record, Option<Bytes>)>,
+    shards: Vec<SlabCopy>,
 }
 
 impl SnapshotCopy {
     /// Number of records copied.
     pub fn len(&self) -> usize {
-        self.recs.len()
+        self.shards.iter().map(SlabCopy::len).sum()
     }
 
     /// Whether no record was copied.
     pub fn is_empty(&self) -> bool {
-        self.recs.is_empty()
+        self.len() == 0
     }
 
     /// The snapshot, in the canonical format above.
-    pub fn encode(mut self) -> Vec<u8> {
-        self.recs.sort_unstable_by(|a, b| a.0.key().cmp(b.0.key()));
-        let body_len: usize = self
-            .recs
+    pub fn encode(self) -> Vec<u8> {
+        let mut recs: Vec<(&Record, Option<&Bytes>)> =
+            self.shards.iter().flat_map(SlabCopy::records).collect();
+        recs.sort_unstable_by(|a, b| a.0.key().cmp(b.0.key()));
+        let body_len: usize = recs
             .iter()
-            .map(|(r, l)| 48 + r.data_len() + l.as_ref().map_or(0, Bytes::len))
+            .map(|(r, l)| 48 + r.data_len() + l.map_or(0, |b| b.len()))
             .sum();
         let mut out = Vec::with_capacity(64 + body_len);
         out.extend_from_slice(MAGIC);
@@ -139,7 +140,7 @@ impl SnapshotCopy {
         for v in self.header {
             out.extend_from_slice(&v.to_le_bytes());
         }
-        for (rec, large) in &self.recs {
+        for (rec, large) in recs {
             let p = rec.parts();
             let body = match large {
                 Some(b) => &b[..],
@@ -175,21 +176,13 @@ impl Store {
 
     /// A point-in-time copy of the replicated state, to be encoded later
     /// ([`SnapshotCopy::encode`]). Every shard's lock is held while the
-    /// records are copied (so the copy is consistent), not while they are
-    /// sorted, encoded and checksummed.
+    /// copy is taken (so it is consistent), which only shares the slabs'
+    /// chunks (copy-on-write) and their large bodies: the records are not
+    /// copied, and not sorted, encoded or checksummed under the locks.
     pub fn snapshot_copy(&self) -> SnapshotCopy {
         let guards: Vec<_> = self.shards.iter().map(|s| s.lock()).collect();
-        let mut recs = Vec::with_capacity(guards.iter().map(|g| g.slab.len()).sum());
-        for sh in &guards {
-            for (id, rec) in sh.slab.iter() {
-                let large = if rec.is_large() {
-                    sh.slab.large_body(id).cloned()
-                } else {
-                    None
-                };
-                recs.push((rec.clone(), large));
-            }
-        }
+        let shards: Vec<SlabCopy> = guards.iter().map(|sh| sh.slab.copy()).collect();
+        let count: usize = shards.iter().map(SlabCopy::len).sum();
         let limits = self.limits();
         let header = [
             self.clock.load(Ordering::Acquire),
@@ -197,10 +190,10 @@ impl Store {
             self.seq.load(Ordering::Acquire),
             limits.max_memory_bytes,
             limits.headroom_bytes,
-            recs.len() as u64,
+            count as u64,
         ];
         drop(guards);
-        SnapshotCopy { header, recs }
+        SnapshotCopy { header, shards }
     }
 
     /// A store holding the state of `snapshot`, laid out by `cfg`.

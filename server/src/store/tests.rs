@@ -644,3 +644,42 @@ fn slots_are_reused_under_churn() {
     );
     assert_eq!(s.stats().memory, 0);
 }
+
+/// A snapshot copy shares the slabs copy-on-write: changes made after it
+/// was taken (to records in shared chunks, new ones, removed ones) leave it
+/// exactly as the store was.
+#[test]
+fn a_snapshot_copy_is_unchanged_by_later_applies() {
+    let s = store_with(4, None, u64::MAX);
+    let mut fences = Vec::new();
+    for i in 0..2_000u64 {
+        fences.push(acquired(run(
+            &s,
+            Command::Claim(claim(&format!("cow{i}"))),
+            2_000,
+        )));
+    }
+    let expected = s.snapshot();
+    let copy = s.snapshot_copy();
+    assert_eq!(copy.len(), 2_000);
+    for (i, f) in fences.iter().enumerate() {
+        let key = b(&format!("cow{i}"));
+        let cmd = if i % 2 == 0 {
+            Command::Release(Release { key, fence: *f })
+        } else {
+            Command::Complete(Complete {
+                key,
+                fence: *f,
+                value: Bytes::from(vec![b'v'; 600 * (i % 3)]),
+                retain_ms: None,
+                error: false,
+            })
+        };
+        assert_eq!(run(&s, cmd, 2_001), Reply::Ok);
+    }
+    for i in 0..500u64 {
+        acquired(run(&s, Command::Claim(claim(&format!("new{i}"))), 2_002));
+    }
+    assert_ne!(s.snapshot(), expected);
+    assert_eq!(copy.encode(), expected);
+}

@@ -310,7 +310,17 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             let reply = match entry.payload {
                 EntryPayload::Blank => Replies::default(),
                 EntryPayload::Normal(batch) => {
+                    let started = std::time::Instant::now();
                     let applied = self.store.apply(&batch.0);
+                    let took = started.elapsed();
+                    if took > std::time::Duration::from_millis(2) {
+                        tracing::debug!(
+                            index = entry.log_id.index,
+                            ops = applied.len(),
+                            took_us = took.as_micros() as u64,
+                            "slow apply"
+                        );
+                    }
                     if let Some(sink) = self.sink.get().and_then(Weak::upgrade) {
                         let events: Vec<_> = applied
                             .iter()
