@@ -6,7 +6,8 @@
 # durable (idemd --engine memory, Redis without persistence); then, durable
 # against durable (idemd's default raft engine, Redis with appendonly yes
 # and appendfsync always), claims and claim+complete cycles at 50
-# connections, pipeline 1 and 16. Prints the tables and cleans up.
+# connections, pipeline 1 and 16; then how fast each side restarts from its
+# log. Prints the tables and cleans up.
 #
 #   bash benches/compare.sh [extra idem-bench flags]
 #
@@ -96,4 +97,55 @@ echo "durable: idemd raft engine (fdatasync per log entry, group commit) vs redi
   --duration "$DURATION" --json "${JSON%.json}-durable.json" "$@"
 redis-cli -p "$IDEM_PORT" info persistence | tr -d '\r' | grep -E 'wal_' || true
 stop_servers
+
+# 4. Restart: how fast each side replays its log. idemd with snapshots off
+# (so every write is replayed from the log), Redis from the AOF written in 3.
+echo
+echo "restart: log replay (idemd snapshots off; redis AOF from the durable run)"
+IDEM_PORT=$(free_port)
+REPLAY_ENV="IDEM_WORKER_THREADS=$IDEM_THREADS IDEM_MAX_MEMORY_BYTES=8589934592 IDEM_SNAPSHOT_ENTRIES=1000000000 IDEM_SNAPSHOT_LOG_BYTES=1000000000000 RUST_LOG=warn"
+start_idem_replay() {
+  env $REPLAY_ENV ./target/release/idemd --listen "127.0.0.1:$IDEM_PORT" --data-dir "$WORK/idem-replay" \
+    > "$WORK/idemd.log" 2>&1 &
+  IDEM_PID=$!
+}
+until_ping() { # port -> seconds until it answers PING
+  python3 - "$1" <<'PY'
+import socket, sys, time
+t0 = time.monotonic()
+while True:
+    try:
+        with socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=60) as s:
+            s.sendall(b"PING\r\n")
+            if s.recv(64).startswith(b"+PONG"):
+                break
+    except OSError:
+        pass
+    time.sleep(0.005)
+print(f"{time.monotonic() - t0:.3f}")
+PY
+}
+start_idem_replay
+until_ping "$IDEM_PORT" >/dev/null
+./target/release/idem-bench --idem "127.0.0.1:$IDEM_PORT" --workloads claim --connections 50 --pipeline 16 \
+  --duration "$DURATION" > /dev/null
+CMDS=$(redis-cli -p "$IDEM_PORT" info persistence | tr -d '\r' | awk -F: '/^wal_cmds:/{print $2}')
+ENTRIES=$(redis-cli -p "$IDEM_PORT" info persistence | tr -d '\r' | awk -F: '/^wal_entries:/{print $2}')
+stop_servers
+LOG_MB=$(du -sm "$WORK/idem-replay/log" | cut -f1)
+start_idem_replay
+SECS=$(until_ping "$IDEM_PORT")
+RECS=$(redis-cli -p "$IDEM_PORT" dbsize)
+stop_servers
+printf 'idemd: %s commands in %s log entries (%s MiB) replayed in %s s: %s commands/s, %s records\n' \
+  "$CMDS" "$ENTRIES" "$LOG_MB" "$SECS" "$(python3 -c "print(round($CMDS / $SECS))")" "$RECS"
+REDIS_PORT=$(free_port)
+AOF_MB=$(du -sm "$WORK/redis-aof" | cut -f1)
+redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save '' --appendonly yes --appendfsync always \
+  --dir "$WORK/redis-aof" --daemonize no > "$WORK/redis.log" 2>&1 &
+REDIS_PID=$!
+SECS=$(until_ping "$REDIS_PORT")
+KEYS=$(redis-cli -p "$REDIS_PORT" dbsize)
+stop_servers
+printf 'redis: AOF (%s MiB) loaded in %s s, %s keys\n' "$AOF_MB" "$SECS" "$KEYS"
 echo "JSON: $JSON ${JSON%.json}-memory.json ${JSON%.json}-durable.json"

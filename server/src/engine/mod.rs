@@ -18,6 +18,7 @@
 mod memory;
 pub mod raft;
 
+use std::collections::HashSet;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, OnceLock, Weak};
@@ -117,7 +118,14 @@ pub struct Engine {
     inner: Inner,
     clock: Clock,
     sink: OnceLock<Weak<dyn EventSink>>,
+    /// Keys whose expiry a read asked for that is not applied yet: a hot
+    /// key read many times once its deadline passed is proposed once.
+    expiring: Arc<parking_lot::Mutex<HashSet<Bytes>>>,
 }
+
+/// Keys [`Engine::expire_soon`] tracks at once, at most; past that, the
+/// expiry sweep finds the rest.
+const MAX_EXPIRING: usize = 4096;
 
 impl Engine {
     /// An in-memory engine on `clock`.
@@ -126,6 +134,7 @@ impl Engine {
             inner: Inner::Memory(MemoryEngine::new(cfg)),
             clock,
             sink: OnceLock::new(),
+            expiring: Arc::default(),
         }
     }
 
@@ -150,6 +159,7 @@ impl Engine {
             },
             clock,
             sink: OnceLock::new(),
+            expiring: Arc::default(),
         })
     }
 
@@ -234,11 +244,30 @@ impl Engine {
     }
 
     /// Submits an `Op::Expire` of `key` (for a deadline a read saw pass),
-    /// without waiting for it.
+    /// without waiting for it; not again while one for the key is on its
+    /// way.
     pub fn expire_soon(&self, key: &Bytes) {
-        self.detach(Op::Expire {
+        {
+            let mut expiring = self.expiring.lock();
+            if expiring.len() >= MAX_EXPIRING || !expiring.insert(key.clone()) {
+                return;
+            }
+        }
+        let op = Op::Expire {
             keys: vec![key.clone()],
-        });
+        };
+        match self.submit(op) {
+            Submission::Pending(f) | Submission::Waiting(f) => {
+                let (expiring, key) = (Arc::clone(&self.expiring), key.clone());
+                tokio::spawn(async move {
+                    let _ = f.await;
+                    expiring.lock().remove(&key);
+                });
+            }
+            Submission::Ready(_) => {
+                self.expiring.lock().remove(key);
+            }
+        }
     }
 
     /// Records stored.

@@ -141,3 +141,31 @@ async fn a_second_engine_on_one_data_dir_is_refused() {
     );
     first.shutdown().await;
 }
+
+/// Reads that see one key's deadline pass many times propose its expiry
+/// once while that proposal is on its way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hot_lapsed_key_is_proposed_for_expiry_once_at_a_time() {
+    let dir = TempDir::new("expire-once");
+    let e = Engine::raft(cfg(&dir), StoreConfig::default())
+        .await
+        .unwrap();
+    let before = e.raft_info().unwrap().0.ops;
+    let key = Bytes::from_static(b"hot");
+    for _ in 0..1000 {
+        e.expire_soon(&key);
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !e.expiring.lock().is_empty() {
+        assert!(std::time::Instant::now() < deadline, "expiry never applied");
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    assert_eq!(e.raft_info().unwrap().0.ops - before, 1);
+    // Once applied, a later read may propose it again.
+    e.expire_soon(&key);
+    while !e.expiring.lock().is_empty() {
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    assert_eq!(e.raft_info().unwrap().0.ops - before, 2);
+    e.shutdown().await;
+}
