@@ -15,3 +15,4 @@ mod t07_redis_tools;
 mod t08_config;
 mod t09_client;
 mod t10_durability;
+mod t11_hardening;

@@ -375,35 +375,99 @@ pub fn parse(bytes: &Bytes, limits: &Limits) -> Result<Option<Frame>, FrameError
             let frame = parse_at(bytes, &mut pos)?;
             Ok(Some(frame))
         }
-        Some(_) if limits.inline => Ok(parse_inline(bytes)),
+        Some(_) if limits.inline => parse_inline(bytes),
         _ => Err(FrameError::Protocol("invalid frame type byte")),
     }
 }
 
-fn parse_inline(bytes: &Bytes) -> Option<Frame> {
+/// Splits an inline command line as Redis does (`sdssplitargs`): on
+/// whitespace, with "double quotes" (escapes `\n \r \t \b \a \\ \"` and
+/// `\xHH`) and 'single quotes' (escape `\'`), a closing quote being followed
+/// by whitespace or the end. Arguments without quotes are slices of
+/// `bytes`.
+fn parse_inline(bytes: &Bytes) -> Result<Option<Frame>, FrameError> {
+    const UNBALANCED: FrameError = FrameError::Protocol("unbalanced quotes in request");
     let mut end = bytes.len();
     while end > 0 && matches!(bytes[end - 1], b'\n' | b'\r') {
         end -= 1;
     }
+    let hex = |c: u8| (c as char).to_digit(16).map(|d| d as u8);
     let mut args = Vec::new();
     let mut i = 0;
-    while i < end {
+    loop {
         while i < end && bytes[i].is_ascii_whitespace() {
             i += 1;
         }
+        if i >= end {
+            break;
+        }
         let start = i;
+        // Owned only once a quote is met.
+        let mut owned: Option<Vec<u8>> = None;
         while i < end && !bytes[i].is_ascii_whitespace() {
+            let quote = bytes[i];
+            if quote != b'"' && quote != b'\'' {
+                if let Some(o) = owned.as_mut() {
+                    o.push(quote);
+                }
+                i += 1;
+                continue;
+            }
+            let out = owned.get_or_insert_with(|| bytes[start..i].to_vec());
             i += 1;
+            loop {
+                let Some(&c) = bytes[..end].get(i) else {
+                    return Err(UNBALANCED);
+                };
+                if c == quote {
+                    i += 1;
+                    if i < end && !bytes[i].is_ascii_whitespace() {
+                        return Err(UNBALANCED);
+                    }
+                    break;
+                }
+                if quote == b'"'
+                    && c == b'\\'
+                    && i + 3 < end
+                    && bytes[i + 1] == b'x'
+                    && let (Some(h), Some(l)) = (hex(bytes[i + 2]), hex(bytes[i + 3]))
+                {
+                    out.push(h * 16 + l);
+                    i += 4;
+                    continue;
+                }
+                if c == b'\\' && i + 1 < end {
+                    let next = bytes[i + 1];
+                    let escaped = match (quote, next) {
+                        (b'"', b'n') => Some(b'\n'),
+                        (b'"', b'r') => Some(b'\r'),
+                        (b'"', b't') => Some(b'\t'),
+                        (b'"', b'b') => Some(8),
+                        (b'"', b'a') => Some(7),
+                        (b'"', other) => Some(other),
+                        (_, b'\'') => Some(b'\''),
+                        _ => None,
+                    };
+                    if let Some(e) = escaped {
+                        out.push(e);
+                        i += 2;
+                        continue;
+                    }
+                }
+                out.push(c);
+                i += 1;
+            }
         }
-        if i > start {
-            args.push(Frame::Bulk(bytes.slice(start..i)));
-        }
+        args.push(Frame::Bulk(match owned {
+            Some(o) => Bytes::from(o),
+            None => bytes.slice(start..i),
+        }));
     }
-    if args.is_empty() {
+    Ok(if args.is_empty() {
         None
     } else {
         Some(Frame::Array(args))
-    }
+    })
 }
 
 fn line(bytes: &Bytes, pos: &mut usize) -> Result<(usize, usize), FrameError> {
@@ -630,6 +694,43 @@ mod tests {
             Some(Frame::command(["PING"]))
         );
         assert_eq!(dec(b"\r\n").unwrap(), None);
+    }
+
+    /// Inline commands quote as redis-cli users expect: `CLAIM ""` claims
+    /// the empty key, not the two-character key `""`.
+    #[test]
+    fn inline_commands_take_quotes_and_escapes_as_redis_does() {
+        let cases: Vec<(&[u8], Vec<&[u8]>)> = vec![
+            (b"CLAIM \"\"\r\n", vec![b"CLAIM", b""]),
+            (b"SET \"a b\" 'c d'\r\n", vec![b"SET", b"a b", b"c d"]),
+            (b"X \"q\\\"x\\n\\x41\\x4g\"\r\n", vec![b"X", b"q\"x\nAx4g"]),
+            (b"X 'it\\'s' \"\\\\\"\n", vec![b"X", b"it's", b"\\"]),
+            (b"X ab\"c d\"e\r\n", vec![]),
+            (b"X ab\"c d\" e\r\n", vec![b"X", b"abc d", b"e"]),
+            (b"X 'x\\n'\r\n", vec![b"X", b"x\\n"]),
+        ];
+        for (line, want) in cases {
+            let got = dec(line);
+            if want.is_empty() {
+                assert!(
+                    matches!(got, Err(FrameError::Protocol(m)) if m.contains("unbalanced")),
+                    "{line:?}: {got:?}"
+                );
+            } else {
+                let want = Frame::Array(
+                    want.iter()
+                        .map(|a| Frame::Bulk(Bytes::copy_from_slice(a)))
+                        .collect(),
+                );
+                assert_eq!(got.unwrap(), Some(want), "{line:?}");
+            }
+        }
+        for bad in [&b"X \"open\r\n"[..], b"X 'open\r\n", b"X \"a\"b\r\n"] {
+            assert!(
+                matches!(dec(bad), Err(FrameError::Protocol(m)) if m.contains("unbalanced")),
+                "{bad:?}"
+            );
+        }
     }
 
     #[test]

@@ -115,11 +115,15 @@ pub fn config(node: &Node, c: ConfigCmd) -> Reply {
     let ConfigCmd::Get(patterns) = c else {
         return err("unsupported CONFIG subcommand");
     };
+    // Prepared once: lowercased, runs of `*` collapsed, and the count of
+    // bytes a key must have at least; so a huge pattern costs one pass, not
+    // one per key.
+    let patterns: Vec<(Vec<u8>, usize)> = patterns.iter().map(|p| prepare_glob(p)).collect();
     let mut pairs = Vec::new();
     for (k, v) in node.config().raw.entries() {
         if patterns
             .iter()
-            .any(|p| glob(&p.to_ascii_lowercase(), k.as_bytes()))
+            .any(|(p, fixed)| *fixed <= k.len() && glob(p, k.as_bytes()))
         {
             pairs.push((
                 Frame::Bulk(Bytes::from_static(k.as_bytes())),
@@ -301,6 +305,19 @@ pub fn info_text(node: &Node, wanted: &[String]) -> String {
 const REDIS_VERSION: &str = "7.0.0";
 
 /// Glob matching with `*` and `?` (as `CONFIG GET` patterns use).
+/// A pattern lowercased with runs of `*` collapsed, and how many bytes a
+/// text must have to match it.
+fn prepare_glob(pattern: &[u8]) -> (Vec<u8>, usize) {
+    let mut out = Vec::with_capacity(pattern.len().min(256));
+    for &c in pattern {
+        if !(c == b'*' && out.last() == Some(&b'*')) {
+            out.push(c.to_ascii_lowercase());
+        }
+    }
+    let fixed = out.iter().filter(|&&c| c != b'*').count();
+    (out, fixed)
+}
+
 fn glob(pattern: &[u8], text: &[u8]) -> bool {
     let (mut p, mut t) = (0, 0);
     let (mut star, mut mark) = (None, 0);
@@ -338,5 +355,22 @@ mod tests {
         assert!(!glob(b"max_*", b"listen"));
         assert!(glob(b"listen", b"listen"));
         assert!(!glob(b"liste", b"listen"));
+    }
+
+    /// A 1 MiB pattern is looked at once, not once per key: stars collapse
+    /// to one, and a pattern needing more bytes than a key has is skipped.
+    #[test]
+    fn a_huge_config_get_pattern_is_cheap() {
+        let (p, fixed) = super::prepare_glob(&vec![b'*'; 1 << 20]);
+        assert_eq!((p.as_slice(), fixed), (&b"*"[..], 0));
+        assert!(glob(&p, b"max_wait_ms"));
+        let mut long = vec![b'A'; 1 << 20];
+        long.push(b'*');
+        let (p, fixed) = super::prepare_glob(&long);
+        assert_eq!(fixed, 1 << 20);
+        assert_eq!(p[0], b'a');
+        let (p, _) = super::prepare_glob(b"MAX_**_MS");
+        assert_eq!(p, b"max_*_ms");
+        assert!(glob(&p, b"max_wait_ms"));
     }
 }

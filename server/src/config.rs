@@ -102,6 +102,8 @@ pub struct RawConfig {
     pub max_inline_bytes: usize,
     /// Most client connections at once.
     pub max_connections: usize,
+    /// Length of the listen socket's queue of connections not yet accepted.
+    pub tcp_backlog: u32,
     /// Accounted record bytes at which new claims are refused with OOM.
     pub max_memory_bytes: usize,
     /// Room beyond `max_memory_bytes`, in percent of it, within which owners
@@ -155,6 +157,7 @@ impl Default for RawConfig {
             max_args: 1024,
             max_inline_bytes: 64 * 1024,
             max_connections: 10_000,
+            tcp_backlog: 511,
             max_memory_bytes: 1 << 30,
             memory_headroom_percent: 10,
             max_output_buffer_bytes: 32 * 1024 * 1024,
@@ -218,6 +221,8 @@ pub struct Config {
     pub limits: RequestLimits,
     /// Most client connections at once.
     pub max_connections: usize,
+    /// Listen backlog.
+    pub tcp_backlog: u32,
     /// Most reply bytes held for one client.
     pub max_output_buffer_bytes: usize,
     /// Idle timeout, ms (0: off).
@@ -270,6 +275,11 @@ fn invalid(key: &'static str, reason: impl Into<String>) -> ConfigError {
 
 /// Calls `$m!` with every numeric key: the one list that setting from text
 /// and listing for `CONFIG GET` share.
+/// The largest `max_lease_ms` accepted: 30 days.
+pub const MAX_LEASE_BOUND_MS: u64 = 30 * 24 * 3_600_000;
+/// The largest `max_wait_ms` accepted: one day.
+pub const MAX_WAIT_BOUND_MS: u64 = 24 * 3_600_000;
+
 macro_rules! numeric_keys {
     ($m:ident) => {
         $m!(
@@ -295,6 +305,7 @@ macro_rules! numeric_keys {
             max_args,
             max_inline_bytes,
             max_connections,
+            tcp_backlog,
             max_memory_bytes,
             memory_headroom_percent,
             max_output_buffer_bytes,
@@ -428,6 +439,30 @@ impl RawConfig {
                 format!("{} is over 100", self.memory_headroom_percent),
             ));
         }
+        if !(1..=65_535).contains(&self.tcp_backlog) {
+            return Err(invalid("tcp_backlog", "must be between 1 and 65535"));
+        }
+        // Bounds that keep times representable: a remaining lease is sent
+        // as a signed 64-bit integer, and a record keeps its retention in
+        // 32 bits of milliseconds.
+        if self.max_lease_ms > MAX_LEASE_BOUND_MS {
+            return Err(invalid(
+                "max_lease_ms",
+                format!("must be at most {MAX_LEASE_BOUND_MS} (30 days)"),
+            ));
+        }
+        if self.max_retain_ms > u64::from(u32::MAX) {
+            return Err(invalid(
+                "max_retain_ms",
+                format!("must be at most {} (about 49.7 days)", u32::MAX),
+            ));
+        }
+        if self.max_wait_ms > MAX_WAIT_BOUND_MS {
+            return Err(invalid(
+                "max_wait_ms",
+                format!("must be at most {MAX_WAIT_BOUND_MS} (1 day)"),
+            ));
+        }
         if self.default_lease_ms > self.max_lease_ms {
             return Err(invalid(
                 "default_lease_ms",
@@ -548,6 +583,7 @@ impl RawConfig {
                 },
             },
             max_connections: self.max_connections,
+            tcp_backlog: self.tcp_backlog,
             max_output_buffer_bytes: self.max_output_buffer_bytes,
             idle_timeout_ms: self.idle_timeout_ms,
             sweep_interval_ms: self.sweep_interval_ms,
@@ -600,6 +636,11 @@ mod tests {
             ("engine", "rocks", "engine"),
             ("shards", "3", "shards"),
             ("max_lease_ms", "0", "max_lease_ms"),
+            ("max_lease_ms", "18446744073709551615", "max_lease_ms"),
+            ("max_retain_ms", "4294967296", "max_retain_ms"),
+            ("max_wait_ms", "86400001", "max_wait_ms"),
+            ("tcp_backlog", "0", "tcp_backlog"),
+            ("tcp_backlog", "65536", "tcp_backlog"),
             ("default_lease_ms", "7200000", "default_lease_ms"),
             ("max_frame_bytes", "1000", "max_frame_bytes"),
             ("max_output_buffer_bytes", "10", "max_output_buffer_bytes"),

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::io::AsyncWriteExt;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpSocket};
 use tokio::sync::{Semaphore, mpsc, watch};
 use tracing::{info, warn};
 
@@ -17,8 +17,54 @@ use crate::metrics::bump;
 use crate::node::Node;
 
 /// Backoff after a failed accept (out of descriptors, say), so the loop
-/// does not spin.
+/// does not spin; doubled while accepts keep failing, up to
+/// [`ACCEPT_BACKOFF_MAX`].
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
+const ACCEPT_BACKOFF_MAX: Duration = Duration::from_secs(1);
+/// Failed accepts are logged at most this often.
+const ACCEPT_WARN_EVERY: Duration = Duration::from_secs(10);
+/// Descriptors idemd needs beside its connections (listener, epoll, event
+/// fds, log segments, snapshot, lock, stdio), as Redis reserves 32.
+pub const RESERVED_FDS: u64 = 64;
+
+/// Makes room for `max_connections` in the open files limit: raises the
+/// soft limit (up to the hard one) to what they need, or, when the hard
+/// limit is too low, lowers `max_connections` to what fits, with a warning,
+/// so that every connection accepted can be served.
+pub fn reconcile_fd_limit(config: &mut Config) {
+    use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
+    let want = config.max_connections as u64 + RESERVED_FDS;
+    let limit = getrlimit(Resource::Nofile);
+    let mut have = limit.current.unwrap_or(u64::MAX);
+    if have >= want {
+        return;
+    }
+    let target = want.min(limit.maximum.unwrap_or(u64::MAX));
+    if target > have {
+        let raised = Rlimit {
+            current: Some(target),
+            maximum: limit.maximum,
+        };
+        match setrlimit(Resource::Nofile, raised) {
+            Ok(()) => {
+                info!(from = have, to = target, "raised the open files limit");
+                have = target;
+            }
+            Err(e) => warn!(error = %e, "cannot raise the open files limit"),
+        }
+    }
+    if have < want {
+        let fit = usize::try_from(have.saturating_sub(RESERVED_FDS).max(1)).unwrap_or(1);
+        warn!(
+            open_files_limit = have,
+            max_connections = fit,
+            configured = config.max_connections,
+            "the open files limit is too low for max_connections: lowered to what fits (raise `ulimit -n` to serve more)"
+        );
+        config.max_connections = fit;
+        config.raw.max_connections = fit;
+    }
+}
 /// How long a refused connection may take to receive its error.
 const REJECT_TIMEOUT: Duration = Duration::from_secs(1);
 
@@ -36,12 +82,21 @@ impl Server {
     /// # Errors
     ///
     /// When the engine cannot start or the address cannot be bound.
-    pub async fn bind(config: Config) -> io::Result<Server> {
+    pub async fn bind(mut config: Config) -> io::Result<Server> {
+        reconcile_fd_limit(&mut config);
         let listen = config.listen;
+        let backlog = config.tcp_backlog;
         let node = Node::start(config, listen)
             .await
             .map_err(io::Error::other)?;
-        let listener = TcpListener::bind(listen).await?;
+        let socket = if listen.is_ipv4() {
+            TcpSocket::new_v4()?
+        } else {
+            TcpSocket::new_v6()?
+        };
+        socket.set_reuseaddr(true)?;
+        socket.bind(listen)?;
+        let listener = socket.listen(backlog)?;
         node.set_bound(listener.local_addr()?);
         Ok(Server { listener, node })
     }
@@ -73,18 +128,32 @@ impl Server {
         ));
         info!(addr = %node.local_addr(), engine = config.engine.as_str(), "idemd listening");
         tokio::pin!(shutdown);
+        let mut backoff = ACCEPT_BACKOFF;
+        let mut failures = 0u64;
+        let mut warned: Option<tokio::time::Instant> = None;
         loop {
             let accepted = tokio::select! {
                 _ = &mut shutdown => break,
                 a = listener.accept() => a,
             };
             let (mut socket, addr) = match accepted {
-                Ok(a) => a,
+                Ok(a) => {
+                    backoff = ACCEPT_BACKOFF;
+                    a
+                }
                 Err(e) => {
                     // Out of descriptors or a transient network error: do not
-                    // spin; try again shortly.
-                    warn!(error = %e, "accept failed");
-                    tokio::time::sleep(ACCEPT_BACKOFF).await;
+                    // spin, and do not flood the log; back off.
+                    failures += 1;
+                    if warned.is_none_or(|t| t.elapsed() >= ACCEPT_WARN_EVERY) {
+                        warn!(error = %e, failures, "accept failed (logged at most every 10 s)");
+                        warned = Some(tokio::time::Instant::now());
+                    }
+                    tokio::select! {
+                        _ = &mut shutdown => break,
+                        _ = tokio::time::sleep(backoff) => {}
+                    }
+                    backoff = (backoff * 2).min(ACCEPT_BACKOFF_MAX);
                     continue;
                 }
             };

@@ -28,7 +28,21 @@ impl Idemd {
 
     /// idemd with extra environment variables and arguments.
     pub async fn start_with(env: &[(&str, &str)], args: &[&str]) -> Idemd {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_idemd"));
+        Idemd::start_wrapped(&[], env, args).await
+    }
+
+    /// idemd run by `wrapper` (a command that ends by running the rest of
+    /// its arguments, e.g. `sh -c 'ulimit -n 256 && exec "$0" "$@"'`).
+    pub async fn start_wrapped(wrapper: &[&str], env: &[(&str, &str)], args: &[&str]) -> Idemd {
+        let bin = env!("CARGO_BIN_EXE_idemd");
+        let mut cmd = match wrapper.split_first() {
+            Some((first, rest)) => {
+                let mut c = Command::new(first);
+                c.args(rest).arg(bin);
+                c
+            }
+            None => Command::new(bin),
+        };
         if !args.contains(&"--listen") {
             cmd.arg("--listen").arg("127.0.0.1:0");
         }

@@ -79,7 +79,9 @@ impl Hello {
                 let pass = args.required()?;
                 h.auth = Some((user, pass));
             } else if opt.eq_ignore_ascii_case(b"SETNAME") {
-                h.setname = Some(args.option_value("SETNAME", h.setname.is_some())?);
+                let name = args.option_value("SETNAME", h.setname.is_some())?;
+                check_client_name(&name)?;
+                h.setname = Some(name);
             } else {
                 return Err(CommandError::UnknownOption {
                     command: args.cmd(),
@@ -175,6 +177,17 @@ pub enum ClientCmd {
     Info,
 }
 
+/// A connection name shows in `CLIENT LIST` lines: printable ASCII
+/// without spaces only (as Redis checks), whichever command sets it.
+fn check_client_name(name: &[u8]) -> Result<(), CommandError> {
+    if name.iter().any(|&b| b <= b' ' || b > b'~') {
+        return Err(CommandError::Syntax(
+            "client names cannot contain spaces, newlines or special characters",
+        ));
+    }
+    Ok(())
+}
+
 impl ClientCmd {
     pub(crate) fn parse(args: &mut Args) -> Result<Self, CommandError> {
         let sub = args.required()?;
@@ -182,11 +195,7 @@ impl ClientCmd {
             ClientCmd::Id
         } else if sub.eq_ignore_ascii_case(b"SETNAME") {
             let name = args.required()?;
-            if name.iter().any(|&b| b <= b' ' || b > b'~') {
-                return Err(CommandError::Syntax(
-                    "client names cannot contain spaces, newlines or special characters",
-                ));
-            }
+            check_client_name(&name)?;
             ClientCmd::SetName(name)
         } else if sub.eq_ignore_ascii_case(b"GETNAME") {
             ClientCmd::GetName

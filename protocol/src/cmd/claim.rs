@@ -69,7 +69,12 @@ impl Claim {
             } else if opt.eq_ignore_ascii_case(b"FP") {
                 c.fingerprint = Some(args.option_value("FP", c.fingerprint.is_some())?);
             } else if opt.eq_ignore_ascii_case(b"ATTEMPT") {
-                c.attempt = Some(args.option_value("ATTEMPT", c.attempt.is_some())?);
+                let id = args.option_value("ATTEMPT", c.attempt.is_some())?;
+                // An empty id would name every attempt that left it empty.
+                if id.is_empty() {
+                    return Err(CommandError::Syntax("ATTEMPT id must not be empty"));
+                }
+                c.attempt = Some(id);
             } else if opt.eq_ignore_ascii_case(b"ONEXPIRE") {
                 let v = args.option_value("ONEXPIRE", c.on_expire.is_some())?;
                 c.on_expire = Some(if v.eq_ignore_ascii_case(b"FREE") {

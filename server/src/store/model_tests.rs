@@ -327,6 +327,7 @@ impl Model {
             },
             Op::Renew(c) => match self.recs.get_mut(key) {
                 Some(r) if r.fence == c.fence && r.state == MState::Flight => {
+                    *left |= now + c.lease_ms < r.deadline;
                     r.deadline = now + c.lease_ms;
                     Reply::Ok
                 }

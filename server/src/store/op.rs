@@ -137,8 +137,10 @@ pub struct Entry {
     pub ops: Vec<Op>,
 }
 
-/// A key that left the in-flight state (completed, released, abandoned,
-/// forgotten or lapsed), and the apply index at which it did.
+/// A key waiters must look at again: it left the in-flight state
+/// (completed, released, abandoned, forgotten or lapsed) or its owner
+/// shortened its lease (a RENEW to less than was left); and the apply index
+/// at which that happened.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KeyEvent {
     /// The key.

@@ -30,7 +30,8 @@ pub(super) struct Ctx<'a> {
     now: u64,
     /// The apply index of this op on this key.
     seq: u64,
-    /// The key left the in-flight state.
+    /// The key left the in-flight state, or its lease was shortened:
+    /// waiters must look again.
     left: bool,
 }
 
@@ -368,7 +369,11 @@ impl<'a> Ctx<'a> {
         let now = self.now;
         match self.owned(&c.key, c.fence) {
             Some(id) if self.rec(id).state() == State::InFlight => {
-                self.rec(id).deadline = now.saturating_add(c.lease_ms);
+                let deadline = now.saturating_add(c.lease_ms);
+                // A shorter lease is news to whoever waits for the key:
+                // their timer was set for the longer one.
+                self.left |= deadline < self.rec(id).deadline;
+                self.rec(id).deadline = deadline;
                 Reply::Ok
             }
             _ => self.fenced(),

@@ -183,19 +183,26 @@ async fn a_lapsed_lease_hands_the_key_over_through_an_expiry_op() {
 #[tokio::test(start_paused = true)]
 async fn an_earlier_waiter_goes_before_a_newcomer_after_a_lapse() {
     let (engine, waiters) = setup();
-    let owner = acquire(&engine, Claim::new(key())).await;
-    let w1 = park(&waiters, claim_wait(60_000), 60_000).await;
-    // Shorten the lease: the queue's timer still sleeps its longest
-    // recheck, so the lapse is not noticed by it before the newcomer.
-    submit(
+    let owner = acquire(
         &engine,
-        Command::Renew(Renew {
-            key: key(),
-            fence: owner,
-            lease_ms: 50,
-        }),
+        Claim {
+            lease_ms: Some(50),
+            ..Claim::new(key())
+        },
     )
     .await;
+    let w1 = park(&waiters, claim_wait(60_000), 60_000).await;
+    // As if the queue's timer were late: the lapse is not noticed before
+    // the newcomer comes.
+    if let Some(t) = waiters
+        .shard(&key())
+        .lock()
+        .queues
+        .get_mut(&key())
+        .and_then(|q| q.timer.take())
+    {
+        t.abort();
+    }
     tokio::time::advance(Duration::from_millis(100)).await;
     assert!(!w1.is_finished());
     // The newcomer finds the key lapsed but queued for: it waits behind.
@@ -354,4 +361,34 @@ async fn behind_waiters_an_owner_retry_and_a_mismatch_are_answered_at_once() {
         1,
         "only the first waiter parked"
     );
+}
+
+/// A RENEW to a shorter lease wakes the queue's timer for the new end: the
+/// first waiter gets the key when the shorter lease runs out, not at the
+/// timer's next recheck of the longer one.
+#[tokio::test(start_paused = true)]
+async fn renew_to_a_shorter_lease_serves_waiters_when_it_ends() {
+    let (engine, waiters) = setup();
+    let owner = acquire(&engine, Claim::new(key())).await;
+    let w1 = park(&waiters, claim_wait(60_000), 60_000).await;
+    tokio::time::advance(Duration::from_millis(10)).await;
+    submit(
+        &engine,
+        Command::Renew(Renew {
+            key: key(),
+            fence: owner,
+            lease_ms: 200,
+        }),
+    )
+    .await;
+    tokio::time::advance(Duration::from_millis(150)).await;
+    settle_tasks().await;
+    assert!(!w1.is_finished(), "served before the shorter lease ran out");
+    tokio::time::advance(Duration::from_millis(60)).await;
+    settle_tasks().await;
+    assert!(
+        w1.is_finished(),
+        "not served when the shorter lease ran out"
+    );
+    assert!(acquired(w1.await.unwrap()) > owner);
 }
