@@ -224,3 +224,41 @@ async fn completes_of_admitted_records_stay_within_max_memory_and_headroom() {
     }
     assert!(ok_n >= 4 && oom_n > 0, "ok {ok_n}, oom {oom_n}");
 }
+
+/// One byte every few seconds reset `idle_timeout_ms` (slowloris): now only
+/// a whole request (or a reply) counts as activity, so a request trickled
+/// for longer than the timeout ends the connection, while a client sending
+/// whole requests slowly stays.
+#[tokio::test]
+async fn a_trickled_request_does_not_defeat_the_idle_timeout() {
+    let s = Idemd::start_with(&[("IDEM_IDLE_TIMEOUT_MS", "400")], &[]).await;
+    let mut slow = s.conn().await;
+    let mut steady = s.conn().await;
+    let started = std::time::Instant::now();
+    let mut closed_at = None;
+    // 3 s of one byte per 100 ms, never a whole line.
+    for _ in 0..30 {
+        if tokio::io::AsyncWriteExt::write_all(&mut slow.stream, b"x")
+            .await
+            .is_err()
+        {
+            closed_at = Some(started.elapsed());
+            break;
+        }
+        assert_eq!(steady.cmd(&["PING"]).await, Frame::simple("PONG"));
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let closed_at = match closed_at {
+        Some(t) => t,
+        None => {
+            assert!(slow.closed().await, "the trickling connection is still open");
+            started.elapsed()
+        }
+    };
+    assert!(
+        closed_at < std::time::Duration::from_secs(3),
+        "closed after {closed_at:?}"
+    );
+    // The steady client, active all along, is still served.
+    assert_eq!(steady.cmd(&["PING"]).await, Frame::simple("PONG"));
+}

@@ -257,7 +257,9 @@ async fn run(
     // it runs once they are, so it sees them.
     let mut held: Option<Command> = None;
     let mut closing = *stop.borrow();
-    // Idleness counts from the last request read or reply produced.
+    // Idleness counts from the last whole request read or reply produced
+    // (so a request that takes longer than the idle timeout to arrive ends
+    // the connection too).
     let mut last_activity = Instant::now();
     // Registered once: a fresh `changed()` per turn would lock the shared
     // notifier every time.
@@ -273,7 +275,10 @@ async fn run(
             let cmd = match held.take() {
                 Some(cmd) => Ok(cmd),
                 None => match decode(&mut inbuf, &limits) {
-                    Ok(Some(frame)) => Command::from_frame(frame),
+                    Ok(Some(frame)) => {
+                        last_activity = Instant::now();
+                        Command::from_frame(frame)
+                    }
                     Ok(None) => break,
                     Err(e) => {
                         let reply = match e {
@@ -391,7 +396,8 @@ async fn run(
                     pending.withdraw_blocking();
                     closing = true;
                 }
-                last_activity = Instant::now();
+                // Bytes alone are not activity: a request trickled in a byte
+                // at a time counts as idle until it is whole.
             }
             _ = idle(idle_deadline) => {
                 debug!(client = session.info.id, "idle timeout");
