@@ -251,7 +251,10 @@ async fn a_trickled_request_does_not_defeat_the_idle_timeout() {
     let closed_at = match closed_at {
         Some(t) => t,
         None => {
-            assert!(slow.closed().await, "the trickling connection is still open");
+            assert!(
+                slow.closed().await,
+                "the trickling connection is still open"
+            );
             started.elapsed()
         }
     };
@@ -261,4 +264,35 @@ async fn a_trickled_request_does_not_defeat_the_idle_timeout() {
     );
     // The steady client, active all along, is still served.
     assert_eq!(steady.cmd(&["PING"]).await, Frame::simple("PONG"));
+}
+
+/// A waiter that pipelined more than the parked read-ahead (64 KiB) after
+/// its WAIT and then left was not noticed (its connection was no longer
+/// read): a RELEASE handed it the key, and live waiters waited a whole
+/// lease. Now its leaving is seen without reading.
+#[tokio::test]
+async fn a_departed_waiter_that_pipelined_past_the_read_ahead_is_noticed() {
+    let s = Idemd::start().await;
+    let k = key("depart");
+    let mut owner = s.conn().await;
+    let fence = owner.acquire(&["CLAIM", &k]).await;
+    let mut gone = s.conn().await;
+    gone.write(&["CLAIM", &k, "WAIT", "60000", "LEASE", "30000"])
+        .await;
+    wait_for_info(&mut owner, "waits_parked", 1).await;
+    gone.write_raw(&b"PING\r\n".repeat(20_000)).await;
+    drop(gone);
+    let mut live = s.conn().await;
+    live.write(&["CLAIM", &k, "WAIT", "60000"]).await;
+    wait_for_info(&mut owner, "waits_parked", 2).await;
+    // Let the server see the first one go.
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    assert_eq!(owner.cmd(&["RELEASE", &k, &fence.to_string()]).await, ok());
+    let got = tokio::time::timeout(std::time::Duration::from_secs(5), live.reply())
+        .await
+        .expect("the live waiter was not handed the key: it went to the departed one");
+    assert!(
+        matches!(claim(got), ClaimReply::Acquired { fence: f } if f > fence),
+        "the live waiter owns the key"
+    );
 }

@@ -225,6 +225,21 @@ async fn read_some(socket: &TcpStream, buf: &mut BytesMut) -> std::io::Result<us
     }
 }
 
+/// Waits for news of the socket without reading it: `true` once the peer
+/// has closed (or reset) it; `false` when only data arrived (the readiness
+/// is then cleared, so the next call waits for the next event instead of
+/// returning at once).
+async fn read_closed(socket: &TcpStream) -> std::io::Result<bool> {
+    let ready = socket.ready(Interest::READABLE).await?;
+    if ready.is_read_closed() || ready.is_error() {
+        return Ok(true);
+    }
+    let _ = socket.try_io(Interest::READABLE, || {
+        Err::<(), _>(std::io::ErrorKind::WouldBlock.into())
+    });
+    Ok(false)
+}
+
 /// Writes as much of `out` as the socket takes.
 async fn write_some(socket: &TcpStream, out: &[u8]) -> std::io::Result<usize> {
     loop {
@@ -398,6 +413,15 @@ async fn run(
                 }
                 // Bytes alone are not activity: a request trickled in a byte
                 // at a time counts as idle until it is whole.
+            }
+            // Parked with its read-ahead full: not read any more, but a
+            // client that leaves is still noticed (the peer's FIN or RST
+            // shows as read-closed readiness without reading).
+            gone = read_closed(&socket), if pending.blocked && !can_read && !closing => {
+                if gone? {
+                    pending.withdraw_blocking();
+                    closing = true;
+                }
             }
             _ = idle(idle_deadline) => {
                 debug!(client = session.info.id, "idle timeout");
