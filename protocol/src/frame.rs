@@ -140,6 +140,65 @@ pub fn decode(buf: &mut BytesMut, limits: &Limits) -> Result<Option<Frame>, Fram
     }
 }
 
+/// A decoder that resumes: across calls on one buffer it does not look at
+/// a pending frame again until it can have completed. Every frame, RESP or
+/// inline, ends with a `\n`, so while the bytes that arrived since the last
+/// look hold none (and the buffer is within the inline limit, which a line
+/// without one could break), the frame is still incomplete and is not
+/// checked again. A request trickled a byte at a time then costs work
+/// linear in its length, not quadratic.
+#[derive(Debug, Default)]
+pub struct Decoder {
+    /// Bytes of the buffer already looked at for the pending frame (0: a
+    /// new frame).
+    seen: usize,
+    /// Times a buffer was checked for a whole frame.
+    checks: u64,
+}
+
+impl Decoder {
+    /// A decoder with nothing pending.
+    pub fn new() -> Decoder {
+        Decoder::default()
+    }
+
+    /// As [`decode`], resuming from what earlier calls saw of `buf` (pass
+    /// the same buffer every time).
+    pub fn decode(
+        &mut self,
+        buf: &mut BytesMut,
+        limits: &Limits,
+    ) -> Result<Option<Frame>, FrameError> {
+        loop {
+            let seen = self.seen;
+            if seen > 0
+                && seen <= buf.len()
+                && buf.len() <= limits.max_inline
+                && !buf[seen..].contains(&b'\n')
+            {
+                self.seen = buf.len();
+                return Ok(None);
+            }
+            self.checks += 1;
+            let Some(len) = check(buf, limits)? else {
+                self.seen = buf.len();
+                return Ok(None);
+            };
+            self.seen = 0;
+            let bytes = buf.split_to(len).freeze();
+            if let Some(frame) = parse(&bytes, limits)? {
+                return Ok(Some(frame));
+            }
+        }
+    }
+
+    /// How many times a buffer was checked for a whole frame (for tests
+    /// and benchmarks of the work done).
+    pub fn checks(&self) -> u64 {
+        self.checks
+    }
+}
+
 /// Pass one: if `buf` starts with a complete frame, its length in bytes.
 ///
 /// Cheap: it reads headers and skips payloads. Errors as soon as an
@@ -731,6 +790,65 @@ mod tests {
                 "{bad:?}"
             );
         }
+    }
+
+    /// The decoder used to look at a pending frame again on every read: a
+    /// 60 KB inline line or a RESP array trickled a byte at a time cost
+    /// work quadratic in its length. Now it looks again only when a `\n`
+    /// arrives.
+    #[test]
+    fn a_frame_trickled_a_byte_at_a_time_is_checked_once_per_line() {
+        let limits = Limits::default();
+        let mut line = b"CLAIM ".to_vec();
+        line.extend(std::iter::repeat_n(b'k', 60_000));
+        line.extend_from_slice(b"\r\n");
+        let mut resp = BytesMut::new();
+        encode(
+            &Frame::command(["CLAIM", "key", "LEASE", "5000"]),
+            Version::Resp2,
+            &mut resp,
+        );
+        for (input, lines) in [(line, 1u64), (resp.to_vec(), 9)] {
+            let mut d = Decoder::new();
+            let mut buf = BytesMut::new();
+            let mut got = None;
+            for &b in &input {
+                buf.extend_from_slice(&[b]);
+                if let Some(f) = d.decode(&mut buf, &limits).unwrap() {
+                    got = Some(f);
+                }
+            }
+            assert!(got.is_some(), "the frame was decoded");
+            assert!(buf.is_empty());
+            // The first byte, then one look per line end at most.
+            assert!(
+                d.checks() <= 1 + lines,
+                "{} checks for {} bytes",
+                d.checks(),
+                input.len()
+            );
+        }
+        // Errors are still found at once: a bad first byte, and an inline
+        // line past its limit.
+        let mut d = Decoder::new();
+        let mut buf = BytesMut::from(&b"!"[..]);
+        assert!(d.decode(&mut buf, &Limits::for_replies()).is_err());
+        let small = Limits {
+            max_inline: 16,
+            ..Limits::default()
+        };
+        let mut d = Decoder::new();
+        let mut buf = BytesMut::new();
+        let mut failed = false;
+        for _ in 0..40 {
+            buf.extend_from_slice(b"a");
+            if d.decode(&mut buf, &small).is_err() {
+                failed = true;
+                break;
+            }
+        }
+        assert!(failed, "an inline line past max_inline is refused");
+        assert!(buf.len() <= 18, "refused within the limit: {}", buf.len());
     }
 
     #[test]

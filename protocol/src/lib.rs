@@ -44,7 +44,7 @@ pub mod spec;
 pub use cmd::{Command, OnExpire};
 pub use codec::RespCodec;
 pub use error::{CommandError, FrameError, ReplyError};
-pub use frame::{Frame, Limits, Version, decode, encode};
+pub use frame::{Decoder, Frame, Limits, Version, decode, encode};
 pub use reply::{
     ClaimReply, ErrorCode, Outcome, RecordInfo, RecordState, Reply, ServerError, SettleReply,
 };

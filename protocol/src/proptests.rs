@@ -4,7 +4,7 @@
 use bytes::{Bytes, BytesMut};
 use proptest::prelude::*;
 
-use crate::frame::{Frame, Limits, Version, decode, encode};
+use crate::frame::{Frame, Limits, Version, encode};
 
 fn frame_strategy() -> impl Strategy<Value = Frame> {
     let leaf = prop_oneof![
@@ -32,10 +32,12 @@ fn feed(wire: &[u8], cuts: &[usize], limits: &Limits) -> Result<Vec<Frame>, crat
     let mut buf = BytesMut::new();
     let mut out = Vec::new();
     let mut from = 0;
+    // The resumable decoder the server uses.
+    let mut decoder = crate::Decoder::new();
     for p in points {
         buf.extend_from_slice(&wire[from..p]);
         from = p;
-        while let Some(f) = decode(&mut buf, limits)? {
+        while let Some(f) = decoder.decode(&mut buf, limits)? {
             out.push(f);
         }
     }

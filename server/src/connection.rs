@@ -23,7 +23,7 @@ use std::time::Duration;
 
 use bytes::{Buf, BytesMut};
 use idem_protocol::{
-    Command, CommandError, ErrorCode, Flags, FrameError, Reply, ServerError, Version, decode,
+    Command, CommandError, Decoder, ErrorCode, Flags, FrameError, Reply, ServerError, Version,
 };
 use tokio::io::{AsyncWriteExt, Interest};
 use tokio::net::TcpStream;
@@ -266,6 +266,7 @@ async fn run(
     let idle_for =
         (config.idle_timeout_ms > 0).then(|| Duration::from_millis(config.idle_timeout_ms));
     let mut inbuf = BytesMut::with_capacity(BUFFER);
+    let mut decoder = Decoder::new();
     let mut out = BytesMut::with_capacity(BUFFER);
     let mut pending = Pending::default();
     // A read that arrived behind writes of this connection not yet applied:
@@ -289,7 +290,7 @@ async fn run(
             }
             let cmd = match held.take() {
                 Some(cmd) => Ok(cmd),
-                None => match decode(&mut inbuf, &limits) {
+                None => match decoder.decode(&mut inbuf, &limits) {
                     Ok(Some(frame)) => {
                         last_activity = Instant::now();
                         Command::from_frame(frame)
