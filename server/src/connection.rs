@@ -40,10 +40,6 @@ use crate::session::Session;
 const PARKED_READ_AHEAD: usize = 64 * 1024;
 /// How long owed replies may take to go out when the connection closes.
 const CLOSE_FLUSH: Duration = Duration::from_secs(5);
-/// Room kept free in the read buffer before each read.
-const READ_RESERVE: usize = 8 * 1024;
-/// Initial size of the read and write buffers.
-const BUFFER: usize = 16 * 1024;
 
 /// Serves a connection until it closes, the client leaves, or shutdown.
 pub async fn serve(node: Node, socket: TcpStream, addr: SocketAddr, stop: watch::Receiver<bool>) {
@@ -194,7 +190,19 @@ async fn idle(deadline: Option<Instant>) {
     }
 }
 
-/// Reads what the socket has into `buf`.
+/// Bytes of the per-thread buffer sockets are read into.
+const SCRATCH: usize = 64 * 1024;
+
+thread_local! {
+    /// Where every connection of this thread reads into: what arrived is
+    /// then copied to the connection's own buffer at its exact size, so an
+    /// idle connection holds no read buffer at all.
+    static SCRATCH_BUF: std::cell::RefCell<Box<[u8]>> =
+        std::cell::RefCell::new(vec![0; SCRATCH].into_boxed_slice());
+}
+
+/// Reads what the socket has into `buf` (through the thread's scratch
+/// buffer).
 ///
 /// A read that returns less than the room it was given has drained the
 /// socket; the readiness it started from is then cleared at once, instead
@@ -204,17 +212,19 @@ async fn idle(deadline: Option<Instant>) {
 async fn read_some(socket: &TcpStream, buf: &mut BytesMut) -> std::io::Result<usize> {
     loop {
         socket.readable().await?;
-        buf.reserve(READ_RESERVE);
-        let room = buf.capacity() - buf.len();
         let mut got = None;
         let result = socket.try_io(Interest::READABLE, || {
-            let n = socket.try_read_buf(buf)?;
-            got = Some(n);
-            if n > 0 && n < room {
-                Err(std::io::ErrorKind::WouldBlock.into())
-            } else {
-                Ok(n)
-            }
+            SCRATCH_BUF.with(|scratch| {
+                let mut scratch = scratch.borrow_mut();
+                let n = socket.try_read(&mut scratch[..])?;
+                buf.extend_from_slice(&scratch[..n]);
+                got = Some(n);
+                if n > 0 && n < SCRATCH {
+                    Err(std::io::ErrorKind::WouldBlock.into())
+                } else {
+                    Ok(n)
+                }
+            })
         });
         match (result, got) {
             (_, Some(n)) => return Ok(n),
@@ -222,6 +232,15 @@ async fn read_some(socket: &TcpStream, buf: &mut BytesMut) -> std::io::Result<us
             (Err(e), None) => return Err(e),
             (Ok(n), None) => return Ok(n),
         }
+    }
+}
+
+/// Lets go of a buffer's memory once it is empty: an idle connection then
+/// holds no buffers (a few hundred bytes of state in all), and one large
+/// reply does not stay allocated after it was written.
+fn release_if_empty(buf: &mut BytesMut) {
+    if buf.is_empty() && buf.capacity() > 0 {
+        *buf = BytesMut::new();
     }
 }
 
@@ -265,9 +284,9 @@ async fn run(
     let max_pending = config.max_pending_per_connection;
     let idle_for =
         (config.idle_timeout_ms > 0).then(|| Duration::from_millis(config.idle_timeout_ms));
-    let mut inbuf = BytesMut::with_capacity(BUFFER);
+    let mut inbuf = BytesMut::new();
     let mut decoder = Decoder::new();
-    let mut out = BytesMut::with_capacity(BUFFER);
+    let mut out = BytesMut::new();
     let mut pending = Pending::default();
     // A read that arrived behind writes of this connection not yet applied:
     // it runs once they are, so it sees them.
@@ -381,6 +400,8 @@ async fn run(
             } else {
                 pending.len() < max_pending
             };
+        release_if_empty(&mut inbuf);
+        release_if_empty(&mut out);
         let idle_deadline = match idle_for {
             Some(d) if pending.is_empty() && out.is_empty() => Some(last_activity + d),
             _ => None,
