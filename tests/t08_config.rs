@@ -64,3 +64,12 @@ async fn file_then_env_then_flags() {
     );
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// An application's own `IDEM_*` variable (`IDEM_ADDR` for its client,
+/// say) made idemd refuse to start; it is now ignored with a warning.
+#[tokio::test]
+async fn an_unknown_idem_variable_does_not_stop_idemd() {
+    let s = Idemd::start_with(&[("IDEM_ADDR", "127.0.0.1:7379")], &[]).await;
+    let mut c = s.conn().await;
+    assert_eq!(c.cmd(&["PING"]).await, Frame::simple("PONG"));
+}

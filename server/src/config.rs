@@ -333,17 +333,27 @@ impl RawConfig {
     }
 
     /// Applies `IDEM_<KEY>` variables from `vars` (e.g. `IDEM_MAX_WAIT_MS`).
+    /// A variable naming no key (an application's own `IDEM_ADDR`, say) is
+    /// left alone and returned, for a warning; a known key with a bad value
+    /// is an error.
     pub fn apply_env(
         &mut self,
         vars: impl IntoIterator<Item = (String, String)>,
-    ) -> Result<(), ConfigError> {
+    ) -> Result<Vec<String>, ConfigError> {
+        let known: Vec<&'static str> = self.entries().into_iter().map(|(k, _)| k).collect();
+        let mut ignored = Vec::new();
         for (name, value) in vars {
             let Some(key) = name.strip_prefix("IDEM_") else {
                 continue;
             };
-            self.set(&key.to_ascii_lowercase(), &value)?;
+            let key = key.to_ascii_lowercase();
+            if !known.contains(&key.as_str()) {
+                ignored.push(name);
+                continue;
+            }
+            self.set(&key, &value)?;
         }
-        Ok(())
+        Ok(ignored)
     }
 
     /// Sets one key from its text form.
@@ -626,7 +636,14 @@ mod tests {
             e.to_string(),
             "invalid value for max_wait_ms: 'soon' is not a non-negative integer"
         );
-        assert!(raw.apply_env([("IDEM_NOPE".into(), "1".into())]).is_err());
+        // Not ours: left alone, reported for a warning.
+        assert_eq!(
+            raw.apply_env([("IDEM_ADDR".into(), "x:1".into())]).unwrap(),
+            vec!["IDEM_ADDR".to_owned()]
+        );
+        // A config file's unknown key is still an error (a typo there is
+        // ours).
+        assert!(raw.set("nope", "1").is_err());
     }
 
     #[test]

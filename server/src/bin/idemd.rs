@@ -45,7 +45,7 @@ fn main() -> anyhow::Result<()> {
         Some(p) => RawConfig::from_file(p)?,
         None => RawConfig::default(),
     };
-    raw.apply_env(std::env::vars().filter(|(k, _)| k != "IDEM_CONFIG"))?;
+    let ignored = raw.apply_env(std::env::vars().filter(|(k, _)| k != "IDEM_CONFIG"))?;
     if let Some(l) = args.listen {
         raw.listen = l;
     }
@@ -63,6 +63,9 @@ fn main() -> anyhow::Result<()> {
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .init();
+    for name in ignored {
+        tracing::warn!(variable = %name, "ignoring an IDEM_ environment variable that names no setting");
+    }
 
     // One worker: a single-threaded runtime, like an event loop (no work
     // stealing, no cross-thread wake-ups). More (or 0, one per CPU): the
