@@ -344,3 +344,94 @@ async fn an_idle_connection_costs_a_few_kb() {
     let per_conn = rss().saturating_sub(before) / n as u64;
     assert!(per_conn < 8 * 1024, "{per_conn} bytes per idle connection");
 }
+
+/// Reply amplification (scaled down from 100 connections × 30 replays of a
+/// 1 MiB value): many connections pipeline replays of one large value and
+/// never read. Each stayed under its own output limit while their sum grew
+/// without bound. Now the sum is held to `max_client_memory_bytes`: the
+/// clients owing the most are disconnected, INFO's total never passes the
+/// budget, and other clients are still served promptly.
+#[tokio::test]
+async fn reply_amplification_is_held_to_the_client_memory_budget() {
+    let budget: u64 = 8 << 20;
+    let s = Idemd::start_with(&[("IDEM_MAX_CLIENT_MEMORY_BYTES", "8388608")], &[]).await;
+    let mut c = s.conn().await;
+    let k = key("amp");
+    let fence = c.acquire(&["CLAIM", &k]).await;
+    let value = "v".repeat(256 * 1024);
+    assert_eq!(
+        c.cmd(&["COMPLETE", &k, &fence.to_string(), &value]).await,
+        ok()
+    );
+    let mut hogs = Vec::new();
+    for _ in 0..20 {
+        let mut h = s.conn().await;
+        let mut burst = Vec::new();
+        for _ in 0..30 {
+            burst.extend_from_slice(
+                format!("*2\r\n$5\r\nCLAIM\r\n${}\r\n{k}\r\n", k.len()).as_bytes(),
+            );
+        }
+        h.write_raw(&burst).await;
+        hogs.push(h);
+    }
+    // Watch for two seconds: the total stays within the budget, and a PING
+    // on another connection is answered within a second.
+    let mut most = 0;
+    for _ in 0..40 {
+        let asked = std::time::Instant::now();
+        let text = bulk(&c.cmd(&["INFO", "memory"]).await);
+        assert!(
+            asked.elapsed() < std::time::Duration::from_secs(1),
+            "INFO took {:?}",
+            asked.elapsed()
+        );
+        let owed: u64 = text
+            .lines()
+            .find_map(|l| l.strip_prefix("mem_clients_normal:"))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap();
+        assert!(
+            owed <= budget,
+            "clients owe {owed} bytes, over the budget {budget}"
+        );
+        most = most.max(owed);
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let evicted = info_field(&mut c, "client_budget_disconnects").await;
+    assert!(evicted > 0, "nobody was disconnected (at most {most} owed)");
+    // The evicted ones are closed; what the others owe fits the budget.
+    let list = bulk(&c.cmd(&["CLIENT", "LIST"]).await);
+    let owed_now: u64 = list
+        .lines()
+        .filter_map(|l| l.split(' ').find_map(|f| f.strip_prefix("omem=")))
+        .map(|v| v.parse::<u64>().unwrap())
+        .sum();
+    assert!(owed_now <= budget, "{list}");
+    assert!(list.lines().count() <= 21 - evicted as usize, "{list}");
+    drop(hogs);
+}
+
+/// A client that owes replies and takes none of them for
+/// `client_write_timeout_ms` is disconnected (it was kept forever).
+#[tokio::test]
+async fn a_client_that_stops_reading_is_disconnected_after_the_write_timeout() {
+    let s = Idemd::start_with(&[("IDEM_CLIENT_WRITE_TIMEOUT_MS", "300")], &[]).await;
+    let mut c = s.conn().await;
+    let k = key("stall");
+    let fence = c.acquire(&["CLAIM", &k]).await;
+    let value = "v".repeat(256 * 1024);
+    assert_eq!(
+        c.cmd(&["COMPLETE", &k, &fence.to_string(), &value]).await,
+        ok()
+    );
+    let mut stalled = s.conn().await;
+    let mut burst = Vec::new();
+    for _ in 0..60 {
+        burst.extend_from_slice(format!("*2\r\n$5\r\nCLAIM\r\n${}\r\n{k}\r\n", k.len()).as_bytes());
+    }
+    stalled.write_raw(&burst).await;
+    wait_for_info(&mut c, "client_write_timeouts", 1).await;
+    assert_eq!(int(&c.cmd(&["DBSIZE"]).await), 1);
+    drop(stalled);
+}

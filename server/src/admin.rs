@@ -200,8 +200,11 @@ pub fn info_text(node: &Node, wanted: &[String]) -> String {
         let max = st.limits.map_or(u64::MAX, |l| l.max_memory_bytes);
         let _ = write!(
             o,
-            "used_memory:{}\r\nmaxmemory:{}\r\nmaxmemory_policy:noeviction\r\n",
-            st.memory, max
+            "used_memory:{}\r\nmaxmemory:{}\r\nmaxmemory_policy:noeviction\r\nmem_clients_normal:{}\r\nmaxmemory_clients:{}\r\n",
+            st.memory,
+            max,
+            node.clients().owed(),
+            cfg.max_client_memory_bytes
         );
     });
     let raft = node.engine().raft_info();
@@ -269,7 +272,8 @@ pub fn info_text(node: &Node, wanted: &[String]) -> String {
              claims_acquired:{}\r\nclaims_recovered:{}\r\nreplays:{}\r\nhits_after_wait:{}\r\nwaits_parked:{}\r\n\
              waits_timed_out:{}\r\ninflight_conflicts:{}\r\nfenced:{}\r\nlease_lapses:{}\r\nmismatches:{}\r\n\
              oom_refusals:{}\r\nrecords_completed:{}\r\nexpired_records:{}\r\ntoobig_refusals:{}\r\n\
-             protocol_errors:{}\r\noutput_limit_disconnects:{}\r\n",
+             protocol_errors:{}\r\noutput_limit_disconnects:{}\r\nclient_budget_disconnects:{}\r\n\
+             client_write_timeouts:{}\r\n",
             get(&m.connections),
             get(&m.rejected),
             get(&m.commands),
@@ -289,6 +293,8 @@ pub fn info_text(node: &Node, wanted: &[String]) -> String {
             get(&m.toobig),
             get(&m.protocol_errors),
             get(&m.output_limit_disconnects),
+            node.clients().evictions(),
+            get(&m.write_timeouts),
         );
     });
     section("keyspace", &|o| {

@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Instant;
 
 use bytes::Bytes;
@@ -26,6 +26,14 @@ pub struct ClientInfo {
     pub last: Mutex<(&'static str, u64)>,
     /// Protocol version (2 or 3).
     pub resp: AtomicU64,
+    /// Reply bytes it owes (buffered, not yet taken by the client), as
+    /// counted against the server-wide budget.
+    pub owed: AtomicU64,
+    /// Set when it is to be disconnected to bring the server back under
+    /// its client memory budget.
+    pub evicted: AtomicBool,
+    /// Woken when it is evicted.
+    pub evict: tokio::sync::Notify,
 }
 
 impl ClientInfo {
@@ -36,13 +44,14 @@ impl ClientInfo {
         let age = self.since.elapsed();
         let idle = (age.as_millis() as u64).saturating_sub(at) / 1000;
         format!(
-            "id={} addr={} laddr={} name={} age={} idle={} cmd={} resp={}",
+            "id={} addr={} laddr={} name={} age={} idle={} omem={} cmd={} resp={}",
             self.id,
             self.addr,
             self.laddr,
             String::from_utf8_lossy(&name),
             age.as_secs(),
             idle,
+            self.owed.load(Ordering::Relaxed),
             cmd,
             self.resp.load(Ordering::Relaxed)
         )
@@ -54,9 +63,88 @@ impl ClientInfo {
 pub struct Clients {
     next_id: AtomicU64,
     map: Mutex<BTreeMap<u64, Arc<ClientInfo>>>,
+    /// Reply bytes owed to all clients together.
+    owed: AtomicU64,
+    /// The most they may owe together (0: no limit).
+    budget: u64,
+    /// Clients disconnected to keep within the budget.
+    evictions: AtomicU64,
 }
 
 impl Clients {
+    /// A registry whose clients may owe `budget` reply bytes together (0:
+    /// no limit).
+    pub fn with_budget(budget: u64) -> Clients {
+        Clients {
+            budget,
+            ..Clients::default()
+        }
+    }
+
+    /// Reply bytes owed to all clients now.
+    pub fn owed(&self) -> u64 {
+        self.owed.load(Ordering::Relaxed)
+    }
+
+    /// Clients disconnected so far to keep within the budget.
+    pub fn evictions(&self) -> u64 {
+        self.evictions.load(Ordering::Relaxed)
+    }
+
+    /// Records that `client` now owes `now` bytes where it owed `before`.
+    /// Past the budget, the clients owing the most are evicted (their debt
+    /// taken off the total at once, their connections told to close) until
+    /// the total fits again. Returns false if `client` itself is evicted.
+    pub fn account(&self, client: &ClientInfo, before: u64, now: u64) -> bool {
+        if client.evicted.load(Ordering::Relaxed) {
+            return false;
+        }
+        if now >= before {
+            let d = now - before;
+            client.owed.fetch_add(d, Ordering::Relaxed);
+            let total = self.owed.fetch_add(d, Ordering::Relaxed) + d;
+            if self.budget > 0 && total > self.budget {
+                self.evict_over_budget();
+            }
+        } else {
+            let d = before - now;
+            client.owed.fetch_sub(d, Ordering::Relaxed);
+            self.owed.fetch_sub(d, Ordering::Relaxed);
+        }
+        !client.evicted.load(Ordering::Relaxed)
+    }
+
+    /// Takes what `client` owes off the total (it is closing).
+    pub fn settle(&self, client: &ClientInfo) {
+        let owed = client.owed.swap(0, Ordering::Relaxed);
+        self.owed.fetch_sub(owed, Ordering::Relaxed);
+    }
+
+    fn evict_over_budget(&self) {
+        let mut owing: Vec<Arc<ClientInfo>> = self
+            .map
+            .lock()
+            .values()
+            .filter(|c| !c.evicted.load(Ordering::Relaxed) && c.owed.load(Ordering::Relaxed) > 0)
+            .cloned()
+            .collect();
+        owing.sort_by_key(|c| std::cmp::Reverse(c.owed.load(Ordering::Relaxed)));
+        for c in owing {
+            if self.owed.load(Ordering::Relaxed) <= self.budget {
+                break;
+            }
+            c.evicted.store(true, Ordering::Relaxed);
+            self.settle(&c);
+            self.evictions.fetch_add(1, Ordering::Relaxed);
+            c.evict.notify_one();
+            tracing::warn!(
+                client = c.id,
+                addr = %c.addr,
+                "client output over the server's max_client_memory_bytes: disconnecting the client owing the most"
+            );
+        }
+    }
+
     /// Registers a new connection.
     pub fn register(&self, addr: SocketAddr, laddr: SocketAddr) -> Arc<ClientInfo> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed) + 1;
@@ -68,14 +156,19 @@ impl Clients {
             name: Mutex::new(None),
             last: Mutex::new(("NULL", 0)),
             resp: AtomicU64::new(2),
+            owed: AtomicU64::new(0),
+            evicted: AtomicBool::new(false),
+            evict: tokio::sync::Notify::new(),
         });
         self.map.lock().insert(id, Arc::clone(&info));
         info
     }
 
-    /// Removes a connection.
+    /// Removes a connection (and what it owed from the total).
     pub fn unregister(&self, id: u64) {
-        self.map.lock().remove(&id);
+        if let Some(c) = self.map.lock().remove(&id) {
+            self.settle(&c);
+        }
     }
 
     /// Connections now.
@@ -92,5 +185,39 @@ impl Clients {
             out.push('\n');
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn past_the_budget_the_clients_owing_the_most_are_evicted_first() {
+        let clients = Clients::with_budget(100);
+        let addr: SocketAddr = "127.0.0.1:1".parse().unwrap();
+        let a = clients.register(addr, addr);
+        let b = clients.register(addr, addr);
+        let c = clients.register(addr, addr);
+        assert!(clients.account(&a, 0, 50));
+        assert!(clients.account(&b, 0, 30));
+        assert!(clients.account(&c, 0, 15));
+        assert_eq!(clients.owed(), 95);
+        // c grows past the budget: a, owing the most, goes (enough alone).
+        assert!(clients.account(&c, 15, 40));
+        assert!(a.evicted.load(Ordering::Relaxed));
+        assert!(!b.evicted.load(Ordering::Relaxed));
+        assert_eq!(clients.owed(), 70);
+        assert_eq!(clients.evictions(), 1);
+        // c grows again and now owes the most: it goes itself.
+        assert!(!clients.account(&c, 40, 90));
+        assert_eq!(clients.owed(), 30);
+        assert!(!b.evicted.load(Ordering::Relaxed));
+        // Leaving settles what is owed.
+        clients.unregister(b.id);
+        assert_eq!(clients.owed(), 0);
+        // An evicted client's later accounting changes nothing.
+        assert!(!clients.account(&a, 50, 0));
+        assert_eq!(clients.owed(), 0);
     }
 }

@@ -111,6 +111,12 @@ pub struct RawConfig {
     pub memory_headroom_percent: u64,
     /// Most reply bytes held for one client before it is disconnected.
     pub max_output_buffer_bytes: usize,
+    /// Most reply bytes held for all clients together (0: no limit); past
+    /// it the clients owing the most are disconnected.
+    pub max_client_memory_bytes: u64,
+    /// A client owing replies that takes none of them for this long is
+    /// disconnected, ms (0: never).
+    pub client_write_timeout_ms: u64,
     /// Close connections idle this long, ms (0: never).
     pub idle_timeout_ms: u64,
     /// Interval of the active expiry sweep, ms.
@@ -161,6 +167,8 @@ impl Default for RawConfig {
             max_memory_bytes: 1 << 30,
             memory_headroom_percent: 10,
             max_output_buffer_bytes: 32 * 1024 * 1024,
+            max_client_memory_bytes: 256 * 1024 * 1024,
+            client_write_timeout_ms: 30_000,
             idle_timeout_ms: 0,
             sweep_interval_ms: 100,
             sweep_batch: 2000,
@@ -225,6 +233,10 @@ pub struct Config {
     pub tcp_backlog: u32,
     /// Most reply bytes held for one client.
     pub max_output_buffer_bytes: usize,
+    /// Most reply bytes held for all clients (0: no limit).
+    pub max_client_memory_bytes: u64,
+    /// Write timeout of a client owing replies, ms (0: off).
+    pub client_write_timeout_ms: u64,
     /// Idle timeout, ms (0: off).
     pub idle_timeout_ms: u64,
     /// Sweep interval, ms.
@@ -309,6 +321,8 @@ macro_rules! numeric_keys {
             max_memory_bytes,
             memory_headroom_percent,
             max_output_buffer_bytes,
+            max_client_memory_bytes,
+            client_write_timeout_ms,
             idle_timeout_ms,
             sweep_interval_ms,
             sweep_batch,
@@ -595,6 +609,8 @@ impl RawConfig {
             max_connections: self.max_connections,
             tcp_backlog: self.tcp_backlog,
             max_output_buffer_bytes: self.max_output_buffer_bytes,
+            max_client_memory_bytes: self.max_client_memory_bytes,
+            client_write_timeout_ms: self.client_write_timeout_ms,
             idle_timeout_ms: self.idle_timeout_ms,
             sweep_interval_ms: self.sweep_interval_ms,
             sweep_batch: self.sweep_batch,

@@ -282,6 +282,13 @@ async fn run(
     let limits = config.limits.frame;
     let max_out = config.max_output_buffer_bytes;
     let max_pending = config.max_pending_per_connection;
+    let write_timeout = (config.client_write_timeout_ms > 0)
+        .then(|| Duration::from_millis(config.client_write_timeout_ms));
+    let info = std::sync::Arc::clone(&session.info);
+    // Reply bytes counted against the server-wide client budget, and since
+    // when replies have been owed without the client taking any.
+    let mut accounted = 0u64;
+    let mut stalled_since: Option<Instant> = None;
     let idle_for =
         (config.idle_timeout_ms > 0).then(|| Duration::from_millis(config.idle_timeout_ms));
     let mut inbuf = BytesMut::new();
@@ -386,7 +393,12 @@ async fn run(
         // which saves a turn through the select below.
         if !out.is_empty() {
             match socket.try_write(&out) {
-                Ok(n) => out.advance(n),
+                Ok(n) => {
+                    if n > 0 {
+                        stalled_since = None;
+                    }
+                    out.advance(n);
+                }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
                 Err(e) => return Err(e),
             }
@@ -402,6 +414,22 @@ async fn run(
             };
         release_if_empty(&mut inbuf);
         release_if_empty(&mut out);
+        let owed = out.len() as u64;
+        if owed != accounted {
+            if !node.clients().account(&info, accounted, owed) {
+                // Evicted: the server is over its client memory budget and
+                // this client owes the most.
+                return Ok(());
+            }
+            accounted = owed;
+        }
+        let stall_deadline = match write_timeout {
+            Some(t) if owed > 0 => Some(*stalled_since.get_or_insert_with(Instant::now) + t),
+            _ => {
+                stalled_since = None;
+                None
+            }
+        };
         let idle_deadline = match idle_for {
             Some(d) if pending.is_empty() && out.is_empty() => Some(last_activity + d),
             _ => None,
@@ -424,6 +452,7 @@ async fn run(
                 if n == 0 {
                     return Ok(());
                 }
+                stalled_since = None;
                 out.advance(n);
             }
             n = read_some(&socket, &mut inbuf), if can_read => {
@@ -444,6 +473,14 @@ async fn run(
                     pending.withdraw_blocking();
                     closing = true;
                 }
+            }
+            _ = info.evict.notified(), if accounted > 0 => {
+                return Ok(());
+            }
+            _ = idle(stall_deadline) => {
+                bump(&node.metrics().write_timeouts);
+                debug!(client = session.info.id, owed, "client write timeout");
+                return Ok(());
             }
             _ = idle(idle_deadline) => {
                 debug!(client = session.info.id, "idle timeout");

@@ -18,6 +18,8 @@ pub struct Metrics {
     pub protocol_errors: AtomicU64,
     /// Clients disconnected at `max_output_buffer_bytes`.
     pub output_limit_disconnects: AtomicU64,
+    /// Clients disconnected at `client_write_timeout_ms`.
+    pub write_timeouts: AtomicU64,
 }
 
 /// Adds one to a counter.

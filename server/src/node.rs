@@ -60,11 +60,12 @@ impl Node {
             engine.detach(Op::SetLimits(config.memory));
         }
         let waiters = Waiters::new(Arc::clone(&engine), config.defaults);
+        let clients = Clients::with_budget(config.max_client_memory_bytes);
         Node(Arc::new(Inner {
             engine,
             waiters,
             config,
-            clients: Clients::default(),
+            clients,
             metrics: Metrics::default(),
             started: Instant::now(),
             configured: local_addr,
