@@ -58,6 +58,18 @@ impl ClientInfo {
     }
 }
 
+/// What [`Clients::account`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Accounted {
+    /// Within the budget.
+    Ok,
+    /// Over it: other clients were evicted (the caller should let them run,
+    /// so their buffers are freed before it adds more).
+    EvictedOthers,
+    /// This client is evicted: it is to close.
+    Evicted,
+}
+
 /// All connected clients.
 #[derive(Default)]
 pub struct Clients {
@@ -94,24 +106,31 @@ impl Clients {
     /// Records that `client` now owes `now` bytes where it owed `before`.
     /// Past the budget, the clients owing the most are evicted (their debt
     /// taken off the total at once, their connections told to close) until
-    /// the total fits again. Returns false if `client` itself is evicted.
-    pub fn account(&self, client: &ClientInfo, before: u64, now: u64) -> bool {
+    /// the total fits again.
+    pub fn account(&self, client: &ClientInfo, before: u64, now: u64) -> Accounted {
         if client.evicted.load(Ordering::Relaxed) {
-            return false;
+            return Accounted::Evicted;
         }
+        let mut others = false;
         if now >= before {
             let d = now - before;
             client.owed.fetch_add(d, Ordering::Relaxed);
             let total = self.owed.fetch_add(d, Ordering::Relaxed) + d;
             if self.budget > 0 && total > self.budget {
-                self.evict_over_budget();
+                others = self.evict_over_budget();
             }
         } else {
             let d = before - now;
             client.owed.fetch_sub(d, Ordering::Relaxed);
             self.owed.fetch_sub(d, Ordering::Relaxed);
         }
-        !client.evicted.load(Ordering::Relaxed)
+        if client.evicted.load(Ordering::Relaxed) {
+            Accounted::Evicted
+        } else if others {
+            Accounted::EvictedOthers
+        } else {
+            Accounted::Ok
+        }
     }
 
     /// Takes what `client` owes off the total (it is closing).
@@ -120,7 +139,9 @@ impl Clients {
         self.owed.fetch_sub(owed, Ordering::Relaxed);
     }
 
-    fn evict_over_budget(&self) {
+    /// Evicts the clients owing the most until the total fits; whether
+    /// any was evicted.
+    fn evict_over_budget(&self) -> bool {
         let mut owing: Vec<Arc<ClientInfo>> = self
             .map
             .lock()
@@ -129,10 +150,12 @@ impl Clients {
             .cloned()
             .collect();
         owing.sort_by_key(|c| std::cmp::Reverse(c.owed.load(Ordering::Relaxed)));
+        let mut any = false;
         for c in owing {
             if self.owed.load(Ordering::Relaxed) <= self.budget {
                 break;
             }
+            any = true;
             c.evicted.store(true, Ordering::Relaxed);
             self.settle(&c);
             self.evictions.fetch_add(1, Ordering::Relaxed);
@@ -143,6 +166,7 @@ impl Clients {
                 "client output over the server's max_client_memory_bytes: disconnecting the client owing the most"
             );
         }
+        any
     }
 
     /// Registers a new connection.
@@ -199,25 +223,25 @@ mod tests {
         let a = clients.register(addr, addr);
         let b = clients.register(addr, addr);
         let c = clients.register(addr, addr);
-        assert!(clients.account(&a, 0, 50));
-        assert!(clients.account(&b, 0, 30));
-        assert!(clients.account(&c, 0, 15));
+        assert_eq!(clients.account(&a, 0, 50), Accounted::Ok);
+        assert_eq!(clients.account(&b, 0, 30), Accounted::Ok);
+        assert_eq!(clients.account(&c, 0, 15), Accounted::Ok);
         assert_eq!(clients.owed(), 95);
         // c grows past the budget: a, owing the most, goes (enough alone).
-        assert!(clients.account(&c, 15, 40));
+        assert_eq!(clients.account(&c, 15, 40), Accounted::EvictedOthers);
         assert!(a.evicted.load(Ordering::Relaxed));
         assert!(!b.evicted.load(Ordering::Relaxed));
         assert_eq!(clients.owed(), 70);
         assert_eq!(clients.evictions(), 1);
         // c grows again and now owes the most: it goes itself.
-        assert!(!clients.account(&c, 40, 90));
+        assert_eq!(clients.account(&c, 40, 90), Accounted::Evicted);
         assert_eq!(clients.owed(), 30);
         assert!(!b.evicted.load(Ordering::Relaxed));
         // Leaving settles what is owed.
         clients.unregister(b.id);
         assert_eq!(clients.owed(), 0);
         // An evicted client's later accounting changes nothing.
-        assert!(!clients.account(&a, 50, 0));
+        assert_eq!(clients.account(&a, 50, 0), Accounted::Evicted);
         assert_eq!(clients.owed(), 0);
     }
 }

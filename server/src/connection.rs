@@ -31,6 +31,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::{debug, warn};
 
+use crate::clients::Accounted;
 use crate::dispatch::{Action, Later, dispatch};
 use crate::metrics::bump;
 use crate::node::Node;
@@ -38,6 +39,9 @@ use crate::session::Session;
 
 /// Bytes read ahead while a request is parked (to notice a disconnect).
 const PARKED_READ_AHEAD: usize = 64 * 1024;
+/// Reply bytes a connection may add before counting them against the
+/// server-wide client budget (it counts at least once per turn as well).
+const ACCOUNT_STEP: u64 = 64 * 1024;
 /// How long owed replies may take to go out when the connection closes.
 const CLOSE_FLUSH: Duration = Duration::from_secs(5);
 
@@ -373,6 +377,19 @@ async fn run(
             if out.len() > max_out {
                 break;
             }
+            // Replies are counted against the server-wide budget as they
+            // pile up, not only once the batch is done.
+            if out.capacity() as u64 > accounted + ACCOUNT_STEP {
+                let owed = out.capacity() as u64;
+                match node.clients().account(&info, accounted, owed) {
+                    Accounted::Evicted => return Ok(()),
+                    // Let the evicted connections close (and free their
+                    // buffers) before adding more.
+                    Accounted::EvictedOthers => tokio::task::yield_now().await,
+                    Accounted::Ok => {}
+                }
+                accounted = owed;
+            }
         }
         if out.len() > max_out {
             bump(&node.metrics().output_limit_disconnects);
@@ -414,12 +431,14 @@ async fn run(
             };
         release_if_empty(&mut inbuf);
         release_if_empty(&mut out);
-        let owed = out.len() as u64;
+        let owed = out.capacity() as u64;
         if owed != accounted {
-            if !node.clients().account(&info, accounted, owed) {
+            match node.clients().account(&info, accounted, owed) {
                 // Evicted: the server is over its client memory budget and
                 // this client owes the most.
-                return Ok(());
+                Accounted::Evicted => return Ok(()),
+                Accounted::EvictedOthers => tokio::task::yield_now().await,
+                Accounted::Ok => {}
             }
             accounted = owed;
         }
@@ -445,6 +464,13 @@ async fn run(
                 last_activity = Instant::now();
                 for (reply, v) in ready {
                     push(&mut out, v, &reply);
+                    if out.capacity() as u64 > accounted + ACCOUNT_STEP {
+                        let owed = out.capacity() as u64;
+                        if node.clients().account(&info, accounted, owed) == Accounted::Evicted {
+                            return Ok(());
+                        }
+                        accounted = owed;
+                    }
                 }
             }
             n = write_some(&socket, &out), if !out.is_empty() => {
