@@ -345,6 +345,25 @@ async fn an_idle_connection_costs_a_few_kb() {
     assert!(per_conn < 8 * 1024, "{per_conn} bytes per idle connection");
 }
 
+/// A fresh key completed with a 256 KiB value.
+async fn completed_large(c: &mut Conn, name: &str) -> String {
+    let k = key(name);
+    let fence = c.acquire(&["CLAIM", &k]).await;
+    let value = "v".repeat(256 * 1024);
+    assert_eq!(
+        c.cmd(&["COMPLETE", &k, &fence.to_string(), &value]).await,
+        ok()
+    );
+    k
+}
+
+/// `n` pipelined CLAIMs of `k` (replays once it is completed).
+fn replays(k: &str, n: usize) -> Vec<u8> {
+    format!("*2\r\n$5\r\nCLAIM\r\n${}\r\n{k}\r\n", k.len())
+        .repeat(n)
+        .into_bytes()
+}
+
 /// Reply amplification (scaled down from 100 connections × 30 replays of a
 /// 1 MiB value): many connections pipeline replays of one large value and
 /// never read. Each stayed under its own output limit while their sum grew
@@ -356,23 +375,11 @@ async fn reply_amplification_is_held_to_the_client_memory_budget() {
     let budget: u64 = 8 << 20;
     let s = Idemd::start_with(&[("IDEM_MAX_CLIENT_MEMORY_BYTES", "8388608")], &[]).await;
     let mut c = s.conn().await;
-    let k = key("amp");
-    let fence = c.acquire(&["CLAIM", &k]).await;
-    let value = "v".repeat(256 * 1024);
-    assert_eq!(
-        c.cmd(&["COMPLETE", &k, &fence.to_string(), &value]).await,
-        ok()
-    );
+    let k = completed_large(&mut c, "amp").await;
     let mut hogs = Vec::new();
     for _ in 0..20 {
         let mut h = s.conn().await;
-        let mut burst = Vec::new();
-        for _ in 0..30 {
-            burst.extend_from_slice(
-                format!("*2\r\n$5\r\nCLAIM\r\n${}\r\n{k}\r\n", k.len()).as_bytes(),
-            );
-        }
-        h.write_raw(&burst).await;
+        h.write_raw(&replays(&k, 30)).await;
         hogs.push(h);
     }
     // Watch for two seconds: the total stays within the budget, and a PING
@@ -418,19 +425,9 @@ async fn reply_amplification_is_held_to_the_client_memory_budget() {
 async fn a_client_that_stops_reading_is_disconnected_after_the_write_timeout() {
     let s = Idemd::start_with(&[("IDEM_CLIENT_WRITE_TIMEOUT_MS", "300")], &[]).await;
     let mut c = s.conn().await;
-    let k = key("stall");
-    let fence = c.acquire(&["CLAIM", &k]).await;
-    let value = "v".repeat(256 * 1024);
-    assert_eq!(
-        c.cmd(&["COMPLETE", &k, &fence.to_string(), &value]).await,
-        ok()
-    );
+    let k = completed_large(&mut c, "stall").await;
     let mut stalled = s.conn().await;
-    let mut burst = Vec::new();
-    for _ in 0..60 {
-        burst.extend_from_slice(format!("*2\r\n$5\r\nCLAIM\r\n${}\r\n{k}\r\n", k.len()).as_bytes());
-    }
-    stalled.write_raw(&burst).await;
+    stalled.write_raw(&replays(&k, 60)).await;
     wait_for_info(&mut c, "client_write_timeouts", 1).await;
     assert_eq!(int(&c.cmd(&["DBSIZE"]).await), 1);
     drop(stalled);

@@ -590,6 +590,14 @@ mod tests {
         Some(Frame::Error("FENCED key is not held by this fence".into()))
     }
 
+    fn journal_call(key: &str, fence: u64, seq: u64) -> Call {
+        Call::Journal {
+            key: key.into(),
+            fence,
+            seq,
+        }
+    }
+
     fn complete(key: &str, fence: u64) -> Call {
         Call::Complete {
             key: key.into(),
@@ -603,15 +611,7 @@ mod tests {
     fn consistent() -> Made {
         let mut h = Made::new();
         h.at(0, claim("a", 100), acquired(1))
-            .at(
-                10,
-                Call::Journal {
-                    key: "a".into(),
-                    fence: 1,
-                    seq: 1,
-                },
-                ok(),
-            )
+            .at(10, journal_call("a", 1, 1), ok())
             .at(150, claim("a", 100), recover(2, "j-1-1"))
             .at(160, complete("a", 1), fenced())
             .at(170, complete("a", 2), ok())
@@ -692,15 +692,7 @@ mod tests {
     fn a_lost_journal_is_found() {
         let mut h = Made::new();
         h.at(0, claim("a", 100), acquired(1))
-            .at(
-                10,
-                Call::Journal {
-                    key: "a".into(),
-                    fence: 1,
-                    seq: 1,
-                },
-                ok(),
-            )
+            .at(10, journal_call("a", 1, 1), ok())
             .at(150, claim("a", 100), recover(2, ""));
         assert!(h.check().iter().any(|v| v.contains("not the acknowledged")));
     }

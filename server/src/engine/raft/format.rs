@@ -352,6 +352,20 @@ mod tests {
         Err("disk on fire".into())
     }
 
+    /// Step 1, then `second` from version 2.
+    fn two_steps(second: fn(&Path) -> Result<(), String>) -> [Step; 2] {
+        [
+            Step {
+                from: 1,
+                run: step_1,
+            },
+            Step {
+                from: 2,
+                run: second,
+            },
+        ]
+    }
+
     fn old_dir(name: &str) -> TempDir {
         let d = TempDir::new(name);
         fs::create_dir_all(d.0.join("log")).unwrap();
@@ -363,16 +377,7 @@ mod tests {
     #[test]
     fn an_older_directory_is_copied_then_migrated_step_by_step() {
         let d = old_dir("migrate");
-        let steps = [
-            Step {
-                from: 1,
-                run: step_1,
-            },
-            Step {
-                from: 2,
-                run: step_2,
-            },
-        ];
+        let steps = two_steps(step_2);
         let done = prepare_with(&d.0, 3, &steps).unwrap();
         let backup = backup_path(&d.0, 1);
         assert_eq!(
@@ -401,32 +406,14 @@ mod tests {
     #[test]
     fn a_failed_step_names_the_backup_and_resumes_where_it_stopped() {
         let d = old_dir("fail");
-        let broken = [
-            Step {
-                from: 1,
-                run: step_1,
-            },
-            Step {
-                from: 2,
-                run: failing,
-            },
-        ];
+        let broken = two_steps(failing);
         let e = prepare_with(&d.0, 3, &broken).unwrap_err();
         let backup = backup_path(&d.0, 1);
         assert!(e.to_string().contains(&backup.display().to_string()), "{e}");
         assert!(e.to_string().contains("format 2 to 3"), "{e}");
         // Step 1 is recorded as done; the backup is of version 1.
         assert_eq!(version(&d.0), Some(2));
-        let fixed = [
-            Step {
-                from: 1,
-                run: step_1,
-            },
-            Step {
-                from: 2,
-                run: step_2,
-            },
-        ];
+        let fixed = two_steps(step_2);
         let done = prepare_with(&d.0, 3, &fixed).unwrap();
         assert_eq!(
             done,
