@@ -178,6 +178,70 @@ async fn a_data_dir_of_a_newer_or_foreign_format_is_refused() {
     }
 }
 
+/// idemd run to its exit on `dir`: its status and what it printed.
+async fn idemd_exit(dir: &str) -> (bool, String) {
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_idemd"))
+        .args(["--listen", "127.0.0.1:0", "--data-dir", dir])
+        .env("RUST_LOG", "warn")
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(std::time::Duration::from_secs(20), out)
+        .await
+        .expect("idemd gave up in time")
+        .expect("idemd runs");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// A data directory that cannot be used is a clear startup error naming
+/// it: a path through a file, and a read-only filesystem (where mounting
+/// one is permitted).
+#[tokio::test]
+async fn an_unusable_data_dir_is_a_clear_startup_error() {
+    let file = std::env::temp_dir().join(format!("idem-it-{}", key("file")));
+    std::fs::write(&file, b"not a directory").unwrap();
+    let under = file.join("data");
+    let (ok, err) = idemd_exit(under.to_str().unwrap()).await;
+    assert!(!ok);
+    assert!(
+        err.contains("data directory") && err.contains(under.to_str().unwrap()),
+        "{err}"
+    );
+    std::fs::remove_file(&file).unwrap();
+
+    let Some(fs) = Tmpfs::mount("ro", 16 << 20) else {
+        return;
+    };
+    // A data directory written once, then its filesystem made read-only.
+    let data = fs.0.join("data");
+    let env = [
+        ("IDEM_MIN_FREE_DISK_BYTES", "0"),
+        ("IDEM_WAL_SEGMENT_BYTES", "1048576"),
+    ];
+    let s = Idemd::start_with(
+        &env,
+        &["--engine", "raft", "--data-dir", data.to_str().unwrap()],
+    )
+    .await;
+    let mut c = s.conn().await;
+    c.acquire(&["CLAIM", &key("ro")]).await;
+    drop(c);
+    let mut s = s;
+    s.kill().await;
+    let remounted = std::process::Command::new("mount")
+        .args(["-o", "remount,ro"])
+        .arg(&fs.0)
+        .status()
+        .is_ok_and(|st| st.success());
+    assert!(remounted, "cannot remount the tmpfs read-only");
+    let (ok, err) = idemd_exit(data.to_str().unwrap()).await;
+    assert!(!ok);
+    assert!(err.contains(data.to_str().unwrap()), "{err}");
+    assert!(err.to_lowercase().contains("read-only"), "{err}");
+}
+
 /// Many connections writing at once share log entries and fsyncs.
 #[tokio::test]
 async fn concurrent_writes_share_fsyncs() {
