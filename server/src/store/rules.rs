@@ -137,6 +137,12 @@ impl<'a> Ctx<'a> {
             .find_entry(table_hash(self.hash as u32), |&(x, _)| x == id)
         {
             entry.remove();
+            // Give back the index's memory once it is mostly empty
+            // (amortized: it must fill again before the next shrink).
+            let (len, cap) = (self.index.len(), self.index.capacity());
+            if cap > 256 && len * 8 < cap {
+                self.index.shrink_to(len * 2, |&(_, h)| table_hash(h));
+            }
         }
         if let Some(rec) = self.slab.remove(id) {
             self.aux.by_state[state_index(rec.state())] -= 1;

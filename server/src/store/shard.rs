@@ -74,6 +74,8 @@ type Chunk = Arc<[Option<Record>]>;
 #[derive(Default)]
 pub(crate) struct Slab {
     chunks: Vec<Chunk>,
+    /// Occupied slots of each chunk.
+    used: Vec<u32>,
     free: Vec<u32>,
     len: usize,
     large: HashMap<u32, Bytes>,
@@ -143,6 +145,7 @@ impl Slab {
             None => {
                 let id = (self.chunks.len() * CHUNK) as u32;
                 self.chunks.push((0..CHUNK).map(|_| None).collect());
+                self.used.push(0);
                 self.free.extend((id + 1..id + CHUNK as u32).rev());
                 id
             }
@@ -150,6 +153,7 @@ impl Slab {
         if let Some(slot) = self.slot_mut(id) {
             *slot = Some(rec);
         }
+        self.used[id as usize / CHUNK] += 1;
         id
     }
 
@@ -160,7 +164,42 @@ impl Slab {
         }
         self.free.push(id);
         self.len -= 1;
+        self.used[id as usize / CHUNK] -= 1;
+        self.shrink();
         Some(rec)
+    }
+
+    /// Gives back the memory of records gone: once three quarters of the
+    /// slots are free, the empty chunks at the end are dropped (the first
+    /// is kept), with their free slots, and the side table and lists are
+    /// cut to size. Amortized: a shrink that drops slots needs a quarter
+    /// of them to be filled and emptied again before the next.
+    fn shrink(&mut self) {
+        let chunks = self.chunks.len();
+        if chunks <= 1 || self.len * 4 >= chunks * CHUNK {
+            return;
+        }
+        let mut keep = chunks;
+        while keep > 1 && self.used[keep - 1] == 0 {
+            keep -= 1;
+        }
+        if keep == chunks {
+            return;
+        }
+        self.chunks.truncate(keep);
+        self.used.truncate(keep);
+        let limit = (keep * CHUNK) as u32;
+        self.free.retain(|&id| id < limit);
+        if self.chunks.capacity() > 2 * keep {
+            self.chunks.shrink_to_fit();
+            self.used.shrink_to_fit();
+        }
+        if self.free.capacity() > 2 * self.free.len().max(CHUNK) {
+            self.free.shrink_to_fit();
+        }
+        if self.large.capacity() > 4 * self.large.len().max(16) {
+            self.large.shrink_to_fit();
+        }
     }
 
     /// Keeps `body` aside as the large body of slot `id`.
