@@ -31,7 +31,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::{debug, warn};
 
-use crate::clients::Accounted;
+use crate::clients::{Accounted, ClientInfo};
 use crate::dispatch::{Action, Later, dispatch};
 use crate::metrics::bump;
 use crate::node::Node;
@@ -239,6 +239,27 @@ async fn read_some(socket: &TcpStream, buf: &mut BytesMut) -> std::io::Result<us
     }
 }
 
+/// Counts the capacity of `out` against the server-wide client budget, if
+/// it changed since `accounted`. False when this client is evicted (it is
+/// to close); when others were evicted to make room, lets them close (and
+/// free their buffers) before this one adds more.
+async fn charge(node: &Node, info: &ClientInfo, accounted: &mut u64, out: &BytesMut) -> bool {
+    let owed = out.capacity() as u64;
+    if owed == *accounted {
+        return true;
+    }
+    let found = node.clients().account(info, *accounted, owed);
+    *accounted = owed;
+    match found {
+        Accounted::Evicted => false,
+        Accounted::EvictedOthers => {
+            tokio::task::yield_now().await;
+            true
+        }
+        Accounted::Ok => true,
+    }
+}
+
 /// Lets go of a buffer's memory once it is empty: an idle connection then
 /// holds no buffers (a few hundred bytes of state in all), and one large
 /// reply does not stay allocated after it was written.
@@ -379,16 +400,10 @@ async fn run(
             }
             // Replies are counted against the server-wide budget as they
             // pile up, not only once the batch is done.
-            if out.capacity() as u64 > accounted + ACCOUNT_STEP {
-                let owed = out.capacity() as u64;
-                match node.clients().account(&info, accounted, owed) {
-                    Accounted::Evicted => return Ok(()),
-                    // Let the evicted connections close (and free their
-                    // buffers) before adding more.
-                    Accounted::EvictedOthers => tokio::task::yield_now().await,
-                    Accounted::Ok => {}
-                }
-                accounted = owed;
+            if out.capacity() as u64 > accounted + ACCOUNT_STEP
+                && !charge(node, &info, &mut accounted, &out).await
+            {
+                return Ok(());
             }
         }
         if out.len() > max_out {
@@ -431,19 +446,13 @@ async fn run(
             };
         release_if_empty(&mut inbuf);
         release_if_empty(&mut out);
-        let owed = out.capacity() as u64;
-        if owed != accounted {
-            match node.clients().account(&info, accounted, owed) {
-                // Evicted: the server is over its client memory budget and
-                // this client owes the most.
-                Accounted::Evicted => return Ok(()),
-                Accounted::EvictedOthers => tokio::task::yield_now().await,
-                Accounted::Ok => {}
-            }
-            accounted = owed;
+        // Evicted: the server is over its client memory budget and this
+        // client owes the most.
+        if !charge(node, &info, &mut accounted, &out).await {
+            return Ok(());
         }
         let stall_deadline = match write_timeout {
-            Some(t) if owed > 0 => Some(*stalled_since.get_or_insert_with(Instant::now) + t),
+            Some(t) if accounted > 0 => Some(*stalled_since.get_or_insert_with(Instant::now) + t),
             _ => {
                 stalled_since = None;
                 None
@@ -464,12 +473,10 @@ async fn run(
                 last_activity = Instant::now();
                 for (reply, v) in ready {
                     push(&mut out, v, &reply);
-                    if out.capacity() as u64 > accounted + ACCOUNT_STEP {
-                        let owed = out.capacity() as u64;
-                        if node.clients().account(&info, accounted, owed) == Accounted::Evicted {
-                            return Ok(());
-                        }
-                        accounted = owed;
+                    if out.capacity() as u64 > accounted + ACCOUNT_STEP
+                        && !charge(node, &info, &mut accounted, &out).await
+                    {
+                        return Ok(());
                     }
                 }
             }
@@ -505,7 +512,7 @@ async fn run(
             }
             _ = idle(stall_deadline) => {
                 bump(&node.metrics().write_timeouts);
-                debug!(client = session.info.id, owed, "client write timeout");
+                debug!(client = session.info.id, owed = accounted, "client write timeout");
                 return Ok(());
             }
             _ = idle(idle_deadline) => {
