@@ -133,15 +133,18 @@ impl Pending {
 
     /// Every reply at the front that is known now, in order (at least one,
     /// or pending): all of them go out with one write.
-    fn poll_ready(&mut self, cx: &mut std::task::Context<'_>) -> Poll<Vec<(Reply, Version)>> {
-        let mut ready = Vec::new();
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+        ready: &mut Vec<(Reply, Version)>,
+    ) -> Poll<()> {
         while let Poll::Ready(r) = self.poll_front(cx) {
             ready.push(r);
         }
         if ready.is_empty() {
             Poll::Pending
         } else {
-            Poll::Ready(ready)
+            Poll::Ready(())
         }
     }
 
@@ -320,6 +323,8 @@ async fn run(
     let mut decoder = Decoder::new();
     let mut out = BytesMut::new();
     let mut pending = Pending::default();
+    // Replies that became known in one turn (reused from turn to turn).
+    let mut ready: Vec<(Reply, Version)> = Vec::new();
     // A read that arrived behind writes of this connection not yet applied:
     // it runs once they are, so it sees them.
     let mut held: Option<Command> = None;
@@ -335,6 +340,7 @@ async fn run(
     loop {
         // Run every complete request already buffered, unless one blocks
         // or too many replies are owed.
+        let mut decoded = false;
         while !pending.blocked && (!closing || held.is_some()) && pending.len() < max_pending {
             if held.is_some() && pending.awaits_write() {
                 break;
@@ -343,7 +349,7 @@ async fn run(
                 Some(cmd) => Ok(cmd),
                 None => match decoder.decode(&mut inbuf, &limits) {
                     Ok(Some(frame)) => {
-                        last_activity = Instant::now();
+                        decoded = true;
                         Command::from_frame(frame)
                     }
                     Ok(None) => break,
@@ -365,8 +371,8 @@ async fn run(
                 },
             };
             if let Ok(c) = &cmd
-                && is_plain_read(c)
                 && pending.awaits_write()
+                && is_plain_read(c)
             {
                 held = cmd.ok();
                 break;
@@ -405,6 +411,9 @@ async fn run(
             {
                 return Ok(());
             }
+        }
+        if decoded {
+            last_activity = Instant::now();
         }
         if out.len() > max_out {
             bump(&node.metrics().output_limit_disconnects);
@@ -469,9 +478,9 @@ async fn run(
                 pending.unblock_with(&Reply::Error(e));
                 closing = true;
             }
-            ready = poll_fn(|cx| pending.poll_ready(cx)), if !pending.is_empty() => {
+            () = poll_fn(|cx| pending.poll_ready(cx, &mut ready)), if !pending.is_empty() => {
                 last_activity = Instant::now();
-                for (reply, v) in ready {
+                for (reply, v) in ready.drain(..) {
                     push(&mut out, v, &reply);
                     if out.capacity() as u64 > accounted + ACCOUNT_STEP
                         && !charge(node, &info, &mut accounted, &out).await

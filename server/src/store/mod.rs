@@ -174,8 +174,13 @@ impl Store {
         self.hasher.hash_one(key)
     }
 
+    /// Which shard holds keys of `hash`.
+    fn shard_index(&self, hash: u64) -> usize {
+        (hash >> 40) as usize & self.mask
+    }
+
     fn shard(&self, hash: u64) -> &Mutex<Shard> {
-        &self.shards[(hash >> 40) as usize & self.mask]
+        &self.shards[self.shard_index(hash)]
     }
 
     fn tick(&self, now_ms: u64) -> u64 {

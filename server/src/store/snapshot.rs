@@ -117,7 +117,7 @@ pub struct SnapshotCopy {
 impl SnapshotCopy {
     /// Number of records copied.
     pub fn len(&self) -> usize {
-        self.shards.iter().map(SlabCopy::len).sum()
+        self.header[5] as usize
     }
 
     /// Whether no record was copied.
@@ -176,9 +176,10 @@ impl Store {
 
     /// A point-in-time copy of the replicated state, to be encoded later
     /// ([`SnapshotCopy::encode`]). Every shard's lock is held while the
-    /// copy is taken (so it is consistent), which only shares the slabs'
-    /// chunks (copy-on-write) and their large bodies: the records are not
-    /// copied, and not sorted, encoded or checksummed under the locks.
+    /// copy is taken (so it is consistent): the slabs' chunks are shared
+    /// (copy-on-write) and each shard's map of large bodies is cloned (a
+    /// reference count per large body); the records are not copied, and not
+    /// sorted, encoded or checksummed under the locks.
     pub fn snapshot_copy(&self) -> SnapshotCopy {
         let guards: Vec<_> = self.shards.iter().map(|s| s.lock()).collect();
         let shards: Vec<SlabCopy> = guards.iter().map(|sh| sh.slab.copy()).collect();
@@ -272,7 +273,7 @@ impl Store {
         self.headroom.store(headroom, Ordering::Release);
         for rec in &recs {
             let hash = self.hash(rec.key);
-            let sh = &mut *guards[(hash >> 40) as usize & self.mask];
+            let sh = &mut *guards[self.shard_index(hash)];
             self.insert_restored(sh, hash, rec);
         }
         Ok(())

@@ -19,10 +19,9 @@
 //! is version 1.
 
 use std::fs;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use super::wal::sync_dir;
+use super::wal::{replace_file, sync_dir};
 
 /// The data directory format this build writes.
 pub const DATA_FORMAT: u32 = 1;
@@ -218,16 +217,12 @@ fn read(dir: &Path) -> Result<Option<u32>, FormatError> {
 
 /// Replaces `dir`'s format file atomically.
 fn write(dir: &Path, version: u32) -> Result<(), FormatError> {
-    let tmp = dir.join("FORMAT.tmp");
-    let path = dir.join(FILE);
-    let mut f = fs::File::create(&tmp).map_err(io(&tmp, "create"))?;
-    f.write_all(format!("{MAGIC} {version}\n").as_bytes())
-        .and_then(|()| f.sync_all())
-        .map_err(io(&tmp, "write"))?;
-    fs::rename(&tmp, &path).map_err(io(&path, "rename"))?;
-    sync_dir(dir).map_err(|e| FormatError::Foreign {
-        path: dir.to_owned(),
-        reason: e.to_string(),
+    replace_file(dir, FILE, format!("{MAGIC} {version}\n").as_bytes()).map_err(|e| {
+        FormatError::Io {
+            path: dir.join(FILE),
+            what: "write",
+            source: std::io::Error::other(e.to_string()),
+        }
     })
 }
 

@@ -20,7 +20,6 @@ use std::fmt::Debug;
 use std::ops::RangeBounds;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
 
 use openraft::storage::{LogFlushed, RaftLogStorage};
@@ -86,8 +85,6 @@ pub struct LogStore {
     jobs: mpsc::Sender<Job>,
     /// Sync count and percentiles, copied after each sync by the writer.
     sync_stats: Arc<Mutex<(u64, u64, u64)>>,
-    /// The committed index openraft reported last (0: none), for INFO.
-    committed_index: Arc<AtomicU64>,
 }
 
 /// Why the log could not be opened.
@@ -145,7 +142,6 @@ impl LogStore {
             }
             entries.insert(index, entry);
         }
-        let committed_index = Arc::new(AtomicU64::new(meta.committed.map_or(0, |l| l.index)));
         let sync_stats = Arc::new(Mutex::new((0, 0, 0)));
         let (jobs, rx) = mpsc::channel();
         let writer = Writer {
@@ -161,7 +157,6 @@ impl LogStore {
             state: Arc::new(Mutex::new(State { entries, meta })),
             jobs,
             sync_stats,
-            committed_index,
         })
     }
 
@@ -173,7 +168,7 @@ impl LogStore {
 
     /// The committed index openraft reported last (0 before any).
     pub fn committed_index(&self) -> u64 {
-        self.committed_index.load(Ordering::Relaxed)
+        self.state.lock().meta.committed.map_or(0, |l| l.index)
     }
 
     /// Hands `job` (made with a completion sender) to the writer and waits
@@ -368,8 +363,6 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     /// Kept in memory and saved with the next metadata write: it is a hint,
     /// recomputed by the leader after a restart.
     async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), StorageError> {
-        self.committed_index
-            .store(committed.map_or(0, |l| l.index), Ordering::Relaxed);
         self.state.lock().meta.committed = committed;
         Ok(())
     }

@@ -15,7 +15,7 @@
 #![allow(clippy::result_large_err)]
 
 use std::fs;
-use std::io::{Cursor, Write};
+use std::io::Cursor;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock, Weak};
 
@@ -26,7 +26,7 @@ use parking_lot::Mutex;
 use super::types::{
     LogEntry, LogId, Replies, SnapshotMeta, StorageError, StoredMembership, TypeConfig, storage_err,
 };
-use super::wal::sync_dir;
+use super::wal::replace_file;
 use crate::engine::EventSink;
 use crate::store::{SnapshotCopy, Store};
 
@@ -192,16 +192,8 @@ impl StateMachine {
     fn save(&self, stored: &Stored) -> Result<(), StorageError> {
         let bytes =
             encode_file(stored).map_err(|e| storage_err(StorageIOError::write_snapshot_any, e))?;
-        let tmp = self.dir.join("snapshot.tmp");
-        let path = self.dir.join("snapshot");
-        let write = || -> std::io::Result<()> {
-            let mut f = fs::File::create(&tmp)?;
-            f.write_all(&bytes)?;
-            f.sync_all()?;
-            fs::rename(&tmp, &path)
-        };
-        write().map_err(|e| storage_err(StorageIOError::write_snapshot_any, e))?;
-        sync_dir(&self.dir).map_err(|e| storage_err(StorageIOError::write_snapshot_any, e))
+        replace_file(&self.dir, "snapshot", &bytes)
+            .map_err(|e| storage_err(StorageIOError::write_snapshot_any, e))
     }
 }
 

@@ -631,18 +631,23 @@ fn write_header(path: &Path, first: u64) -> Result<(), WalError> {
 
 /// Writes `payload` as the metadata file of `dir`, atomically.
 pub fn write_meta(dir: &Path, payload: &[u8]) -> Result<(), WalError> {
-    let tmp = dir.join("meta.tmp");
-    let path = dir.join("meta");
     let mut out = Vec::with_capacity(20 + payload.len());
     out.extend_from_slice(META_MAGIC);
     out.extend_from_slice(&WAL_VERSION.to_le_bytes());
     out.extend_from_slice(&(payload.len() as u32).to_le_bytes());
     out.extend_from_slice(&crc32fast::hash(payload).to_le_bytes());
     out.extend_from_slice(payload);
+    replace_file(dir, "meta", &out)
+}
+
+/// Replaces `dir/name` with `bytes` atomically: written to `name.tmp`,
+/// synced, renamed over it, and the directory synced.
+pub fn replace_file(dir: &Path, name: &str, bytes: &[u8]) -> Result<(), WalError> {
+    let tmp = dir.join(format!("{name}.tmp"));
     let mut f = File::create(&tmp).map_err(io_err("create", &tmp))?;
-    f.write_all(&out).map_err(io_err("write", &tmp))?;
+    f.write_all(bytes).map_err(io_err("write", &tmp))?;
     f.sync_all().map_err(io_err("sync", &tmp))?;
-    fs::rename(&tmp, &path).map_err(io_err("rename", &tmp))?;
+    fs::rename(&tmp, dir.join(name)).map_err(io_err("rename", &tmp))?;
     sync_dir(dir)
 }
 
