@@ -320,20 +320,9 @@ async fn an_idle_connection_costs_a_few_kb() {
         return;
     }
     let s = Idemd::start().await;
-    let rss = || -> u64 {
-        let status =
-            std::fs::read_to_string(format!("/proc/{}/status", s.child.id().unwrap())).unwrap();
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
-            .and_then(|v| v.split_whitespace().next())
-            .and_then(|v| v.parse::<u64>().ok())
-            .unwrap()
-            * 1024
-    };
     let mut first = s.conn().await;
     assert_eq!(first.cmd(&["PING"]).await, Frame::simple("PONG"));
-    let before = rss();
+    let before = s.rss();
     let mut conns = Vec::new();
     for _ in 0..n {
         let mut c = s.conn().await;
@@ -341,7 +330,7 @@ async fn an_idle_connection_costs_a_few_kb() {
         conns.push(c);
     }
     tokio::time::sleep(std::time::Duration::from_millis(300)).await;
-    let per_conn = rss().saturating_sub(before) / n as u64;
+    let per_conn = s.rss().saturating_sub(before) / n as u64;
     assert!(per_conn < 8 * 1024, "{per_conn} bytes per idle connection");
 }
 
@@ -431,4 +420,52 @@ async fn a_client_that_stops_reading_is_disconnected_after_the_write_timeout() {
     wait_for_info(&mut c, "client_write_timeouts", 1).await;
     assert_eq!(int(&c.cmd(&["DBSIZE"]).await), 1);
     drop(stalled);
+}
+
+/// Every replay copied the value into the connection's output buffer, so a
+/// herd replaying one 1 MiB value held a copy per reply. Now replies
+/// reference the stored value: ten connections owing 15 replays each
+/// (150 MiB of replies) add only a few MiB to the server's memory.
+#[tokio::test]
+async fn a_replay_herd_shares_the_value_instead_of_copying_it() {
+    let s = Idemd::start().await;
+    let mut c = s.conn().await;
+    let k = key("herd");
+    let fence = c.acquire(&["CLAIM", &k]).await;
+    let value = "v".repeat(1 << 20);
+    assert_eq!(
+        c.cmd(&["COMPLETE", &k, &fence.to_string(), &value]).await,
+        ok()
+    );
+    let before = s.rss();
+    let mut herd = Vec::new();
+    for _ in 0..10 {
+        let mut h = s.conn().await;
+        h.write_raw(&replays(&k, 15)).await;
+        herd.push(h);
+    }
+    // Wait until the replies are owed (what the sockets did not take).
+    let mut owed = 0;
+    for _ in 0..100 {
+        owed = info_field(&mut c, "mem_clients_normal").await;
+        if owed >= 64 << 20 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert!(owed >= 64 << 20, "only {owed} bytes owed");
+    let grown = s.rss().saturating_sub(before);
+    assert!(
+        grown < 24 << 20,
+        "{owed} bytes of replies owed grew the server by {grown} bytes"
+    );
+    // The herd still gets whole, correct replies.
+    let mut h = herd.pop().unwrap();
+    for _ in 0..15 {
+        let reply = h.reply().await;
+        let Frame::Array(items) = reply else {
+            panic!("{reply:?}")
+        };
+        assert_eq!(items[2], Frame::bulk(value.clone()));
+    }
 }

@@ -11,6 +11,8 @@
 //!   by [`Limits`], and an encoder for both versions.
 //! - [`codec`]: a tokio-util codec over the two.
 //! - [`cmd`]: the typed [`Command`] enum, one file per command.
+//! - [`out`]: [`OutBuf`], reply bytes owed to a client, sharing large
+//!   stored values instead of copying them.
 //! - [`reply`]: typed replies ([`ClaimReply`], [`SettleReply`],
 //!   [`RecordInfo`], [`ServerError`]).
 //! - [`spec`]: the command table (name, arity, flags, key position).
@@ -38,6 +40,7 @@ pub mod cmd;
 pub mod codec;
 pub mod error;
 pub mod frame;
+pub mod out;
 pub mod reply;
 pub mod spec;
 
@@ -45,6 +48,7 @@ pub use cmd::{Command, OnExpire};
 pub use codec::RespCodec;
 pub use error::{CommandError, FrameError, ReplyError};
 pub use frame::{Decoder, Frame, Limits, Version, decode, encode};
+pub use out::OutBuf;
 pub use reply::{
     ClaimReply, ErrorCode, Outcome, RecordInfo, RecordState, Reply, ServerError, SettleReply,
 };

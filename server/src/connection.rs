@@ -21,9 +21,11 @@ use std::net::SocketAddr;
 use std::task::Poll;
 use std::time::Duration;
 
-use bytes::{Buf, BytesMut};
+use bytes::BytesMut;
+use idem_protocol::out::MAX_SLICES;
 use idem_protocol::{
-    Command, CommandError, Decoder, ErrorCode, Flags, FrameError, Reply, ServerError, Version,
+    Command, CommandError, Decoder, ErrorCode, Flags, FrameError, OutBuf, Reply, ServerError,
+    Version,
 };
 use tokio::io::{AsyncWriteExt, Interest};
 use tokio::net::TcpStream;
@@ -61,8 +63,8 @@ pub async fn serve(node: Node, socket: TcpStream, addr: SocketAddr, stop: watch:
     node.clients().unregister(id);
 }
 
-fn push(out: &mut BytesMut, version: Version, reply: &Reply) {
-    reply.encode(version, out);
+fn push(out: &mut OutBuf, version: Version, reply: &Reply) {
+    out.push_reply(version, reply);
 }
 
 /// A reply owed, in request order.
@@ -97,7 +99,7 @@ impl Pending {
 
     /// Adds a reply that is known now: straight out if nothing is owed
     /// before it.
-    fn reply(&mut self, out: &mut BytesMut, version: Version, reply: Reply) {
+    fn reply(&mut self, out: &mut OutBuf, version: Version, reply: Reply) {
         if self.queue.is_empty() {
             push(out, version, &reply);
         } else {
@@ -242,12 +244,12 @@ async fn read_some(socket: &TcpStream, buf: &mut BytesMut) -> std::io::Result<us
     }
 }
 
-/// Counts the capacity of `out` against the server-wide client budget, if
+/// Counts the memory of `out` against the server-wide client budget, if
 /// it changed since `accounted`. False when this client is evicted (it is
 /// to close); when others were evicted to make room, lets them close (and
 /// free their buffers) before this one adds more.
-async fn charge(node: &Node, info: &ClientInfo, accounted: &mut u64, out: &BytesMut) -> bool {
-    let owed = out.capacity() as u64;
+async fn charge(node: &Node, info: &ClientInfo, accounted: &mut u64, out: &OutBuf) -> bool {
+    let owed = out.memory() as u64;
     if owed == *accounted {
         return true;
     }
@@ -287,16 +289,40 @@ async fn read_closed(socket: &TcpStream) -> std::io::Result<bool> {
     Ok(false)
 }
 
-/// Writes as much of `out` as the socket takes.
-async fn write_some(socket: &TcpStream, out: &[u8]) -> std::io::Result<usize> {
+/// Writes as much of `out` as the socket takes now, with one vectored
+/// write (`WouldBlock` when it takes nothing).
+fn try_write_out(socket: &TcpStream, out: &OutBuf) -> std::io::Result<usize> {
+    if let Some(bytes) = out.as_contiguous() {
+        return socket.try_write(bytes);
+    }
+    let mut slices = [std::io::IoSlice::new(&[]); MAX_SLICES];
+    let n = out.slices(&mut slices);
+    socket.try_write_vectored(&slices[..n])
+}
+
+/// Writes as much of `out` as the socket takes, waiting until it takes
+/// some.
+async fn write_some(socket: &TcpStream, out: &OutBuf) -> std::io::Result<usize> {
     loop {
         socket.writable().await?;
-        match socket.try_write(out) {
+        match try_write_out(socket, out) {
             Ok(n) => return Ok(n),
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
             Err(e) => return Err(e),
         }
     }
+}
+
+/// Writes all of `out`.
+async fn write_all(socket: &TcpStream, out: &mut OutBuf) -> std::io::Result<()> {
+    while !out.is_empty() {
+        let n = write_some(socket, out).await?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::WriteZero.into());
+        }
+        out.advance(n);
+    }
+    Ok(())
 }
 
 async fn run(
@@ -321,7 +347,7 @@ async fn run(
         (config.idle_timeout_ms > 0).then(|| Duration::from_millis(config.idle_timeout_ms));
     let mut inbuf = BytesMut::new();
     let mut decoder = Decoder::new();
-    let mut out = BytesMut::new();
+    let mut out = OutBuf::new();
     let mut pending = Pending::default();
     // Replies that became known in one turn (reused from turn to turn).
     let mut ready: Vec<(Reply, Version)> = Vec::new();
@@ -406,7 +432,7 @@ async fn run(
             }
             // Replies are counted against the server-wide budget as they
             // pile up, not only once the batch is done.
-            if out.capacity() as u64 > accounted + ACCOUNT_STEP
+            if out.memory() as u64 > accounted + ACCOUNT_STEP
                 && !charge(node, &info, &mut accounted, &out).await
             {
                 return Ok(());
@@ -426,14 +452,14 @@ async fn run(
         }
         if closing && pending.is_empty() && held.is_none() {
             // Write what is owed (bounded in time), then close.
-            let _ = tokio::time::timeout(CLOSE_FLUSH, socket.write_all(&out)).await;
+            let _ = tokio::time::timeout(CLOSE_FLUSH, write_all(&socket, &mut out)).await;
             let _ = socket.shutdown().await;
             return Ok(());
         }
         // Write eagerly: the socket almost always takes the replies at once,
         // which saves a turn through the select below.
         if !out.is_empty() {
-            match socket.try_write(&out) {
+            match try_write_out(&socket, &out) {
                 Ok(n) => {
                     if n > 0 {
                         stalled_since = None;
@@ -454,7 +480,7 @@ async fn run(
                 pending.len() < max_pending
             };
         release_if_empty(&mut inbuf);
-        release_if_empty(&mut out);
+        out.release_if_empty();
         // Evicted: the server is over its client memory budget and this
         // client owes the most.
         if !charge(node, &info, &mut accounted, &out).await {
@@ -482,7 +508,7 @@ async fn run(
                 last_activity = Instant::now();
                 for (reply, v) in ready.drain(..) {
                     push(&mut out, v, &reply);
-                    if out.capacity() as u64 > accounted + ACCOUNT_STEP
+                    if out.memory() as u64 > accounted + ACCOUNT_STEP
                         && !charge(node, &info, &mut accounted, &out).await
                     {
                         return Ok(());
@@ -536,8 +562,7 @@ async fn run(
 mod tests {
     use std::future::poll_fn;
 
-    use bytes::BytesMut;
-    use idem_protocol::{Frame, Reply, Version};
+    use idem_protocol::{Frame, OutBuf, Reply, Version};
     use tokio::sync::oneshot;
 
     use super::{Owed, Pending};
@@ -554,10 +579,10 @@ mod tests {
     #[tokio::test]
     async fn replies_leave_in_request_order() {
         let mut p = Pending::default();
-        let mut out = BytesMut::new();
+        let mut out = OutBuf::new();
         let v = Version::Resp2;
         p.reply(&mut out, v, int(1));
-        assert_eq!(&out[..], b":1\r\n", "nothing owed before: straight out");
+        assert_eq!(out.to_vec(), b":1\r\n", "nothing owed before: straight out");
         let (tx2, rx2) = oneshot::channel();
         let (tx4, rx4) = oneshot::channel();
         p.later(Owed::Later(later(rx2)), v);
@@ -592,7 +617,7 @@ mod tests {
     #[tokio::test]
     async fn a_blocking_request_is_answered_in_its_place() {
         let mut p = Pending::default();
-        let mut out = BytesMut::new();
+        let mut out = OutBuf::new();
         let (_tx, rx) = oneshot::channel::<Reply>();
         let (tx2, rx2) = oneshot::channel();
         let v = Version::Resp2;
@@ -606,6 +631,6 @@ mod tests {
         assert_eq!(poll_fn(|cx| p.poll_front(cx)).await, (int(-1), v));
         assert!(p.is_empty());
         p.reply(&mut out, Version::Resp2, int(7));
-        assert_eq!(&out[..], b":7\r\n");
+        assert_eq!(out.to_vec(), b":7\r\n");
     }
 }

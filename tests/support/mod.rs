@@ -82,6 +82,19 @@ impl Idemd {
         Conn::connect(self.addr).await
     }
 
+    /// The server's resident memory, in bytes (from /proc).
+    pub fn rss(&self) -> u64 {
+        let pid = self.child.id().expect("running");
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|v| v.parse::<u64>().ok())
+            .expect("VmRSS in /proc status")
+            * 1024
+    }
+
     /// Sends SIGKILL and waits for the process to end.
     pub async fn kill(&mut self) {
         self.child.kill().await.expect("kill");

@@ -1,0 +1,286 @@
+//! Reply bytes owed to one client, written with vectored writes.
+//!
+//! Small replies are copied into one growing buffer. A stored value or
+//! journal of [`SHARE_MIN`] bytes or more is not copied: the buffer keeps a
+//! clone of its `Bytes` (a reference count), so a herd of clients replaying
+//! one large value shares that value instead of each holding a copy.
+
+use std::collections::VecDeque;
+use std::io::IoSlice;
+
+use bytes::{Buf, Bytes, BytesMut};
+
+use crate::Version;
+use crate::frame::{line_out, number_out};
+use crate::reply::{ClaimReply, Reply, SettleReply};
+
+/// Bodies at least this long are referenced, not copied, into the output.
+pub const SHARE_MIN: usize = 4096;
+
+/// At most this many pieces go into one vectored write.
+pub const MAX_SLICES: usize = 64;
+
+/// Reply bytes owed to a client, in order: frozen pieces (copied bytes and
+/// shared bodies) followed by the buffer replies are being copied into.
+#[derive(Debug, Default)]
+pub struct OutBuf {
+    /// Pieces before `tail`, in order, none of them empty.
+    pieces: VecDeque<Bytes>,
+    /// Bytes in `pieces`.
+    queued: usize,
+    /// Where small replies are copied.
+    tail: BytesMut,
+}
+
+impl OutBuf {
+    /// An empty buffer, holding no memory.
+    pub fn new() -> OutBuf {
+        OutBuf::default()
+    }
+
+    /// Bytes owed.
+    pub fn len(&self) -> usize {
+        self.queued + self.tail.len()
+    }
+
+    /// Whether nothing is owed.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The memory the owed bytes stand for: the copy buffer's capacity plus
+    /// every piece's length. A shared body is counted in full by every
+    /// buffer that references it, an upper bound of what it holds alive
+    /// (the store may drop its own reference while replies are owed).
+    pub fn memory(&self) -> usize {
+        self.queued + self.tail.capacity()
+    }
+
+    /// Copies `bytes` in.
+    pub fn put(&mut self, bytes: &[u8]) {
+        self.tail.extend_from_slice(bytes);
+    }
+
+    /// The buffer small replies are copied into (what goes into it follows
+    /// every piece already owed).
+    pub fn tail_mut(&mut self) -> &mut BytesMut {
+        &mut self.tail
+    }
+
+    /// Appends a reply in `version`'s wire form: a large stored value or
+    /// journal is referenced, everything else copied. The bytes are the same
+    /// as [`Reply::encode`]'s.
+    pub fn push_reply(&mut self, version: Version, reply: &Reply) {
+        match reply {
+            Reply::Claim(ClaimReply::Completed { outcome, value })
+            | Reply::Settle(SettleReply::Completed { outcome, value })
+                if value.len() >= SHARE_MIN =>
+            {
+                self.put(b"*3\r\n+COMPLETED\r\n");
+                line_out(&mut self.tail, b'+', outcome.as_str().as_bytes());
+                self.push_bulk(value);
+            }
+            Reply::Claim(ClaimReply::Recover { fence, journal }) if journal.len() >= SHARE_MIN => {
+                self.put(b"*3\r\n+RECOVER\r\n");
+                number_out(&mut self.tail, b':', *fence as i64);
+                self.push_bulk(journal);
+            }
+            Reply::Settle(SettleReply::Abandoned { journal }) if journal.len() >= SHARE_MIN => {
+                self.put(b"*2\r\n+ABANDONED\r\n");
+                self.push_bulk(journal);
+            }
+            other => other.encode(version, &mut self.tail),
+        }
+    }
+
+    /// Appends a bulk string whose body is referenced.
+    fn push_bulk(&mut self, body: &Bytes) {
+        number_out(&mut self.tail, b'$', body.len() as i64);
+        self.freeze_tail();
+        self.queued += body.len();
+        self.pieces.push_back(body.clone());
+        self.put(b"\r\n");
+    }
+
+    /// Moves what the copy buffer holds into the pieces.
+    fn freeze_tail(&mut self) {
+        if !self.tail.is_empty() {
+            let piece = self.tail.split().freeze();
+            self.queued += piece.len();
+            self.pieces.push_back(piece);
+        }
+    }
+
+    /// The owed bytes when they are all in the copy buffer (the common
+    /// case: one plain write then does).
+    pub fn as_contiguous(&self) -> Option<&[u8]> {
+        self.pieces.is_empty().then_some(&self.tail[..])
+    }
+
+    /// Fills `dst` with the owed bytes in order (at most `dst.len()`
+    /// pieces) and returns how many it filled.
+    pub fn slices<'a>(&'a self, dst: &mut [IoSlice<'a>]) -> usize {
+        let mut n = 0;
+        let tail = (!self.tail.is_empty()).then_some(&self.tail[..]);
+        for piece in self.pieces.iter().map(|p| &p[..]).chain(tail) {
+            if n == dst.len() {
+                break;
+            }
+            dst[n] = IoSlice::new(piece);
+            n += 1;
+        }
+        n
+    }
+
+    /// Drops the first `n` owed bytes (they were written).
+    pub fn advance(&mut self, mut n: usize) {
+        while n > 0 {
+            let Some(front) = self.pieces.front_mut() else {
+                self.tail.advance(n.min(self.tail.len()));
+                return;
+            };
+            if n < front.len() {
+                front.advance(n);
+                self.queued -= n;
+                return;
+            }
+            n -= front.len();
+            self.queued -= front.len();
+            self.pieces.pop_front();
+        }
+    }
+
+    /// Lets go of the buffer's memory once nothing is owed: an idle client
+    /// then holds none, and one large reply does not stay allocated after
+    /// it was written.
+    pub fn release_if_empty(&mut self) {
+        if self.is_empty() {
+            if self.tail.capacity() > 0 {
+                self.tail = BytesMut::new();
+            }
+            if self.pieces.capacity() > 0 {
+                self.pieces = VecDeque::new();
+            }
+        }
+    }
+
+    /// The owed bytes, copied into one buffer (for tests and diagnostics).
+    pub fn to_vec(&self) -> Vec<u8> {
+        let mut v = Vec::with_capacity(self.len());
+        for p in &self.pieces {
+            v.extend_from_slice(p);
+        }
+        v.extend_from_slice(&self.tail);
+        v
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Frame, Outcome};
+
+    fn replies(value: Bytes) -> Vec<Reply> {
+        vec![
+            Reply::Ok,
+            Reply::Claim(ClaimReply::Completed {
+                outcome: Outcome::Ok,
+                value: value.clone(),
+            }),
+            Reply::Claim(ClaimReply::Recover {
+                fence: 7,
+                journal: value.clone(),
+            }),
+            Reply::Settle(SettleReply::Completed {
+                outcome: Outcome::Err,
+                value: value.clone(),
+            }),
+            Reply::Settle(SettleReply::Abandoned {
+                journal: value.clone(),
+            }),
+            Reply::Frame(Frame::Integer(3)),
+        ]
+    }
+
+    /// Whatever the size of the body, the bytes are the same as a copying
+    /// encode's.
+    #[test]
+    fn bytes_match_the_copying_encoder() {
+        for len in [0, 10, SHARE_MIN - 1, SHARE_MIN, 100_000] {
+            let value = Bytes::from(vec![b'v'; len]);
+            for v in [Version::Resp2, Version::Resp3] {
+                let mut out = OutBuf::new();
+                let mut copied = BytesMut::new();
+                for r in replies(value.clone()) {
+                    out.push_reply(v, &r);
+                    r.encode(v, &mut copied);
+                }
+                assert_eq!(out.len(), copied.len());
+                assert_eq!(out.to_vec(), copied.to_vec(), "len {len}");
+            }
+        }
+    }
+
+    /// A large body is referenced: the piece points into the stored value.
+    #[test]
+    fn large_values_are_shared_not_copied() {
+        let value = Bytes::from(vec![b'v'; 1 << 20]);
+        let mut out = OutBuf::new();
+        for _ in 0..30 {
+            out.push_reply(
+                Version::Resp2,
+                &Reply::Claim(ClaimReply::Completed {
+                    outcome: Outcome::Ok,
+                    value: value.clone(),
+                }),
+            );
+        }
+        assert!(out.len() > 30 << 20);
+        assert!(
+            out.tail.capacity() < 4096,
+            "the copy buffer holds only headers"
+        );
+        let shared = out
+            .pieces
+            .iter()
+            .filter(|p| p.as_ptr() == value.as_ptr())
+            .count();
+        assert_eq!(shared, 30);
+    }
+
+    /// Writing in arbitrary cuts, through the slices, yields the same bytes
+    /// in order, and an emptied buffer holds no memory.
+    #[test]
+    fn advancing_in_any_cut_keeps_the_order() {
+        let value = Bytes::from((0..20_000u32).map(|i| i as u8).collect::<Vec<_>>());
+        let mut expected = BytesMut::new();
+        let mut out = OutBuf::new();
+        for r in replies(value) {
+            out.push_reply(Version::Resp2, &r);
+            r.encode(Version::Resp2, &mut expected);
+        }
+        let mut got = Vec::new();
+        let mut cut = 1;
+        while !out.is_empty() {
+            let mut slices = [IoSlice::new(&[]); 3];
+            let n = out.slices(&mut slices);
+            assert!(n > 0);
+            let mut take = cut;
+            let mut written = 0;
+            for s in &slices[..n] {
+                let k = take.min(s.len());
+                got.extend_from_slice(&s[..k]);
+                written += k;
+                take -= k;
+                if take == 0 {
+                    break;
+                }
+            }
+            out.advance(written);
+            cut = cut * 3 + 1;
+        }
+        assert_eq!(got, expected.to_vec());
+        out.release_if_empty();
+        assert_eq!(out.memory(), 0);
+    }
+}
