@@ -785,3 +785,52 @@ async fn a_data_dir_with_a_snapshot_of_the_first_durable_release_replays_identic
     );
     assert_eq!(c.acquire(&["CLAIM", "fixture:released"]).await, 7);
 }
+
+/// After a burst of 1M claims the log stayed in memory, decoded (about
+/// 280 MB for 45 MB of log), until a later burst reached the snapshot
+/// thresholds. Now the log is held encoded, and once the server goes quiet
+/// it snapshots and purges it: INFO's `raft_log_bytes` falls to zero.
+#[tokio::test]
+async fn a_quiet_server_snapshots_so_a_bursts_log_leaves_memory() {
+    let dir = DataDir::new("quiet");
+    let s = raft(&dir).await;
+    let mut c = s.conn().await;
+    // 30,000 claims of 40-byte keys: over a MiB of log, far below the
+    // snapshot thresholds (10,000 entries: they are batched; 64 MiB).
+    let mut wire = Vec::new();
+    let n = 30_000;
+    for i in 0..n {
+        let k = format!("{}-{i:030}", key("q"));
+        wire.extend_from_slice(format!("*2\r\n$5\r\nCLAIM\r\n${}\r\n{k}\r\n", k.len()).as_bytes());
+    }
+    c.write_raw(&wire).await;
+    for _ in 0..n {
+        assert!(matches!(
+            claim(c.reply().await),
+            ClaimReply::Acquired { .. }
+        ));
+    }
+    let text = bulk(&c.cmd(&["INFO", "replication"]).await);
+    let held = info_num(&text, "raft_log_bytes");
+    assert!(held > 1_048_576.0, "{text}");
+    let built = info_num(&text, "raft_snapshots_built");
+    // Quiet (no command for a second or more): snapshotted and purged.
+    // Looked at seldom, since each look is a command.
+    let mut text = String::new();
+    for _ in 0..10 {
+        tokio::time::sleep(std::time::Duration::from_millis(2500)).await;
+        text = bulk(&c.cmd(&["INFO", "replication"]).await);
+        if info_num(&text, "raft_log_bytes") == 0.0 {
+            break;
+        }
+    }
+    assert_eq!(info_num(&text, "raft_log_bytes"), 0.0, "{text}");
+    assert!(info_num(&text, "raft_snapshots_built") > built, "{text}");
+    // Nothing was lost on the way: a restart still knows every owner.
+    drop(c);
+    let mut s = s;
+    s.kill().await;
+    let s = raft(&dir).await;
+    let mut c = s.conn().await;
+    assert_eq!(int(&c.cmd(&["DBSIZE"]).await), n);
+}

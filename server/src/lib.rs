@@ -46,6 +46,7 @@ pub mod dispatch;
 pub mod engine;
 pub mod metrics;
 pub mod node;
+pub mod reclaim;
 pub mod server;
 pub mod session;
 pub mod store;

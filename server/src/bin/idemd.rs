@@ -4,7 +4,9 @@
 //! engine (data in `./idem-data`) and default limits. Configuration: `--config FILE` (TOML, see
 //! `config/idem.toml`), then `IDEM_*` environment variables, then flags.
 
+use std::cell::Cell;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use anyhow::Context;
 use clap::Parser;
@@ -17,35 +19,86 @@ use tracing_subscriber::EnvFilter;
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-/// How often a quiet server gives freed memory back.
-const RETURN_MEMORY_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+/// How often the server looks whether it has gone quiet.
+const QUIET_CHECK_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 
-/// The one exception to the workspace's `unsafe_code` ban: mimalloc gives
-/// pages freed by a burst back to the system only on its next use after a
-/// delay, so a server that goes quiet after FORGET or expiry would keep
-/// them indefinitely. Once a second, if no command ran since the last look
-/// (and something ran before), this asks mimalloc to collect.
+/// Quiet looks after activity that give memory back (the first also
+/// lets the engine trim and the raft engine snapshot, so the log it holds
+/// is purged; the later ones return what that freed).
+const QUIET_COLLECTS: u64 = 5;
+
+/// Bumped to ask every runtime thread to collect once more.
+static COLLECT_EPOCH: AtomicU64 = AtomicU64::new(0);
+
+thread_local! {
+    /// The last epoch this thread collected for.
+    static COLLECTED: Cell<u64> = const { Cell::new(0) };
+}
+
+/// Runs on each runtime thread as it parks (goes idle), and on the log
+/// writer thread when it is idle: collects if asked since this thread last
+/// did.
+///
+/// mimalloc keeps a heap per thread, and only the owning thread can give
+/// its free pages back: a page freed into by another thread (a record
+/// allocated while one worker served a request, dropped when another
+/// applied an expiry) is returned only when its owner collects. mimalloc
+/// would give them back on the owner's next use after a delay, so a server
+/// that goes quiet after FORGET or expiry would keep them indefinitely.
+/// The call to `mi_collect` is the one exception to the workspace's
+/// `unsafe_code` ban.
 ///
 /// Why it is sound: `mi_collect` takes no pointers and no state of ours;
-/// it only walks mimalloc's own structures, which are thread-safe, and it
-/// is mimalloc that serves every allocation of this process (the global
-/// allocator above).
-async fn return_memory_when_quiet(commands: impl Fn() -> u64) {
-    let mut seen = commands();
-    let mut collected = true;
+/// it only walks mimalloc's own structures for the calling thread (and the
+/// process-wide arenas, which are thread-safe), and it is mimalloc that
+/// serves every allocation of this process (the global allocator above).
+fn collect_if_asked() {
+    let asked = COLLECT_EPOCH.load(Ordering::Relaxed);
+    if COLLECTED.get() < asked {
+        COLLECTED.set(asked);
+        #[allow(unsafe_code)]
+        // SAFETY: see above: no arguments but a flag, no Rust state.
+        unsafe {
+            libmimalloc_sys::mi_collect(true);
+        }
+    }
+}
+
+/// Gives memory back once the server goes quiet: neither a command nor a
+/// change in the records stored (expiry) since the last look, after some.
+/// The engine first trims (and the raft engine snapshots if the log it
+/// holds is worth freeing); then every runtime thread is asked to collect
+/// ([`collect_if_asked`]) and woken with a few empty tasks so it parks
+/// again and does.
+async fn return_memory_when_quiet(node: idem_server::node::Node, threads: usize) {
+    let activity = || {
+        (
+            node.metrics().commands.load(Ordering::Relaxed),
+            node.engine().len(),
+        )
+    };
+    let mut seen = activity();
+    let mut collects = QUIET_COLLECTS;
     loop {
-        tokio::time::sleep(RETURN_MEMORY_EVERY).await;
-        let now = commands();
+        tokio::time::sleep(QUIET_CHECK_EVERY).await;
+        let now = activity();
         if now != seen {
             seen = now;
-            collected = false;
-        } else if !collected {
-            collected = true;
-            #[allow(unsafe_code)]
-            // SAFETY: see above: no arguments but a flag, no Rust state.
-            unsafe {
-                libmimalloc_sys::mi_collect(false);
-            }
+            collects = 0;
+            continue;
+        }
+        if collects >= QUIET_COLLECTS {
+            continue;
+        }
+        if collects == 0 {
+            node.engine().when_quiet().await;
+        }
+        collects += 1;
+        COLLECT_EPOCH.fetch_add(1, Ordering::Relaxed);
+        for _ in 0..threads * 2 {
+            tokio::spawn(async {
+                tokio::task::yield_now().await;
+            });
         }
     }
 }
@@ -110,6 +163,8 @@ fn main() -> anyhow::Result<()> {
     if config.worker_threads > 1 {
         builder.worker_threads(config.worker_threads);
     }
+    builder.on_thread_park(collect_if_asked);
+    idem_server::reclaim::set_collector(collect_if_asked);
     let runtime = builder
         .enable_all()
         .build()
@@ -121,12 +176,8 @@ fn main() -> anyhow::Result<()> {
             .with_context(|| format!("cannot start idemd on {listen}"))?;
         // Tests and scripts started with port 0 read the bound address here.
         println!("idemd listening on {}", server.local_addr());
-        let node = server.node().clone();
-        tokio::spawn(return_memory_when_quiet(move || {
-            node.metrics()
-                .commands
-                .load(std::sync::atomic::Ordering::Relaxed)
-        }));
+        let threads = tokio::runtime::Handle::current().metrics().num_workers();
+        tokio::spawn(return_memory_when_quiet(server.node().clone(), threads));
         server.run(shutdown_signal()).await.context("server failed")
     })
 }

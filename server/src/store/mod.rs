@@ -334,6 +334,23 @@ impl Store {
         self.len() == 0
     }
 
+    /// Lets go of the memory of shards left empty: the slab chunk and the
+    /// small index a shard keeps while it churns (so a shard going between
+    /// zero and one record does not allocate each time) are dropped once
+    /// the server is quiet. A shard's kept chunk alone (10 KB) pins a whole
+    /// allocator page, which a burst may have filled with records long
+    /// gone. Changes no record: replicas need not agree on it.
+    pub fn trim(&self) {
+        for shard in self.shards.iter() {
+            let mut sh = shard.lock();
+            if sh.slab.len() == 0 {
+                sh.slab = shard::Slab::default();
+                sh.index = hashbrown::HashTable::new();
+                sh.aux.cursor = 0;
+            }
+        }
+    }
+
     /// Counters and sizes for INFO.
     pub fn stats(&self) -> StoreStats {
         let mut st = StoreStats {

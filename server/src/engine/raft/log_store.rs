@@ -9,7 +9,11 @@
 //! and the metadata file (vote, committed index, purge point; replaced
 //! atomically) go through the same thread, in order with the appends, and
 //! are awaited. Entries not yet purged are also kept in memory, so reads of
-//! the log never touch the disk or wait for a sync.
+//! the log never touch the disk or wait for a sync: in their encoded form,
+//! the bytes written to the files, so the log costs its size in memory
+//! (decoded entries weigh several times more, and their keys and values
+//! would hold on to the read buffers of the connections they came from);
+//! reads decode them.
 
 // openraft's `StorageError` is what its traits return; it is large, and
 // not ours to shrink.
@@ -21,6 +25,8 @@ use std::ops::RangeBounds;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::mpsc;
+
+use bytes::Bytes;
 
 use openraft::storage::{LogFlushed, RaftLogStorage};
 use openraft::{LogState, RaftLogReader, StorageIOError};
@@ -39,16 +45,39 @@ struct Meta {
     purged: Option<LogId>,
 }
 
+/// An entry held in memory: its log id and its encoded form.
+struct Held {
+    log_id: LogId,
+    bytes: Bytes,
+}
+
 /// What the log holds, as openraft sees it (appended entries are here at
 /// once, before they are synced).
 struct State {
-    entries: BTreeMap<u64, LogEntry>,
+    entries: BTreeMap<u64, Held>,
+    /// Bytes of the entries held.
+    bytes: u64,
     meta: Meta,
+}
+
+impl State {
+    /// Drops the entries from `index` on.
+    fn drop_from(&mut self, index: u64) {
+        let gone = self.entries.split_off(&index);
+        self.bytes -= gone.values().map(|h| h.bytes.len() as u64).sum::<u64>();
+    }
+
+    /// Drops the entries up to `index`, inclusive.
+    fn drop_upto(&mut self, index: u64) {
+        let keep = self.entries.split_off(&(index + 1));
+        let gone = std::mem::replace(&mut self.entries, keep);
+        self.bytes -= gone.values().map(|h| h.bytes.len() as u64).sum::<u64>();
+    }
 }
 
 /// Encoded records (index, bytes) of one append, whether the files may be
 /// started afresh, and who to tell once they are synced.
-type Append = (Vec<(u64, Vec<u8>)>, bool, LogFlushed<TypeConfig>);
+type Append = (Vec<(u64, Bytes)>, bool, LogFlushed<TypeConfig>);
 
 /// Work for the writer thread.
 enum Job {
@@ -56,7 +85,7 @@ enum Job {
     /// the log held nothing unpurged when they were appended, so files
     /// whose records were all purged may be started afresh.
     Append {
-        records: Vec<(u64, Vec<u8>)>,
+        records: Vec<(u64, Bytes)>,
         reset: bool,
         callback: LogFlushed<TypeConfig>,
     },
@@ -124,6 +153,7 @@ impl LogStore {
         let (wal, records) = Wal::open(dir, segment_bytes)?;
         let purged = meta.purged.map_or(0, |l| l.index);
         let mut entries = BTreeMap::new();
+        let mut bytes = 0;
         for (index, payload) in records {
             if meta.purged.is_some() && index <= purged {
                 continue;
@@ -140,7 +170,14 @@ impl LogStore {
                     reason: format!("holds log id {}", entry.log_id),
                 });
             }
-            entries.insert(index, entry);
+            bytes += payload.len() as u64;
+            entries.insert(
+                index,
+                Held {
+                    log_id: entry.log_id,
+                    bytes: Bytes::from(payload),
+                },
+            );
         }
         let sync_stats = Arc::new(Mutex::new((0, 0, 0)));
         let (jobs, rx) = mpsc::channel();
@@ -154,7 +191,11 @@ impl LogStore {
             .spawn(move || writer.run(&rx))
             .map_err(OpenError::Thread)?;
         Ok(LogStore {
-            state: Arc::new(Mutex::new(State { entries, meta })),
+            state: Arc::new(Mutex::new(State {
+                entries,
+                bytes,
+                meta,
+            })),
             jobs,
             sync_stats,
         })
@@ -164,6 +205,13 @@ impl LogStore {
     /// percentile times in µs.
     pub fn syncs(&self) -> (u64, u64, u64) {
         *self.sync_stats.lock()
+    }
+
+    /// Entries held (not purged) and their encoded size in bytes, which is
+    /// what they take in memory.
+    pub fn held(&self) -> (u64, u64) {
+        let state = self.state.lock();
+        (state.entries.len() as u64, state.bytes)
     }
 
     /// The committed index openraft reported last (0 before any).
@@ -205,7 +253,17 @@ const MAX_JOBS_PER_SYNC: usize = 1024;
 impl Writer {
     fn run(mut self, rx: &mpsc::Receiver<Job>) {
         let mut jobs = Vec::new();
-        while let Ok(first) = rx.recv() {
+        loop {
+            let first = match rx.recv_timeout(crate::reclaim::IDLE_COLLECT_AFTER) {
+                Ok(job) => job,
+                // Idle: memory this thread freed is given back (only the
+                // thread that allocated it can).
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    crate::reclaim::collect();
+                    continue;
+                }
+                Err(mpsc::RecvTimeoutError::Disconnected) => return,
+            };
             jobs.push(first);
             while jobs.len() < MAX_JOBS_PER_SYNC {
                 match rx.try_recv() {
@@ -322,8 +380,19 @@ impl RaftLogReader<TypeConfig> for LogStore {
         &mut self,
         range: RB,
     ) -> Result<Vec<LogEntry>, StorageError> {
-        let state = self.state.lock();
-        Ok(state.entries.range(range).map(|(_, e)| e.clone()).collect())
+        // Copied out under the lock (cheap: reference counts), decoded
+        // outside it.
+        let held: Vec<Bytes> = {
+            let state = self.state.lock();
+            state
+                .entries
+                .range(range)
+                .map(|(_, h)| h.bytes.clone())
+                .collect()
+        };
+        held.iter()
+            .map(|b| postcard::from_bytes(b).map_err(|e| storage_err(StorageIOError::read_logs, e)))
+            .collect()
     }
 }
 
@@ -335,7 +404,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         let last = state
             .entries
             .last_key_value()
-            .map(|(_, e)| e.log_id)
+            .map(|(_, h)| h.log_id)
             .or(state.meta.purged);
         Ok(LogState {
             last_purged_log_id: state.meta.purged,
@@ -380,18 +449,27 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I: IntoIterator<Item = LogEntry> + Send,
         I::IntoIter: Send,
     {
-        let entries: Vec<LogEntry> = entries.into_iter().collect();
-        let mut records = Vec::with_capacity(entries.len());
-        for e in &entries {
-            let bytes = postcard::to_allocvec(e)
-                .map_err(|err| storage_err(StorageIOError::write_logs, err))?;
-            records.push((e.log_id.index, bytes));
+        let mut records = Vec::new();
+        let mut held = Vec::new();
+        for e in entries {
+            let bytes = Bytes::from(
+                postcard::to_allocvec(&e)
+                    .map_err(|err| storage_err(StorageIOError::write_logs, err))?,
+            );
+            records.push((e.log_id.index, bytes.clone()));
+            held.push(Held {
+                log_id: e.log_id,
+                bytes,
+            });
         }
         let reset = {
             let mut state = self.state.lock();
             let reset = state.entries.is_empty();
-            for e in entries {
-                state.entries.insert(e.log_id.index, e);
+            for h in held {
+                state.bytes += h.bytes.len() as u64;
+                if let Some(old) = state.entries.insert(h.log_id.index, h) {
+                    state.bytes -= old.bytes.len() as u64;
+                }
             }
             reset
         };
@@ -405,7 +483,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn truncate(&mut self, log_id: LogId) -> Result<(), StorageError> {
-        self.state.lock().entries.split_off(&log_id.index);
+        self.state.lock().drop_from(log_id.index);
         self.run(|done| Job::Truncate {
             index: log_id.index,
             done,
@@ -417,8 +495,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         let meta = {
             let mut state = self.state.lock();
             state.meta.purged = Some(log_id);
-            let keep = state.entries.split_off(&(log_id.index + 1));
-            state.entries = keep;
+            state.drop_upto(log_id.index);
             LogStore::encoded_meta(&state)?
         };
         self.run(|done| Job::Purge {

@@ -47,6 +47,9 @@ use log_store::LogStore;
 use state_machine::StateMachine;
 use types::{Batch, NodeId, TypeConfig};
 
+/// Log bytes below which a quiet server does not snapshot to free them.
+pub const QUIET_SNAPSHOT_MIN_BYTES: u64 = 1 << 20;
+
 /// Most ops in one log entry.
 pub const MAX_BATCH_OPS: usize = 65_535;
 
@@ -375,6 +378,7 @@ impl RaftEngine {
         let snapshots = self.sm.snapshot_stats();
         let entries = self.stats.entries.load(Ordering::Relaxed);
         let (fsyncs, fsync_p50_us, fsync_p99_us) = self.log.syncs();
+        let (log_entries, log_bytes) = self.log.held();
         RaftInfo {
             term: m.current_term,
             last_log_index: m.last_log_index.unwrap_or(0),
@@ -397,7 +401,23 @@ impl RaftEngine {
             fsync_p99_us,
             entries,
             ops: self.stats.ops.load(Ordering::Relaxed),
+            log_entries,
+            log_bytes,
         }
+    }
+
+    /// Asks for a snapshot when the log held since the last one is worth
+    /// freeing now: at least [`QUIET_SNAPSHOT_MIN_BYTES`], and a quarter of
+    /// `store_bytes` (a snapshot writes the whole store). Called when the
+    /// server has gone quiet, so a burst's log does not stay in memory
+    /// until the next burst reaches the snapshot thresholds. Returns
+    /// whether one was asked for.
+    pub async fn snapshot_if_worth(&self, store_bytes: u64) -> bool {
+        let (_, held) = self.log.held();
+        if held < QUIET_SNAPSHOT_MIN_BYTES.max(store_bytes / 4) {
+            return false;
+        }
+        self.raft.trigger().snapshot().await.is_ok()
     }
 
     /// Stops the Raft core.
@@ -445,6 +465,10 @@ pub struct RaftInfo {
     pub entries: u64,
     /// Ops proposed since start.
     pub ops: u64,
+    /// Log entries held (not yet covered by a snapshot and purged).
+    pub log_entries: u64,
+    /// Their size: what the log takes in memory, bytes.
+    pub log_bytes: u64,
 }
 
 fn op_size(op: &Op) -> usize {
