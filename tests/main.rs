@@ -16,3 +16,4 @@ mod t08_config;
 mod t09_client;
 mod t10_durability;
 mod t11_hardening;
+mod t12_client_safety;

@@ -393,7 +393,18 @@ async fn fake(reply: impl Fn(usize) -> String + Send + Sync + 'static) -> String
                 let mut buf = bytes::BytesMut::new();
                 loop {
                     match idem_protocol::decode(&mut buf, &idem_protocol::Limits::default()) {
-                        Ok(Some(_)) => {
+                        Ok(Some(frame)) => {
+                            // The client's handshake: answered as Idem.
+                            if matches!(&frame, idem_protocol::Frame::Array(a)
+                                if matches!(a.first(), Some(idem_protocol::Frame::Bulk(b))
+                                    if b.eq_ignore_ascii_case(b"HELLO")))
+                            {
+                                let hello = "*2\r\n$6\r\nserver\r\n$4\r\nidem\r\n";
+                                if sock.write_all(hello.as_bytes()).await.is_err() {
+                                    return;
+                                }
+                                continue;
+                            }
                             let n = count.fetch_add(1, Ordering::SeqCst);
                             if sock.write_all(reply(n).as_bytes()).await.is_err() {
                                 return;
@@ -528,4 +539,42 @@ async fn ownership_is_presumed_lost_when_renewals_fail_for_a_whole_lease() {
         .expect("loss presumed");
     assert_eq!(err.kind(), ErrorKind::Timeout);
     assert!(claim.is_lost());
+}
+
+/// A listener that answers anything with `reply`, then closes.
+async fn impostor(reply: &'static [u8]) -> String {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    tokio::spawn(async move {
+        while let Ok((mut sock, _)) = l.accept().await {
+            let mut buf = [0u8; 1024];
+            let _ = sock.read(&mut buf).await;
+            let _ = sock.write_all(reply).await;
+        }
+    });
+    addr
+}
+
+/// `connect` "succeeded" against an HTTP server or Redis and failed later.
+/// Now it checks with HELLO that the peer is an Idem server; a lazy client
+/// connects (and checks) on its first request.
+#[tokio::test]
+async fn connect_checks_that_the_peer_is_an_idem_server() {
+    let http = impostor(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n").await;
+    let e = Client::connect(http.clone()).await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::NotIdem, "{e}");
+    assert!(e.to_string().contains("is not an Idem server"), "{e}");
+    let redis = impostor(b"*2\r\n$6\r\nserver\r\n$5\r\nredis\r\n").await;
+    let e = Client::connect(redis).await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::NotIdem, "{e}");
+    assert!(e.to_string().contains("'redis'"), "{e}");
+    // Lazy: no connection until the first request, which checks too.
+    let c =
+        Client::connect_with_config(http, ClientConfig::default().lazy_connect(true).retries(0))
+            .await
+            .expect("a lazy connect does not connect");
+    assert_eq!(c.ping().await.unwrap_err().kind(), ErrorKind::NotIdem);
+    // And a real server passes.
+    let s = Idemd::start().await;
+    client(&s).await.ping().await.unwrap();
 }

@@ -46,10 +46,14 @@ use crate::key::Key;
 ///
 /// Every method is cancellation-safe for the connection: dropping a future
 /// mid-request leaves the request in the pipeline; its reply is read and
-/// discarded, and other callers are not affected. Whether the server ran
-/// the request is then unknown, as after a timeout: retry it (a claim with
-/// the same attempt id) to find out. A [`Claim`] guard dropped before it is
-/// finished abandons its claim.
+/// discarded, and other callers are not affected. A claim is also safe for
+/// the key: it runs in a task of its own, so when its caller goes away
+/// (dropped future, timeout, client hang-up) a grant that arrives later is
+/// settled at once (`ACQUIRED` released, `RECOVER` abandoned again with its
+/// journal), and a claim waiting server-side is withdrawn (its connection
+/// is closed; a grant that raced the close is found by its attempt id and
+/// settled). Nothing is left for the lease to clean up. A [`Claim`] guard
+/// dropped before it is finished abandons its claim.
 #[derive(Clone)]
 pub struct Client {
     pub(crate) inner: Arc<Inner>,
@@ -74,6 +78,23 @@ pub(crate) struct Inner {
 
 /// Idle connections kept for waiting requests.
 const IDLE_WAIT_CONNECTIONS: usize = 16;
+
+/// Aborts a waiting request's connection when dropped armed.
+struct AbortOnDrop(Option<Connection>);
+
+impl AbortOnDrop {
+    fn disarm(mut self) -> Option<Connection> {
+        self.0.take()
+    }
+}
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        if let Some(c) = self.0.take() {
+            c.abort();
+        }
+    }
+}
 
 /// Small std-mutex wrapper: never held across `.await`.
 mod parking {
@@ -222,7 +243,9 @@ impl Client {
                 waiting: parking::Mutex::new(Vec::new()),
             }),
         };
-        client.connection(&addr).await?;
+        if !client.inner.config.lazy_connect {
+            client.connection(&addr).await?;
+        }
         Ok(client)
     }
 
@@ -245,6 +268,7 @@ impl Client {
             return Ok(c.clone());
         }
         let conn = Connection::open(addr, self.inner.config.connect_timeout).await?;
+        handshake(&conn, addr, self.inner.config.request_timeout).await?;
         self.inner
             .conns
             .lock()
@@ -265,10 +289,19 @@ impl Client {
             Some(c) => c,
             None => Connection::open(addr, self.inner.config.connect_timeout).await?,
         };
+        // If this future is dropped before the reply (the caller gave up),
+        // the connection is closed at once, so the server withdraws the
+        // parked request instead of handing it the key later.
+        let abort = AbortOnDrop(Some(conn.clone()));
         let reply = conn.call(frame, timeout).await;
+        let conn = abort.disarm().unwrap_or(conn);
         // Only a connection whose request was answered is reused: one that
-        // timed out may still have the request parked on the server.
-        if reply.is_ok() {
+        // timed out may still have the request parked on the server, so it
+        // is closed (the server withdraws the request; a retry sends it
+        // again with the same attempt id).
+        if reply.is_err() {
+            conn.abort();
+        } else {
             let mut pool = self.inner.waiting.lock();
             if pool.len() < IDLE_WAIT_CONNECTIONS {
                 pool.push((addr.to_owned(), conn));
@@ -541,7 +574,8 @@ impl ClaimBuilder {
         self
     }
 
-    /// What a lapsed lease leaves behind (default FREE).
+    /// What a lapsed lease leaves behind (default [`OnExpire::Free`] for a
+    /// plain claim; [`Client::run_once`] defaults to [`OnExpire::Recover`]).
     pub fn on_expire(mut self, policy: OnExpire) -> Self {
         self.opts.on_expire = Some(policy);
         self
@@ -552,6 +586,14 @@ impl ClaimBuilder {
     pub fn attempt(mut self, id: impl Into<Bytes>) -> Self {
         self.attempt = id.into();
         self
+    }
+
+    /// The attempt id this claim is sent with (generated, or set with
+    /// [`attempt`](Self::attempt)): `INSPECT` shows it on the record of the
+    /// claim that owns the key, so a caller that lost track of a claim can
+    /// find out whether it owns the key.
+    pub fn attempt_id(&self) -> &Bytes {
+        &self.attempt
     }
 
     /// Sends the claim.
@@ -573,7 +615,7 @@ impl ClaimBuilder {
             on_expire: self.opts.on_expire,
             attempt: Some(self.attempt.clone()),
         });
-        let frame = self.client.request(&cmd, wait.unwrap_or_default()).await?;
+        let frame = send_claim(&self.client, cmd, wait.is_some(), self.attempt.clone()).await?;
         Ok(match typed(ClaimReply::from_frame(frame))? {
             ClaimReply::Acquired { fence } => {
                 ClaimOutcome::Acquired(Claim::new(self.client, self.key, fence, lease))
@@ -600,5 +642,140 @@ impl IntoFuture for ClaimBuilder {
 
     fn into_future(self) -> Self::IntoFuture {
         Box::pin(self.send())
+    }
+}
+
+/// Sends a CLAIM from a task of its own, so that a caller who stops waiting
+/// (its future dropped: a timeout, a client hang-up) never leaves the key
+/// owned by nobody:
+///
+/// - a reply that comes after the caller left is settled at once:
+///   `ACQUIRED` is released (the effect never started), `RECOVER` is
+///   abandoned again, keeping the journal (the earlier owner's effect may
+///   have happened);
+/// - a claim that waits server-side is withdrawn: its connection is closed,
+///   and a grant that raced the close (the key handed over just before) is
+///   found with `INSPECT` by its attempt id and settled as above.
+async fn send_claim(client: &Client, cmd: Command, waits: bool, attempt: Bytes) -> Result<Frame> {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let client = client.clone();
+    let Command::Claim(ref c) = cmd else {
+        return Err(Error::new(ErrorKind::InvalidRequest, "not a CLAIM"));
+    };
+    let (key, wait) = (c.key.clone(), Duration::from_millis(c.wait_ms.unwrap_or(0)));
+    tokio::spawn(async move {
+        let mut tx = tx;
+        let reply = {
+            // Boxed, so dropping it (and the waiting connection with it)
+            // happens on the spot.
+            let mut request = Box::pin(client.request(&cmd, wait));
+            tokio::select! {
+                r = &mut request => r,
+                () = tx.closed(), if waits => {
+                    // Dropping the request aborts its connection.
+                    drop(request);
+                    settle_lost_claim(&client, &key, &cmd, &attempt).await;
+                    return;
+                }
+            }
+        };
+        if let Err(Ok(frame)) = tx.send(reply) {
+            settle_orphan(&client, &key, frame).await;
+        }
+    });
+    rx.await.unwrap_or_else(|_| {
+        Err(Error::new(
+            ErrorKind::ConnectionClosed,
+            "the claim's task stopped before the reply",
+        ))
+    })
+}
+
+/// Settles a claim reply nobody will read: releases an `ACQUIRED`,
+/// abandons a `RECOVER` again.
+async fn settle_orphan(client: &Client, key: &Bytes, frame: Frame) {
+    let result = match ClaimReply::from_frame(frame) {
+        Ok(ClaimReply::Acquired { fence }) => client.release(key.clone(), fence).await,
+        Ok(ClaimReply::Recover { fence, .. }) => client.abandon(key.clone(), fence).await,
+        _ => return,
+    };
+    match result {
+        Ok(()) => tracing::debug!(?key, "settled the claim of a caller that left"),
+        Err(e) => tracing::warn!(
+            ?key,
+            error = %e,
+            "could not settle the claim of a caller that left; its lease will lapse"
+        ),
+    }
+}
+
+/// After withdrawing a waiting claim: if the key was handed to this
+/// attempt before the server saw the withdrawal, the same claim sent again
+/// (without waiting) gets that grant back, which is then settled.
+async fn settle_lost_claim(client: &Client, key: &Bytes, cmd: &Command, attempt: &Bytes) {
+    let ours = match client.inspect(key.clone()).await {
+        Ok(Some(info)) => {
+            info.state == idem_protocol::RecordState::InFlight
+                && info.attempt.as_ref() == Some(attempt)
+        }
+        Ok(None) => false,
+        Err(e) => {
+            tracing::warn!(?key, error = %e, "cannot check a withdrawn claim");
+            return;
+        }
+    };
+    if !ours {
+        return;
+    }
+    let mut again = cmd.clone();
+    if let Command::Claim(c) = &mut again {
+        c.wait_ms = None;
+    }
+    if let Ok(frame) = client.request(&again, Duration::ZERO).await {
+        settle_orphan(client, key, frame).await;
+    }
+}
+
+/// Checks with `HELLO` that the peer at `addr` is an Idem server: its
+/// reply names the server (`server` = `idem`). Anything else (Redis, an
+/// HTTP server, garbage) is a clear error instead of a failure later.
+async fn handshake(conn: &Connection, addr: &str, timeout: Duration) -> Result<()> {
+    let not_idem = |why: String| {
+        conn.abort();
+        Error::new(
+            ErrorKind::NotIdem,
+            format!("{addr} is not an Idem server: {why}"),
+        )
+    };
+    let reply = match conn.call(Frame::command(["HELLO"]), timeout).await {
+        Ok(r) => r,
+        Err(e) if e.kind() == ErrorKind::Protocol => return Err(not_idem(e.to_string())),
+        Err(e) => return Err(e),
+    };
+    let pairs: Vec<Frame> = match reply {
+        Frame::Array(items) => items,
+        Frame::Map(pairs) => pairs.into_iter().flat_map(|(k, v)| [k, v]).collect(),
+        Frame::Error(e) => {
+            return Err(not_idem(format!(
+                "HELLO answered {}",
+                String::from_utf8_lossy(&e)
+            )));
+        }
+        other => return Err(not_idem(format!("HELLO answered {other:?}"))),
+    };
+    let server = pairs.chunks(2).find_map(|kv| match kv {
+        [
+            Frame::Bulk(k) | Frame::Simple(k),
+            Frame::Bulk(v) | Frame::Simple(v),
+        ] if &k[..] == b"server" => Some(v.clone()),
+        _ => None,
+    });
+    match server {
+        Some(name) if &name[..] == b"idem" => Ok(()),
+        Some(name) => Err(not_idem(format!(
+            "it says it is '{}'",
+            String::from_utf8_lossy(&name)
+        ))),
+        None => Err(not_idem("HELLO named no server".into())),
     }
 }

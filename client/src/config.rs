@@ -21,6 +21,7 @@ pub struct ClientConfig {
     pub(crate) default_lease: Option<Duration>,
     pub(crate) default_retain: Option<Duration>,
     pub(crate) default_wait: Option<Duration>,
+    pub(crate) lazy_connect: bool,
 }
 
 impl Default for ClientConfig {
@@ -35,6 +36,7 @@ impl Default for ClientConfig {
             default_lease: None,
             default_retain: None,
             default_wait: None,
+            lazy_connect: false,
         }
     }
 }
@@ -82,6 +84,16 @@ impl ClientConfig {
     /// Retention for claims that set none (default: the server's).
     pub fn default_retain(mut self, d: Duration) -> Self {
         self.default_retain = Some(d);
+        self
+    }
+
+    /// Whether [`Client::connect`](crate::Client::connect) returns without
+    /// connecting (default false): the first request connects, and checks
+    /// the server then. By default `connect` opens a connection and checks
+    /// with `HELLO` that the peer is an Idem server, so a wrong address
+    /// (an HTTP server, Redis) fails at once with a clear error.
+    pub fn lazy_connect(mut self, lazy: bool) -> Self {
+        self.lazy_connect = lazy;
         self
     }
 

@@ -4,16 +4,24 @@
 //!
 //! A caller that stops waiting (its future dropped, or timed out) leaves
 //! its request in the pipeline; the task reads the reply when it comes and
-//! discards it, so the connection stays in step for everyone else.
+//! discards it, so the connection stays in step for everyone else. A
+//! connection of its own (for a request that waits server-side) can be
+//! aborted instead: the socket is closed at once, so the server withdraws
+//! the parked request.
+//!
+//! Requests queue for the task in a bounded channel
+//! ([`REQUEST_QUEUE`] deep): callers wait for room (backpressure) rather
+//! than growing the queue without bound.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Buf, BytesMut};
 use idem_protocol::{Frame, Limits, Version, decode, encode};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{Notify, mpsc, oneshot};
 use tracing::debug;
 
 use crate::error::{Error, ErrorKind, Result};
@@ -25,10 +33,14 @@ struct Request {
     reply: Reply,
 }
 
+/// Requests queued for one connection's task, at most.
+pub(crate) const REQUEST_QUEUE: usize = 4096;
+
 /// A handle to a connection's task; cheap to clone.
 #[derive(Clone)]
 pub(crate) struct Connection {
-    tx: mpsc::UnboundedSender<Request>,
+    tx: mpsc::Sender<Request>,
+    kill: Arc<Notify>,
 }
 
 impl Connection {
@@ -45,9 +57,17 @@ impl Connection {
             }
         };
         stream.set_nodelay(true).map_err(Error::io)?;
-        let (tx, rx) = mpsc::unbounded_channel();
-        tokio::spawn(drive(stream, rx));
-        Ok(Connection { tx })
+        let (tx, rx) = mpsc::channel(REQUEST_QUEUE);
+        let kill = Arc::new(Notify::new());
+        tokio::spawn(drive(stream, rx, Arc::clone(&kill)));
+        Ok(Connection { tx, kill })
+    }
+
+    /// Closes the socket at once: requests pending on it get a connection
+    /// error, and the server sees the client leave (a parked request is
+    /// withdrawn).
+    pub(crate) fn abort(&self) {
+        self.kill.notify_one();
     }
 
     /// Whether the task has stopped (the connection failed or closed).
@@ -58,9 +78,19 @@ impl Connection {
     /// Sends a request and waits up to `timeout` for its reply.
     pub(crate) async fn call(&self, frame: Frame, timeout: Duration) -> Result<Frame> {
         let (reply, rx) = oneshot::channel();
-        self.tx
-            .send(Request { frame, reply })
-            .map_err(|_| Error::new(ErrorKind::ConnectionClosed, "connection closed"))?;
+        let sent = tokio::time::timeout(timeout, self.tx.send(Request { frame, reply })).await;
+        match sent {
+            Ok(Ok(())) => {}
+            Ok(Err(_)) => {
+                return Err(Error::new(ErrorKind::ConnectionClosed, "connection closed"));
+            }
+            Err(_) => {
+                return Err(Error::new(
+                    ErrorKind::Timeout,
+                    format!("the request queue stayed full for {timeout:?}"),
+                ));
+            }
+        }
         match tokio::time::timeout(timeout, rx).await {
             Ok(Ok(r)) => r,
             Ok(Err(_)) => Err(Error::new(
@@ -75,7 +105,7 @@ impl Connection {
     }
 }
 
-async fn drive(mut stream: TcpStream, mut rx: mpsc::UnboundedReceiver<Request>) {
+async fn drive(mut stream: TcpStream, mut rx: mpsc::Receiver<Request>, kill: Arc<Notify>) {
     let (mut rd, mut wr) = stream.split();
     let limits = Limits::for_replies();
     let mut pending: VecDeque<Reply> = VecDeque::new();
@@ -87,6 +117,7 @@ async fn drive(mut stream: TcpStream, mut rx: mpsc::UnboundedReceiver<Request>) 
             return;
         }
         tokio::select! {
+            () = kill.notified() => break Error::new(ErrorKind::ConnectionClosed, "connection aborted"),
             req = rx.recv(), if accepting => match req {
                 Some(req) => {
                     encode(&req.frame, Version::Resp2, &mut out);
@@ -118,9 +149,8 @@ async fn drive(mut stream: TcpStream, mut rx: mpsc::UnboundedReceiver<Request>) 
                         },
                         Ok(None) => break,
                         Err(e) => {
-                            let err = Error::new(ErrorKind::Protocol, e.to_string());
                             for reply in pending.drain(..) {
-                                let _ = reply.send(Err(Error::new(err.kind(), err.to_string())));
+                                let _ = reply.send(Err(Error::new(ErrorKind::Protocol, e.to_string())));
                             }
                             return;
                         }
@@ -133,15 +163,9 @@ async fn drive(mut stream: TcpStream, mut rx: mpsc::UnboundedReceiver<Request>) 
     debug!(error = %failure, "connection lost");
     rx.close();
     for reply in pending.drain(..) {
-        let _ = reply.send(Err(Error::new(
-            ErrorKind::ConnectionClosed,
-            failure.to_string(),
-        )));
+        let _ = reply.send(Err(failure.shallow_clone()));
     }
     while let Ok(req) = rx.try_recv() {
-        let _ = req.reply.send(Err(Error::new(
-            ErrorKind::ConnectionClosed,
-            failure.to_string(),
-        )));
+        let _ = req.reply.send(Err(failure.shallow_clone()));
     }
 }

@@ -36,6 +36,9 @@ pub enum ErrorKind {
     Protocol,
     /// The server's address could not be parsed or resolved.
     InvalidAddress,
+    /// The peer answered, but is not an Idem server (Redis, an HTTP
+    /// server...).
+    NotIdem,
 }
 
 /// An error from the client.
@@ -53,6 +56,12 @@ impl Error {
             detail: detail.into(),
             source: None,
         }
+    }
+
+    /// The same kind and detail, without the source (errors are not
+    /// `Clone`: a source may not be).
+    pub(crate) fn shallow_clone(&self) -> Self {
+        Error::new(self.kind, self.detail.clone())
     }
 
     pub(crate) fn io(e: std::io::Error) -> Self {

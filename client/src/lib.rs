@@ -68,6 +68,7 @@ mod error;
 mod key;
 mod run;
 
+pub use bytes::{self, Bytes};
 pub use claim::{Claim, ClaimCtx};
 pub use client::{ClaimBuilder, ClaimOutcome, Client, Completed, Settled};
 pub use config::ClientConfig;
@@ -76,23 +77,52 @@ pub use idem_protocol::{OnExpire, Outcome, RecordInfo, RecordState};
 pub use key::Key;
 pub use run::{Failure, Recovery, RunError, RunOptions};
 
-/// A fingerprint of a request payload: SHA-256 of its JSON encoding, in
-/// hex. Pass it to [`ClaimBuilder::fingerprint`] or
+/// A fingerprint of a request payload: SHA-256 of its canonical JSON
+/// encoding, in hex. Pass it to [`ClaimBuilder::fingerprint`] or
 /// [`RunOptions::fingerprint`] so a key reused with a different payload is
 /// refused (`-MISMATCH`) instead of replaying the wrong result.
 ///
-/// The JSON encoding follows field declaration order, so the same value of
-/// the same type always gives the same fingerprint.
+/// What is fingerprinted: the payload as a JSON value, with the keys of
+/// every object (struct fields and maps alike, `HashMap`s included) sorted,
+/// no whitespace, numbers as serde_json writes them (`1` and `1.0` differ).
+/// So equal values give equal fingerprints whatever the iteration order of
+/// their maps, and a retry of the same request is recognised. To
+/// fingerprint the raw bytes of a request instead, use
+/// [`fingerprint_bytes`].
 #[cfg(feature = "serde")]
 pub fn fingerprint<T: serde::Serialize + ?Sized>(payload: &T) -> Result<bytes::Bytes> {
-    use sha2::{Digest, Sha256};
-    let json = serde_json::to_vec(payload)
+    let value = serde_json::to_value(payload)
         .map_err(|e| Error::new(ErrorKind::InvalidRequest, e.to_string()))?;
-    let digest = Sha256::digest(&json);
+    let json = serde_json::to_vec(&sorted(value))
+        .map_err(|e| Error::new(ErrorKind::InvalidRequest, e.to_string()))?;
+    Ok(fingerprint_bytes(&json))
+}
+
+/// `value` with the keys of every object in sorted order (whatever the
+/// order serde_json's maps keep).
+#[cfg(feature = "serde")]
+fn sorted(value: serde_json::Value) -> serde_json::Value {
+    use serde_json::Value;
+    match value {
+        Value::Object(map) => {
+            let mut pairs: Vec<(String, Value)> = map.into_iter().collect();
+            pairs.sort_by(|a, b| a.0.cmp(&b.0));
+            Value::Object(pairs.into_iter().map(|(k, v)| (k, sorted(v))).collect())
+        }
+        Value::Array(items) => Value::Array(items.into_iter().map(sorted).collect()),
+        other => other,
+    }
+}
+
+/// A fingerprint of raw request bytes: SHA-256, in hex.
+#[cfg(feature = "serde")]
+pub fn fingerprint_bytes(payload: &[u8]) -> bytes::Bytes {
+    use sha2::{Digest, Sha256};
+    let digest = Sha256::digest(payload);
     let mut hex = String::with_capacity(64);
     for b in digest {
         use std::fmt::Write;
         let _ = write!(hex, "{b:02x}");
     }
-    Ok(bytes::Bytes::from(hex))
+    bytes::Bytes::from(hex)
 }

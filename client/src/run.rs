@@ -62,6 +62,7 @@ impl<E> Default for RunOptions<E> {
         RunOptions {
             claim: ClaimOptions {
                 wait: Some(Duration::from_secs(10)),
+                on_expire: Some(OnExpire::Recover),
                 ..ClaimOptions::default()
             },
             classify: Arc::new(|_| Failure::Unknown),
@@ -71,8 +72,11 @@ impl<E> Default for RunOptions<E> {
 }
 
 impl<E> RunOptions<E> {
-    /// Defaults: wait up to 10 s for a live owner; every effect error is
-    /// [`Failure::Unknown`]; no recovery callback.
+    /// Defaults: wait up to 10 s for a live owner; a lapsed lease leaves
+    /// the key to recovery ([`OnExpire::Recover`]: a process that crashed
+    /// mid-effect is an unknown outcome, so its journal is handed to the
+    /// next caller instead of the effect running again); every effect error
+    /// is [`Failure::Unknown`]; no recovery callback.
     pub fn new() -> Self {
         Self::default()
     }
@@ -101,7 +105,9 @@ impl<E> RunOptions<E> {
         self
     }
 
-    /// What a lapsed lease leaves behind.
+    /// What a lapsed lease leaves behind (default [`OnExpire::Recover`];
+    /// [`OnExpire::Free`] lets the next caller run the effect again, for
+    /// effects that are safe to repeat).
     pub fn on_expire(mut self, policy: OnExpire) -> Self {
         self.claim.on_expire = Some(policy);
         self
@@ -148,6 +154,19 @@ pub enum RunError<E> {
         /// The journal.
         journal: Bytes,
     },
+    /// The effect ran here, but its outcome could not be recorded (the
+    /// COMPLETE failed or ownership was lost: FENCED). The value is here so
+    /// the caller can still answer its own caller; the key was abandoned
+    /// (unless fenced), so a retry recovers instead of running the effect
+    /// again.
+    Unrecorded {
+        /// OK, or ERR for a permanent failure.
+        outcome: Outcome,
+        /// The effect's result.
+        value: Bytes,
+        /// Why it could not be recorded.
+        error: Error,
+    },
     /// Talking to the server failed (including losing ownership: FENCED).
     Client(Error),
 }
@@ -164,6 +183,11 @@ impl<E: fmt::Debug> fmt::Display for RunError<E> {
             RunError::NeedsRecovery { journal } => {
                 write!(f, "abandoned mid-effect; journal {journal:?}")
             }
+            RunError::Unrecorded { outcome, error, .. } => write!(
+                f,
+                "the effect ran ({}) but its outcome could not be recorded: {error}",
+                outcome.as_str()
+            ),
             RunError::Client(e) => write!(f, "{e}"),
         }
     }
@@ -185,9 +209,16 @@ impl Client {
     /// the lease meanwhile; if the outcome is already known, returns it with
     /// `replayed: true` without running anything. A failed effect is
     /// recorded as the classifier says ([`Failure`]); a panic or a
-    /// cancelled call (the future dropped) abandons the claim for recovery.
-    /// When a previous owner abandoned, the recovery callback gets the
-    /// journal and decides ([`Recovery`]).
+    /// cancelled call (the future dropped) once the effect started abandons
+    /// the claim for recovery, while a call cancelled before (claiming or
+    /// waiting) leaves the key as it found it. A crash mid-effect leaves it
+    /// to recovery too: the claim is made with [`OnExpire::Recover`] unless
+    /// the options say otherwise. When a previous owner abandoned, the
+    /// recovery callback gets the journal and decides ([`Recovery`]);
+    /// without one the key is abandoned again and the call returns
+    /// [`RunError::NeedsRecovery`] with the journal: the effect is never
+    /// silently run again. If the effect ran but its outcome could not be
+    /// recorded, [`RunError::Unrecorded`] carries its value.
     pub async fn run_once<F, Fut, E>(
         &self,
         key: impl Into<Key>,
@@ -245,11 +276,15 @@ async fn finish<E>(guard: Claim, value: Bytes, outcome: Outcome) -> Result<Compl
         Outcome::Ok => guard.complete(value.clone()).await,
         Outcome::Err => guard.complete_error(value.clone()).await,
     };
-    if let Err(e) = done {
-        if !e.is_fenced() {
+    if let Err(error) = done {
+        if !error.is_fenced() {
             let _ = client.abandon(key, fence).await;
         }
-        return Err(RunError::Client(e));
+        return Err(RunError::Unrecorded {
+            outcome,
+            value,
+            error,
+        });
     }
     Ok(Completed {
         outcome,
