@@ -70,6 +70,28 @@ async fn a_waiting_claim_dropped_is_withdrawn_and_never_handed_the_key() {
         None,
         "the released key went to a caller that had left"
     );
+
+    // The owner releases right as the waiter leaves: whichever the server
+    // sees first, the key ends up free, not held by the departed waiter.
+    for round in 0..5 {
+        let k = key(&format!("dropped-waiter-race-{round}"));
+        let ClaimOutcome::Acquired(owner) = c.claim(k.as_str()).await.unwrap() else {
+            panic!("the key is fresh")
+        };
+        let waiter = tokio::spawn(
+            c.claim(k.as_str())
+                .wait(Duration::from_secs(10))
+                .into_future(),
+        );
+        wait_for_info(&mut raw, "blocked_clients", 1).await;
+        waiter.abort();
+        owner.release().await.unwrap();
+        eventually("the key free again", async || {
+            c.inspect(k.as_str()).await.unwrap().is_none().then_some(())
+        })
+        .await;
+        wait_for_info(&mut raw, "blocked_clients", 0).await;
+    }
 }
 
 /// A RECOVER handed to a caller that went away must not be left to the

@@ -663,6 +663,8 @@ async fn send_claim(client: &Client, cmd: Command, waits: bool, attempt: Bytes) 
         return Err(Error::new(ErrorKind::InvalidRequest, "not a CLAIM"));
     };
     let (key, wait) = (c.key.clone(), Duration::from_millis(c.wait_ms.unwrap_or(0)));
+    let (caller_client, caller_key) = (client.clone(), key.clone());
+    let sent_at = tokio::time::Instant::now();
     tokio::spawn(async move {
         let mut tx = tx;
         let reply = {
@@ -674,7 +676,8 @@ async fn send_claim(client: &Client, cmd: Command, waits: bool, attempt: Bytes) 
                 () = tx.closed(), if waits => {
                     // Dropping the request aborts its connection.
                     drop(request);
-                    settle_lost_claim(&client, &key, &cmd, &attempt).await;
+                    let until = sent_at + wait + client.inner.config.request_timeout;
+                    settle_lost_claim(&client, &key, &cmd, &attempt, until).await;
                     return;
                 }
             }
@@ -683,12 +686,47 @@ async fn send_claim(client: &Client, cmd: Command, waits: bool, attempt: Bytes) 
             settle_orphan(&client, &key, frame).await;
         }
     });
-    rx.await.unwrap_or_else(|_| {
+    // A reply handed over just as the caller goes away is settled too.
+    let mut guard = OrphanGuard {
+        rx: Some(rx),
+        client: caller_client,
+        key: caller_key,
+    };
+    let stopped = || {
         Err(Error::new(
             ErrorKind::ConnectionClosed,
             "the claim's task stopped before the reply",
         ))
-    })
+    };
+    let reply = match guard.rx.as_mut() {
+        Some(rx) => rx.await.unwrap_or_else(|_| stopped()),
+        None => stopped(),
+    };
+    guard.rx = None;
+    reply
+}
+
+/// Settles a claim reply that reached the caller's channel but not the
+/// caller (its future was dropped between the two).
+struct OrphanGuard {
+    rx: Option<tokio::sync::oneshot::Receiver<Result<Frame>>>,
+    client: Client,
+    key: Bytes,
+}
+
+impl Drop for OrphanGuard {
+    fn drop(&mut self) {
+        let Some(mut rx) = self.rx.take() else {
+            return;
+        };
+        rx.close();
+        if let Ok(Ok(frame)) = rx.try_recv()
+            && let Ok(rt) = tokio::runtime::Handle::try_current()
+        {
+            let (client, key) = (self.client.clone(), self.key.clone());
+            rt.spawn(async move { settle_orphan(&client, &key, frame).await });
+        }
+    }
 }
 
 /// Settles a claim reply nobody will read: releases an `ACQUIRED`,
@@ -712,27 +750,48 @@ async fn settle_orphan(client: &Client, key: &Bytes, frame: Frame) {
 /// After withdrawing a waiting claim: if the key was handed to this
 /// attempt before the server saw the withdrawal, the same claim sent again
 /// (without waiting) gets that grant back, which is then settled.
-async fn settle_lost_claim(client: &Client, key: &Bytes, cmd: &Command, attempt: &Bytes) {
-    let ours = match client.inspect(key.clone()).await {
-        Ok(Some(info)) => {
-            info.state == idem_protocol::RecordState::InFlight
-                && info.attempt.as_ref() == Some(attempt)
-        }
-        Ok(None) => false,
-        Err(e) => {
-            tracing::warn!(?key, error = %e, "cannot check a withdrawn claim");
+///
+/// The server normally sees the connection close within a millisecond,
+/// but nothing orders that against requests on other connections, so the
+/// key is looked at again a few times, the last once the server-side wait
+/// (`until`) is over and no grant can come any more.
+async fn settle_lost_claim(
+    client: &Client,
+    key: &Bytes,
+    cmd: &Command,
+    attempt: &Bytes,
+    until: tokio::time::Instant,
+) {
+    let mut looks = [
+        tokio::time::Instant::now(),
+        tokio::time::Instant::now() + Duration::from_millis(50),
+        tokio::time::Instant::now() + Duration::from_millis(500),
+        until,
+    ];
+    looks.sort();
+    for at in looks {
+        tokio::time::sleep_until(at).await;
+        let ours = match client.inspect(key.clone()).await {
+            Ok(Some(info)) => {
+                info.state == idem_protocol::RecordState::InFlight
+                    && info.attempt.as_ref() == Some(attempt)
+            }
+            Ok(None) => false,
+            Err(e) => {
+                tracing::warn!(?key, error = %e, "cannot check a withdrawn claim");
+                continue;
+            }
+        };
+        if ours {
+            let mut again = cmd.clone();
+            if let Command::Claim(c) = &mut again {
+                c.wait_ms = None;
+            }
+            if let Ok(frame) = client.request(&again, Duration::ZERO).await {
+                settle_orphan(client, key, frame).await;
+            }
             return;
         }
-    };
-    if !ours {
-        return;
-    }
-    let mut again = cmd.clone();
-    if let Command::Claim(c) = &mut again {
-        c.wait_ms = None;
-    }
-    if let Ok(frame) = client.request(&again, Duration::ZERO).await {
-        settle_orphan(client, key, frame).await;
     }
 }
 
@@ -750,7 +809,11 @@ async fn handshake(conn: &Connection, addr: &str, timeout: Duration) -> Result<(
     let reply = match conn.call(Frame::command(["HELLO"]), timeout).await {
         Ok(r) => r,
         Err(e) if e.kind() == ErrorKind::Protocol => return Err(not_idem(e.to_string())),
-        Err(e) => return Err(e),
+        Err(e) => {
+            // The reply may still come: the connection is not kept.
+            conn.abort();
+            return Err(e);
+        }
     };
     let pairs: Vec<Frame> = match reply {
         Frame::Array(items) => items,

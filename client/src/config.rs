@@ -91,7 +91,9 @@ impl ClientConfig {
     /// connecting (default false): the first request connects, and checks
     /// the server then. By default `connect` opens a connection and checks
     /// with `HELLO` that the peer is an Idem server, so a wrong address
-    /// (an HTTP server, Redis) fails at once with a clear error.
+    /// fails with a clear error ([`NotIdem`](crate::ErrorKind::NotIdem)
+    /// when the peer answers something else, such as Redis or an HTTP
+    /// error; a timeout when it does not answer at all).
     pub fn lazy_connect(mut self, lazy: bool) -> Self {
         self.lazy_connect = lazy;
         self

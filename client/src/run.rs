@@ -156,9 +156,11 @@ pub enum RunError<E> {
     },
     /// The effect ran here, but its outcome could not be recorded (the
     /// COMPLETE failed or ownership was lost: FENCED). The value is here so
-    /// the caller can still answer its own caller; the key was abandoned
-    /// (unless fenced), so a retry recovers instead of running the effect
-    /// again.
+    /// the caller can still answer its own caller. The key is abandoned on
+    /// a best-effort basis (unless fenced), so a retry recovers instead of
+    /// running the effect again; if the server cannot be reached for that
+    /// either, the lease lapses to what `on_expire` says (recovery, by
+    /// default).
     Unrecorded {
         /// OK, or ERR for a permanent failure.
         outcome: Outcome,

@@ -452,9 +452,11 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         let mut records = Vec::new();
         let mut held = Vec::new();
         for e in entries {
+            // Cut to size: held in memory until purged.
             let bytes = Bytes::from(
                 postcard::to_allocvec(&e)
-                    .map_err(|err| storage_err(StorageIOError::write_logs, err))?,
+                    .map_err(|err| storage_err(StorageIOError::write_logs, err))?
+                    .into_boxed_slice(),
             );
             records.push((e.log_id.index, bytes.clone()));
             held.push(Held {

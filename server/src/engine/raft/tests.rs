@@ -160,12 +160,16 @@ async fn a_hot_lapsed_key_is_proposed_for_expiry_once_at_a_time() {
         assert!(std::time::Instant::now() < deadline, "expiry never applied");
         tokio::time::sleep(std::time::Duration::from_millis(5)).await;
     }
-    assert_eq!(e.raft_info().unwrap().0.ops - before, 1);
+    // One proposal while one is on its way; a proposal applied before the
+    // loop ends (a fast disk) lets a later read propose again, so a few at
+    // most, never one per read.
+    let proposed = e.raft_info().unwrap().0.ops - before;
+    assert!((1..=3).contains(&proposed), "{proposed} proposals");
     // Once applied, a later read may propose it again.
     e.expire_soon(&key);
     while !e.expiring.lock().is_empty() {
         tokio::time::sleep(std::time::Duration::from_millis(5)).await;
     }
-    assert_eq!(e.raft_info().unwrap().0.ops - before, 2);
+    assert_eq!(e.raft_info().unwrap().0.ops - before, proposed + 1);
     e.shutdown().await;
 }
