@@ -284,3 +284,257 @@ async fn fingerprints_of_map_payloads_are_deterministic() {
         .unwrap();
     assert!(matches!(again, ClaimOutcome::Completed(_)), "{again:?}");
 }
+
+/// A server that answers the client's HELLO as Idem, then never answers
+/// anything else (a hung node).
+async fn silent_node() -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    tokio::spawn(async move {
+        while let Ok((mut sock, _)) = l.accept().await {
+            tokio::spawn(async move {
+                let mut buf = [0u8; 4096];
+                while let Ok(n) = sock.read(&mut buf).await {
+                    if n == 0 {
+                        return;
+                    }
+                    if buf[..n]
+                        .windows(5)
+                        .any(|w| w.eq_ignore_ascii_case(b"HELLO"))
+                    {
+                        let hello = b"*2\r\n$6\r\nserver\r\n$4\r\nidem\r\n";
+                        if sock.write_all(hello).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+/// Against a hung server a claim failed after 30.6 s and `run_once` after
+/// 90.6 s, saying only "no reply within 15s". Now one deadline covers the
+/// whole call, and the error names the command, key, address, attempts
+/// and time taken.
+#[tokio::test]
+async fn a_call_keeps_one_deadline_and_its_error_says_what_failed() {
+    let addr = silent_node().await;
+    let c = Client::connect_with_config(
+        addr.clone(),
+        idem_client::ClientConfig::default()
+            .request_timeout(Duration::from_millis(300))
+            .deadline(Duration::from_secs(1)),
+    )
+    .await
+    .unwrap();
+    let started = std::time::Instant::now();
+    let e = c.claim("order-9").await.unwrap_err();
+    let took = started.elapsed();
+    assert!(e.is_timeout(), "{e}");
+    assert!(took < Duration::from_millis(1800), "took {took:?}");
+    let text = e.to_string();
+    for part in ["CLAIM", "order-9", addr.as_str(), "attempts"] {
+        assert!(text.contains(part), "'{part}' missing from: {text}");
+    }
+    // Per call, shorter.
+    let started = std::time::Instant::now();
+    let e = c
+        .claim("order-10")
+        .deadline(Duration::from_millis(400))
+        .await
+        .unwrap_err();
+    assert!(e.is_timeout(), "{e}");
+    assert!(started.elapsed() < Duration::from_millis(1000));
+    let started = std::time::Instant::now();
+    let r = c
+        .run_once(
+            "order-11",
+            RunOptions::<()>::new()
+                .wait(Duration::ZERO)
+                .deadline(Duration::from_millis(400)),
+            |_| async { Ok(Bytes::new()) },
+        )
+        .await;
+    assert!(
+        matches!(r, Err(RunError::Client(ref e)) if e.is_timeout()),
+        "{r:?}"
+    );
+    assert!(started.elapsed() < Duration::from_millis(1000));
+}
+
+/// A client hang-up mid-effect abandoned the key, and every retry got
+/// `NeedsRecovery` until retention ended. An effect that journals before
+/// any downstream call can opt in to release on cancel; and to run again
+/// on RECOVER when the journal is empty.
+#[tokio::test]
+async fn opt_ins_for_effects_that_journal_first() {
+    let s = Idemd::start().await;
+    let c = client(&s).await;
+    // Release on cancel.
+    let k = key("release-on-cancel");
+    let call = c.run_once(
+        k.as_str(),
+        RunOptions::<()>::new().release_on_cancel(true),
+        |_ctx| async {
+            tokio::time::sleep(Duration::from_secs(60)).await;
+            Ok(Bytes::new())
+        },
+    );
+    assert!(
+        tokio::time::timeout(Duration::from_millis(200), call)
+            .await
+            .is_err()
+    );
+    eventually("the cancelled call's claim released", async || {
+        c.inspect(k.as_str()).await.unwrap().is_none().then_some(())
+    })
+    .await;
+
+    // Run again if the journal is empty; the default refuses.
+    let k = key("no-journal");
+    let ClaimOutcome::Acquired(first) = c.claim(k.as_str()).await.unwrap() else {
+        panic!("the key is fresh")
+    };
+    first.abandon().await.unwrap();
+    let refused = c
+        .run_once(k.as_str(), RunOptions::<()>::new(), |_| async {
+            Ok(Bytes::from("must not run"))
+        })
+        .await;
+    assert!(
+        matches!(refused, Err(RunError::NeedsRecovery { ref journal }) if journal.is_empty()),
+        "{refused:?}"
+    );
+    let opts = RunOptions::<()>::new().run_again_if_no_journal(true);
+    let done = c
+        .run_once(k.as_str(), opts.clone(), |_| async {
+            Ok(Bytes::from("ran again"))
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        (done.value, done.replayed),
+        (Bytes::from("ran again"), false)
+    );
+    // With a journal, it is never re-run silently.
+    let k = key("with-journal");
+    let ClaimOutcome::Acquired(first) = c.claim(k.as_str()).await.unwrap() else {
+        panic!("the key is fresh")
+    };
+    first.journal("called the gateway").await.unwrap();
+    first.abandon().await.unwrap();
+    let refused = c
+        .run_once(k.as_str(), opts, |_| async {
+            Ok(Bytes::from("must not run"))
+        })
+        .await;
+    assert!(
+        matches!(refused, Err(RunError::NeedsRecovery { .. })),
+        "{refused:?}"
+    );
+}
+
+/// Every waiting request opened a connection of its own, without a cap.
+/// Now at most `max_waiting_connections` wait at once; the rest queue.
+#[tokio::test]
+async fn waiting_requests_are_capped() {
+    let s = Idemd::start().await;
+    let c = Client::connect_with_config(
+        s.addr.to_string(),
+        idem_client::ClientConfig::default().max_waiting_connections(1),
+    )
+    .await
+    .unwrap();
+    let (k1, k2) = (key("cap-1"), key("cap-2"));
+    let ClaimOutcome::Acquired(o1) = c.claim(k1.as_str()).await.unwrap() else {
+        panic!("fresh")
+    };
+    let ClaimOutcome::Acquired(o2) = c.claim(k2.as_str()).await.unwrap() else {
+        panic!("fresh")
+    };
+    let w1 = tokio::spawn(
+        c.claim(k1.as_str())
+            .wait(Duration::from_secs(5))
+            .into_future(),
+    );
+    let w2 = tokio::spawn(
+        c.claim(k2.as_str())
+            .wait(Duration::from_secs(5))
+            .into_future(),
+    );
+    let mut raw = s.conn().await;
+    wait_for_info(&mut raw, "blocked_clients", 1).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        info_field(&mut raw, "blocked_clients").await,
+        1,
+        "the cap was passed"
+    );
+    o1.release().await.unwrap();
+    o2.release().await.unwrap();
+    for w in [w1, w2] {
+        let got = w.await.unwrap().unwrap();
+        let ClaimOutcome::Acquired(g) = got else {
+            panic!("{got:?}")
+        };
+        g.release().await.unwrap();
+    }
+}
+
+/// The counters a service exports: calls, effects run, replays, and the
+/// grants settled for callers that left.
+#[tokio::test]
+async fn client_stats_count_what_happened() {
+    let s = Idemd::start().await;
+    let c = client(&s).await;
+    let k = key("stats");
+    for _ in 0..3 {
+        c.run_once(k.as_str(), RunOptions::<()>::new(), |_| async {
+            Ok(Bytes::from("v"))
+        })
+        .await
+        .unwrap();
+    }
+    sent_then_dropped(c.claim(key("stats-orphan").as_str()).into_future());
+    let stats = eventually("the orphan settled", async || {
+        let st = c.stats();
+        (st.orphans_settled == 1).then_some(st)
+    })
+    .await;
+    assert_eq!(
+        (stats.run_once_calls, stats.effects_run, stats.replays),
+        (3, 1, 2),
+        "{stats:?}"
+    );
+    assert!(stats.requests >= 5, "{stats:?}");
+    assert_eq!(stats.failures, 0, "{stats:?}");
+}
+
+/// Values were raw `Bytes`: each service encoded and decoded its own, and
+/// the first run and replays could disagree. `run_once_json` stores the
+/// effect's value as JSON and gives the same `T` on every replay.
+#[tokio::test]
+async fn run_once_json_gives_the_same_typed_value_on_replay() {
+    let s = Idemd::start().await;
+    let c = client(&s).await;
+    let k = key("typed");
+    let first = c
+        .run_once_json(k.as_str(), RunOptions::<()>::new(), |ctx| async move {
+            Ok((format!("ch_{}", ctx.fence()), 4200u64))
+        })
+        .await
+        .unwrap();
+    assert!(!first.replayed);
+    let again = c
+        .run_once_json::<(String, u64), _, _, ()>(k.as_str(), RunOptions::new(), |_| async {
+            panic!("a replay does not run the effect")
+        })
+        .await
+        .unwrap();
+    assert!(again.replayed);
+    assert_eq!(again.value, first.value);
+    assert_eq!(first.value.unwrap().1, 4200);
+}

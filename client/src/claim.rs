@@ -31,6 +31,9 @@ pub struct Claim {
     ctx: ClaimCtx,
     renewer: Option<JoinHandle<()>>,
     finished: bool,
+    /// Dropped unfinished: release (the effect is known not to have
+    /// happened) instead of abandon.
+    release_on_drop: bool,
 }
 
 /// A cheap view of a claim for the code running the effect: its key and
@@ -98,6 +101,7 @@ impl Claim {
             },
             renewer: Some(renewer),
             finished: false,
+            release_on_drop: false,
         }
     }
 
@@ -199,19 +203,39 @@ impl Claim {
     }
 }
 
+impl Claim {
+    /// Makes a drop of the unfinished guard release the key instead of
+    /// abandoning it: for effects that journal before any downstream call,
+    /// so an interrupted one is known not to have happened.
+    pub(crate) fn release_when_dropped(&mut self) {
+        self.release_on_drop = true;
+    }
+}
+
 impl Drop for Claim {
     fn drop(&mut self) {
         if self.finished {
             return;
         }
         self.stop();
-        warn!(key = ?self.ctx.key, fence = self.ctx.fence, "claim dropped unfinished: abandoning it");
+        let release = self.release_on_drop;
+        warn!(
+            key = ?self.ctx.key,
+            fence = self.ctx.fence,
+            "claim dropped unfinished: {}",
+            if release { "releasing it" } else { "abandoning it" }
+        );
         let client = self.ctx.client.clone();
         let (key, fence) = (self.ctx.key.clone(), self.ctx.fence);
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             rt.spawn(async move {
-                if let Err(e) = client.abandon(key, fence).await {
-                    warn!(error = %e, "abandoning a dropped claim failed; its lease will lapse instead");
+                let done = if release {
+                    client.release(key, fence).await
+                } else {
+                    client.abandon(key, fence).await
+                };
+                if let Err(e) = done {
+                    warn!(error = %e, "settling a dropped claim failed; its lease will lapse instead");
                 }
             });
         }

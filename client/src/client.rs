@@ -74,10 +74,110 @@ pub(crate) struct Inner {
     connecting: AsyncMutex<()>,
     /// Idle connections for waiting requests, by node.
     waiting: parking::Mutex<Vec<(String, Connection)>>,
+    /// Waiting requests in progress, at most `max_waiting_connections`.
+    waiting_slots: Arc<tokio::sync::Semaphore>,
+    pub(crate) stats: Counters,
+}
+
+/// The client's counters (see [`ClientStats`]).
+#[derive(Default)]
+pub(crate) struct Counters {
+    requests: AtomicU64,
+    retries: AtomicU64,
+    redirects: AtomicU64,
+    failures: AtomicU64,
+    pub(crate) run_once_calls: AtomicU64,
+    pub(crate) effects_run: AtomicU64,
+    pub(crate) replays: AtomicU64,
+    orphans_settled: AtomicU64,
+}
+
+/// What a [`Client`] (all its clones) has done since it was made, for a
+/// service to export as metrics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ClientStats {
+    /// Calls to the server (a call retried counts once).
+    pub requests: u64,
+    /// Retries after connection failures, timeouts and `-TRYAGAIN`.
+    pub retries: u64,
+    /// `-NOTLEADER` redirects followed.
+    pub redirects: u64,
+    /// Calls that failed for good (retries or deadline exhausted).
+    pub failures: u64,
+    /// `run_once` calls.
+    pub run_once_calls: u64,
+    /// Effects `run_once` ran.
+    pub effects_run: u64,
+    /// Completed outcomes replayed instead of run.
+    pub replays: u64,
+    /// Grants settled for callers that went away (released or abandoned).
+    pub orphans_settled: u64,
 }
 
 /// Idle connections kept for waiting requests.
 const IDLE_WAIT_CONNECTIONS: usize = 16;
+
+/// The `host:port` of an address given as `host:port` or
+/// `idem://host:port[/]`.
+fn parse_address(addr: &str) -> Result<String> {
+    let invalid = |why: &str| {
+        Error::new(
+            ErrorKind::InvalidAddress,
+            format!("'{addr}': {why} (expected host:port or idem://host:port)"),
+        )
+    };
+    let rest = match addr.split_once("://") {
+        None => addr,
+        Some(("idem", rest)) => rest,
+        Some(("idems", _)) => return Err(invalid("TLS (idems://) is not supported yet")),
+        Some((scheme, _)) => return Err(invalid(&format!("unknown scheme '{scheme}'"))),
+    };
+    let rest = rest.strip_suffix('/').unwrap_or(rest);
+    if rest.contains('@') {
+        return Err(invalid("credentials in the URL are not supported yet"));
+    }
+    if rest.contains(['/', '?', '#']) {
+        return Err(invalid("a path or options after host:port"));
+    }
+    match rest.rsplit_once(':') {
+        Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok() => {
+            Ok(rest.to_owned())
+        }
+        _ => Err(invalid("no host:port")),
+    }
+}
+
+/// What a failed call was: named in its error.
+struct CallContext<'a> {
+    cmd: &'a Command,
+    addr: &'a str,
+    attempts: u32,
+    elapsed: Duration,
+}
+
+impl std::fmt::Display for CallContext<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.cmd.name().to_ascii_uppercase())?;
+        if let Some(key) = self.cmd.key() {
+            let shown = String::from_utf8_lossy(&key[..key.len().min(64)]);
+            write!(f, " {shown:?}")?;
+        }
+        if let Command::Claim(c) = self.cmd
+            && let Some(attempt) = &c.attempt
+        {
+            write!(f, " (attempt {})", String::from_utf8_lossy(attempt))?;
+        }
+        write!(
+            f,
+            " to {} failed after {} attempt{} in {:.1?}",
+            self.addr,
+            self.attempts,
+            if self.attempts == 1 { "" } else { "s" },
+            self.elapsed
+        )
+    }
+}
 
 /// Aborts a waiting request's connection when dropped armed.
 struct AbortOnDrop(Option<Connection>);
@@ -216,7 +316,9 @@ fn expect_ok(frame: Frame) -> Result<()> {
 }
 
 impl Client {
-    /// Connects to `addr` (`host:port`) with the default configuration.
+    /// Connects to `addr` with the default configuration: `host:port` or
+    /// an `idem://host:port` URL (`idems://` for TLS and credentials in the
+    /// URL are refused until they are supported, not ignored).
     pub async fn connect(addr: impl Into<String>) -> Result<Client> {
         Client::connect_with_config(addr, ClientConfig::default()).await
     }
@@ -227,26 +329,40 @@ impl Client {
         addr: impl Into<String>,
         config: ClientConfig,
     ) -> Result<Client> {
-        let addr = addr.into();
-        if !addr.contains(':') {
-            return Err(Error::new(
-                ErrorKind::InvalidAddress,
-                format!("'{addr}' is not host:port"),
-            ));
-        }
+        let addr = parse_address(&addr.into())?;
         let client = Client {
             inner: Arc::new(Inner {
-                config,
                 target: parking::Mutex::new(addr.clone()),
                 conns: parking::Mutex::new(HashMap::new()),
                 connecting: AsyncMutex::new(()),
                 waiting: parking::Mutex::new(Vec::new()),
+                waiting_slots: Arc::new(tokio::sync::Semaphore::new(
+                    config.max_waiting_connections,
+                )),
+                stats: Counters::default(),
+                config,
             }),
         };
         if !client.inner.config.lazy_connect {
             client.connection(&addr).await?;
         }
         Ok(client)
+    }
+
+    /// What this client (all its clones) has done so far.
+    pub fn stats(&self) -> ClientStats {
+        let c = &self.inner.stats;
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        ClientStats {
+            requests: get(&c.requests),
+            retries: get(&c.retries),
+            redirects: get(&c.redirects),
+            failures: get(&c.failures),
+            run_once_calls: get(&c.run_once_calls),
+            effects_run: get(&c.effects_run),
+            replays: get(&c.replays),
+            orphans_settled: get(&c.orphans_settled),
+        }
     }
 
     /// The configuration.
@@ -280,6 +396,10 @@ impl Client {
     /// of its own: the server holds back later replies on a connection while
     /// a request waits, so it must not share the multiplexed one.
     async fn call_waiting(&self, addr: &str, frame: Frame, timeout: Duration) -> Result<Frame> {
+        let _slot = Arc::clone(&self.inner.waiting_slots)
+            .acquire_owned()
+            .await
+            .map_err(|_| Error::new(ErrorKind::ConnectionClosed, "client closed"))?;
         let idle = {
             let mut pool = self.inner.waiting.lock();
             let pos = pool.iter().position(|(a, c)| a == addr && !c.is_closed());
@@ -313,9 +433,52 @@ impl Client {
     /// Sends a command, following redirects and retrying as configured.
     /// Error replies other than NOTLEADER and TRYAGAIN are returned as frames.
     pub(crate) async fn request(&self, cmd: &Command, extra: Duration) -> Result<Frame> {
+        self.request_within(cmd, extra, None).await
+    }
+
+    /// [`request`](Self::request) within `budget` (the configured deadline
+    /// if `None`), plus `extra` (a server-side wait).
+    ///
+    /// Runs in a tracing span `idem.request` (command, key), which records
+    /// how many attempts the call took.
+    pub(crate) async fn request_within(
+        &self,
+        cmd: &Command,
+        extra: Duration,
+        budget: Option<Duration>,
+    ) -> Result<Frame> {
+        use tracing::Instrument;
+        let span = tracing::debug_span!(
+            "idem.request",
+            cmd = cmd.name(),
+            key = tracing::field::Empty,
+            attempts = tracing::field::Empty,
+        );
+        if let Some(key) = cmd.key() {
+            span.record("key", tracing::field::display(String::from_utf8_lossy(key)));
+        }
+        let attempts = std::sync::atomic::AtomicU32::new(0);
+        let result = self
+            .request_attempts(cmd, extra, budget, &attempts)
+            .instrument(span.clone())
+            .await;
+        span.record("attempts", attempts.load(Ordering::Relaxed));
+        result
+    }
+
+    async fn request_attempts(
+        &self,
+        cmd: &Command,
+        extra: Duration,
+        budget: Option<Duration>,
+        attempts: &std::sync::atomic::AtomicU32,
+    ) -> Result<Frame> {
         let cfg = &self.inner.config;
+        let counters = &self.inner.stats;
+        counters.requests.fetch_add(1, Ordering::Relaxed);
         let frame = cmd.to_frame();
-        let timeout = cfg.request_timeout + extra;
+        let started = tokio::time::Instant::now();
+        let deadline = started + budget.unwrap_or(cfg.deadline) + extra;
         let waits = match cmd {
             Command::Claim(c) => c.wait_ms.is_some_and(|w| w > 0),
             Command::Settle(s) => s.wait_ms.is_some_and(|w| w > 0),
@@ -323,14 +486,29 @@ impl Client {
         };
         let (mut attempt, mut redirects) = (0u32, 0u32);
         loop {
+            attempts.store(attempt + 1, Ordering::Relaxed);
             let addr = self.target();
-            let result = if waits {
-                self.call_waiting(&addr, frame.clone(), timeout).await
-            } else {
-                match self.connection(&addr).await {
-                    Ok(conn) => conn.call(frame.clone(), timeout).await,
-                    Err(e) => Err(e),
+            let context = |attempts: u32| CallContext {
+                cmd,
+                addr: &addr,
+                attempts,
+                elapsed: started.elapsed(),
+            };
+            let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
+            let timeout = (cfg.request_timeout + extra).min(remaining);
+            let call = async {
+                if waits {
+                    self.call_waiting(&addr, frame.clone(), timeout).await
+                } else {
+                    match self.connection(&addr).await {
+                        Ok(conn) => conn.call(frame.clone(), timeout).await,
+                        Err(e) => Err(e),
+                    }
                 }
+            };
+            let result = match tokio::time::timeout_at(deadline, call).await {
+                Ok(r) => r,
+                Err(_) => Err(Error::new(ErrorKind::Timeout, "the call's deadline passed")),
             };
             let retry_err = match result {
                 Ok(Frame::Error(text)) => {
@@ -340,6 +518,7 @@ impl Client {
                             if redirects < cfg.max_redirects && err.message.contains(':') =>
                         {
                             redirects += 1;
+                            counters.redirects.fetch_add(1, Ordering::Relaxed);
                             *self.inner.target.lock() = err.message.trim().to_owned();
                             continue;
                         }
@@ -349,10 +528,19 @@ impl Client {
                 }
                 Ok(frame) => return Ok(frame),
                 Err(e) if e.is_retryable() && attempt < cfg.retries => e,
-                Err(e) => return Err(e),
+                Err(e) => {
+                    counters.failures.fetch_add(1, Ordering::Relaxed);
+                    return Err(e.with_context(context(attempt + 1)));
+                }
             };
-            tracing::debug!(error = %retry_err, attempt, "retrying request");
-            tokio::time::sleep(cfg.backoff_for(attempt)).await;
+            let backoff = cfg.backoff_for(attempt);
+            if tokio::time::Instant::now() + backoff >= deadline {
+                counters.failures.fetch_add(1, Ordering::Relaxed);
+                return Err(retry_err.with_context(context(attempt + 1)));
+            }
+            counters.retries.fetch_add(1, Ordering::Relaxed);
+            tracing::debug!(cmd = cmd.name(), error = %retry_err, attempt, "retrying request");
+            tokio::time::sleep(backoff).await;
             attempt += 1;
         }
     }
@@ -546,6 +734,7 @@ pub(crate) struct ClaimOptions {
     pub(crate) wait: Option<Duration>,
     pub(crate) fingerprint: Option<Bytes>,
     pub(crate) on_expire: Option<OnExpire>,
+    pub(crate) deadline: Option<Duration>,
 }
 
 impl ClaimBuilder {
@@ -578,6 +767,13 @@ impl ClaimBuilder {
     /// plain claim; [`Client::run_once`] defaults to [`OnExpire::Recover`]).
     pub fn on_expire(mut self, policy: OnExpire) -> Self {
         self.opts.on_expire = Some(policy);
+        self
+    }
+
+    /// Overall time the claim may take, retries included (default: the
+    /// client's [`ClientConfig::deadline`]); its WAIT is added to it.
+    pub fn deadline(mut self, d: Duration) -> Self {
+        self.opts.deadline = Some(d);
         self
     }
 
@@ -615,7 +811,14 @@ impl ClaimBuilder {
             on_expire: self.opts.on_expire,
             attempt: Some(self.attempt.clone()),
         });
-        let frame = send_claim(&self.client, cmd, wait.is_some(), self.attempt.clone()).await?;
+        let frame = send_claim(
+            &self.client,
+            cmd,
+            wait.is_some(),
+            self.attempt.clone(),
+            self.opts.deadline,
+        )
+        .await?;
         Ok(match typed(ClaimReply::from_frame(frame))? {
             ClaimReply::Acquired { fence } => {
                 ClaimOutcome::Acquired(Claim::new(self.client, self.key, fence, lease))
@@ -656,7 +859,13 @@ impl IntoFuture for ClaimBuilder {
 /// - a claim that waits server-side is withdrawn: its connection is closed,
 ///   and a grant that raced the close (the key handed over just before) is
 ///   found with `INSPECT` by its attempt id and settled as above.
-async fn send_claim(client: &Client, cmd: Command, waits: bool, attempt: Bytes) -> Result<Frame> {
+async fn send_claim(
+    client: &Client,
+    cmd: Command,
+    waits: bool,
+    attempt: Bytes,
+    budget: Option<Duration>,
+) -> Result<Frame> {
     let (tx, rx) = tokio::sync::oneshot::channel();
     let client = client.clone();
     let Command::Claim(ref c) = cmd else {
@@ -670,13 +879,16 @@ async fn send_claim(client: &Client, cmd: Command, waits: bool, attempt: Bytes) 
         let reply = {
             // Boxed, so dropping it (and the waiting connection with it)
             // happens on the spot.
-            let mut request = Box::pin(client.request(&cmd, wait));
+            let mut request = Box::pin(client.request_within(&cmd, wait, budget));
             tokio::select! {
                 r = &mut request => r,
                 () = tx.closed(), if waits => {
                     // Dropping the request aborts its connection.
                     drop(request);
-                    let until = sent_at + wait + client.inner.config.request_timeout;
+                    let until = sent_at
+                        + wait
+                        + budget.unwrap_or(client.inner.config.deadline)
+                        + client.inner.config.request_timeout;
                     settle_lost_claim(&client, &key, &cmd, &attempt, until).await;
                     return;
                 }
@@ -738,7 +950,14 @@ async fn settle_orphan(client: &Client, key: &Bytes, frame: Frame) {
         _ => return,
     };
     match result {
-        Ok(()) => tracing::debug!(?key, "settled the claim of a caller that left"),
+        Ok(()) => {
+            client
+                .inner
+                .stats
+                .orphans_settled
+                .fetch_add(1, Ordering::Relaxed);
+            tracing::debug!(?key, "settled the claim of a caller that left");
+        }
         Err(e) => tracing::warn!(
             ?key,
             error = %e,
@@ -840,5 +1059,34 @@ async fn handshake(conn: &Connection, addr: &str, timeout: Duration) -> Result<(
             String::from_utf8_lossy(&name)
         ))),
         None => Err(not_idem("HELLO named no server".into())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_address;
+
+    #[test]
+    fn addresses_and_urls() {
+        for (given, want) in [
+            ("127.0.0.1:7379", "127.0.0.1:7379"),
+            ("idem://127.0.0.1:7379", "127.0.0.1:7379"),
+            ("idem://localhost:7379/", "localhost:7379"),
+            ("idem://[::1]:7379", "[::1]:7379"),
+        ] {
+            assert_eq!(parse_address(given).unwrap(), want, "{given}");
+        }
+        for (given, why) in [
+            ("localhost", "no host:port"),
+            ("redis://localhost:6379", "unknown scheme 'redis'"),
+            ("idems://localhost:7379", "TLS"),
+            ("idem://user:pw@localhost:7379", "credentials"),
+            ("idem://localhost:7379/0", "path"),
+            ("idem://localhost:port", "no host:port"),
+        ] {
+            let e = parse_address(given).unwrap_err();
+            assert_eq!(e.kind(), crate::ErrorKind::InvalidAddress);
+            assert!(e.to_string().contains(why), "{given}: {e}");
+        }
     }
 }

@@ -22,6 +22,8 @@ pub struct ClientConfig {
     pub(crate) default_retain: Option<Duration>,
     pub(crate) default_wait: Option<Duration>,
     pub(crate) lazy_connect: bool,
+    pub(crate) deadline: Duration,
+    pub(crate) max_waiting_connections: usize,
 }
 
 impl Default for ClientConfig {
@@ -37,6 +39,8 @@ impl Default for ClientConfig {
             default_retain: None,
             default_wait: None,
             lazy_connect: false,
+            deadline: Duration::from_secs(10),
+            max_waiting_connections: 256,
         }
     }
 }
@@ -84,6 +88,27 @@ impl ClientConfig {
     /// Retention for claims that set none (default: the server's).
     pub fn default_retain(mut self, d: Duration) -> Self {
         self.default_retain = Some(d);
+        self
+    }
+
+    /// Overall time one call may take, retries and reconnects included
+    /// (default 10 s); a claim's or settle's server-side WAIT is added to
+    /// it. Past it the call fails with a timeout that says how many
+    /// attempts were made. Per call: [`ClaimBuilder::deadline`],
+    /// [`RunOptions::deadline`].
+    ///
+    /// [`ClaimBuilder::deadline`]: crate::ClaimBuilder::deadline
+    /// [`RunOptions::deadline`]: crate::RunOptions::deadline
+    pub fn deadline(mut self, d: Duration) -> Self {
+        self.deadline = d;
+        self
+    }
+
+    /// Requests that wait server-side (a claim or settle with WAIT) use a
+    /// connection each; at most this many are open at once (default 256).
+    /// Past it, waiting requests queue for one (within their deadline).
+    pub fn max_waiting_connections(mut self, n: usize) -> Self {
+        self.max_waiting_connections = n.max(1);
         self
     }
 

@@ -58,6 +58,12 @@ impl Error {
         }
     }
 
+    /// The same error, its detail led by `context` (what was asked of whom).
+    pub(crate) fn with_context(mut self, context: impl fmt::Display) -> Self {
+        self.detail = format!("{context}: {}", self.detail);
+        self
+    }
+
     /// The same kind and detail, without the source (errors are not
     /// `Clone`: a source may not be).
     pub(crate) fn shallow_clone(&self) -> Self {

@@ -55,7 +55,25 @@
 //! - [`Key`]: namespaced, versioned keys with a collision-free encoding.
 //! - [`Error`] with [`ErrorKind`] and predicates.
 //! - [`conformance`]: a suite to run against any server.
-//! - Feature `serde`: [`fingerprint`], JSON values.
+//! - Feature `serde`: `fingerprint` and `fingerprint_bytes` (payload
+//!   fingerprints), JSON values.
+//!
+//! # What happens when
+//!
+//! With [`Client::run_once`] and its defaults ([`RunOptions::new`]):
+//!
+//! | Event | While claiming or waiting | While the effect runs | While recording the outcome |
+//! |---|---|---|---|
+//! | The service crashes (kill -9) | A grant not yet delivered lapses with its lease to *abandoned*, with an empty journal ([`RunOptions::run_again_if_no_journal`] lets the next caller run it) | The lease lapses to *abandoned* (`ONEXPIRE RECOVER`): the next caller gets the journal (`on_recover`, or [`RunError::NeedsRecovery`]); the effect is not run again | As while the effect runs |
+//! | The call is cancelled (future dropped, HTTP client hangs up) | The claim is withdrawn; a grant that arrives anyway is released (`ACQUIRED`) or abandoned again (`RECOVER`) | Abandoned at once (released with [`RunOptions::release_on_cancel`]) | Abandoned |
+//! | A reply times out | Retried with the same attempt id, which gets the same grant back, within the call's deadline ([`ClientConfig::deadline`], default 10 s, plus the wait) | The effect is yours; renewals keep retrying, and [`ClaimCtx::is_lost`] says when the lease is presumed lost | COMPLETE retried (a repeat is acknowledged); if it cannot be recorded: [`RunError::Unrecorded`] with the value, key abandoned (best effort) |
+//! | The server restarts | Requests reconnect and retry; records are durable (raft engine) | As above | As above |
+//! | The server is unreachable | Fails when the deadline passes, the error naming command, key, address, attempts and time | Renewals fail; ownership is presumed lost after a whole lease | [`RunError::Unrecorded`], the lease lapses to *abandoned* |
+//!
+//! A key left *abandoned* stays so until a caller recovers it or its
+//! retention ends. An operator resolves it with `INSPECT key` (journal,
+//! attempt), then `CLAIM key` and `COMPLETE key fence value` to record what
+//! happened downstream, or `FORGET key`.
 
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
@@ -70,11 +88,13 @@ mod run;
 
 pub use bytes::{self, Bytes};
 pub use claim::{Claim, ClaimCtx};
-pub use client::{ClaimBuilder, ClaimOutcome, Client, Completed, Settled};
+pub use client::{ClaimBuilder, ClaimOutcome, Client, ClientStats, Completed, Settled};
 pub use config::ClientConfig;
 pub use error::{Error, ErrorKind, Result};
 pub use idem_protocol::{OnExpire, Outcome, RecordInfo, RecordState};
 pub use key::Key;
+#[cfg(feature = "serde")]
+pub use run::TypedCompleted;
 pub use run::{Failure, Recovery, RunError, RunOptions};
 
 /// A fingerprint of a request payload: SHA-256 of its canonical JSON

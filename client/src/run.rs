@@ -6,6 +6,7 @@ use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -21,7 +22,9 @@ use crate::key::Key;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Failure {
     /// A permanent business error (card declined): completed with outcome
-    /// ERR and this value, and replayed to later callers.
+    /// ERR and this value. `run_once` returns it as
+    /// `Ok(Completed { outcome: Outcome::Err, .. })`, on this first run
+    /// and on every replay alike.
     Permanent(Bytes),
     /// A transient fault (timeout, 503) known to have had no effect:
     /// released, so a retry runs the effect again.
@@ -55,6 +58,31 @@ pub struct RunOptions<E> {
     claim: ClaimOptions,
     classify: Classifier<E>,
     recover: Option<Recoverer>,
+    release_on_cancel: bool,
+    run_again_if_no_journal: bool,
+}
+
+impl<E> Clone for RunOptions<E> {
+    fn clone(&self) -> Self {
+        RunOptions {
+            claim: self.claim.clone(),
+            classify: Arc::clone(&self.classify),
+            recover: self.recover.clone(),
+            release_on_cancel: self.release_on_cancel,
+            run_again_if_no_journal: self.run_again_if_no_journal,
+        }
+    }
+}
+
+impl<E> fmt::Debug for RunOptions<E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RunOptions")
+            .field("claim", &self.claim)
+            .field("on_recover", &self.recover.is_some())
+            .field("release_on_cancel", &self.release_on_cancel)
+            .field("run_again_if_no_journal", &self.run_again_if_no_journal)
+            .finish()
+    }
 }
 
 impl<E> Default for RunOptions<E> {
@@ -67,6 +95,8 @@ impl<E> Default for RunOptions<E> {
             },
             classify: Arc::new(|_| Failure::Unknown),
             recover: None,
+            release_on_cancel: false,
+            run_again_if_no_journal: false,
         }
     }
 }
@@ -113,6 +143,36 @@ impl<E> RunOptions<E> {
         self
     }
 
+    /// Overall time claiming (and waiting) may take, retries included
+    /// (default: the client's [`ClientConfig::deadline`](crate::ClientConfig::deadline)
+    /// plus the wait). The effect's own time is not counted.
+    pub fn deadline(mut self, d: Duration) -> Self {
+        self.claim.deadline = Some(d);
+        self
+    }
+
+    /// When the call is cancelled (its future dropped) while the effect
+    /// runs, release the key instead of abandoning it (default false). Only
+    /// for effects that journal before any downstream call: then an
+    /// interrupted effect is known not to have happened, and a retry may
+    /// run it at once. A recovered claim (after `RECOVER`) is always
+    /// abandoned when cancelled.
+    pub fn release_on_cancel(mut self, yes: bool) -> Self {
+        self.release_on_cancel = yes;
+        self
+    }
+
+    /// On `RECOVER` without an [`on_recover`](Self::on_recover) callback,
+    /// run the effect again if the previous owner left an empty journal
+    /// (default false: abandon again and return
+    /// [`RunError::NeedsRecovery`]). Only for effects that journal before
+    /// any downstream call: an empty journal then means the effect never
+    /// reached downstream.
+    pub fn run_again_if_no_journal(mut self, yes: bool) -> Self {
+        self.run_again_if_no_journal = yes;
+        self
+    }
+
     /// How effect errors are recorded.
     pub fn classify(mut self, f: impl Fn(&E) -> Failure + Send + Sync + 'static) -> Self {
         self.classify = Arc::new(f);
@@ -134,9 +194,11 @@ impl<E> RunOptions<E> {
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum RunError<E> {
-    /// The effect ran here and failed; it was recorded as `failure` says
-    /// (permanent errors are replayed to later callers as `Completed` with
-    /// outcome ERR).
+    /// The effect ran here and failed with a transient or unknown failure,
+    /// recorded as `failure` says (released or abandoned). A permanent
+    /// failure is not an error of `run_once`: it is recorded and returned
+    /// as `Ok(Completed { outcome: Outcome::Err, replayed: false, .. })`,
+    /// the same shape as its later replays.
     Effect {
         /// The effect's error.
         error: E,
@@ -197,6 +259,19 @@ impl<E: fmt::Debug> fmt::Display for RunError<E> {
 
 impl<E: fmt::Debug> std::error::Error for RunError<E> {}
 
+impl<E> RunError<E> {
+    /// A short name of the variant (for logs and metrics).
+    pub fn kind_name(&self) -> &'static str {
+        match self {
+            RunError::Effect { .. } => "effect_failed",
+            RunError::InFlight { .. } => "in_flight",
+            RunError::NeedsRecovery { .. } => "needs_recovery",
+            RunError::Unrecorded { .. } => "unrecorded",
+            RunError::Client(_) => "client_error",
+        }
+    }
+}
+
 impl<E> From<Error> for RunError<E> {
     fn from(e: Error) -> Self {
         RunError::Client(e)
@@ -221,6 +296,10 @@ impl Client {
     /// [`RunError::NeedsRecovery`] with the journal: the effect is never
     /// silently run again. If the effect ran but its outcome could not be
     /// recorded, [`RunError::Unrecorded`] carries its value.
+    ///
+    /// Each call runs in a tracing span `idem.run_once` with the key, and
+    /// records the fence, the outcome and whether it was replayed;
+    /// [`Client::stats`] counts calls, effects run and replays.
     pub async fn run_once<F, Fut, E>(
         &self,
         key: impl Into<Key>,
@@ -231,17 +310,71 @@ impl Client {
         F: FnOnce(ClaimCtx) -> Fut,
         Fut: Future<Output = Result<Bytes, E>>,
     {
+        use tracing::Instrument;
+        let key = key.into();
+        let span = tracing::info_span!(
+            "idem.run_once",
+            key = %String::from_utf8_lossy(&key.to_bytes()),
+            fence = tracing::field::Empty,
+            outcome = tracing::field::Empty,
+            replayed = tracing::field::Empty,
+        );
+        let stats = &self.inner.stats;
+        stats.run_once_calls.fetch_add(1, Ordering::Relaxed);
+        let result = self
+            .run_once_inner(key, opts, effect, &span)
+            .instrument(span.clone())
+            .await;
+        match &result {
+            Ok(done) => {
+                span.record("outcome", done.outcome.as_str());
+                span.record("replayed", done.replayed);
+                if done.replayed {
+                    stats.replays.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            Err(e) => {
+                span.record("outcome", tracing::field::display(e.kind_name()));
+            }
+        }
+        result
+    }
+
+    async fn run_once_inner<F, Fut, E>(
+        &self,
+        key: Key,
+        opts: RunOptions<E>,
+        effect: F,
+        span: &tracing::Span,
+    ) -> Result<Completed, RunError<E>>
+    where
+        F: FnOnce(ClaimCtx) -> Fut,
+        Fut: Future<Output = Result<Bytes, E>>,
+    {
+        let effect = |ctx: ClaimCtx| {
+            span.record("fence", ctx.fence());
+            self.inner.stats.effects_run.fetch_add(1, Ordering::Relaxed);
+            effect(ctx)
+        };
         let mut claim = self.claim(key);
         claim.opts = opts.claim.clone();
         let guard = match claim.send().await? {
             ClaimOutcome::Completed(done) => return Ok(done),
             ClaimOutcome::InFlight { remaining } => return Err(RunError::InFlight { remaining }),
-            ClaimOutcome::Acquired(guard) => guard,
+            ClaimOutcome::Acquired(mut guard) => {
+                if opts.release_on_cancel {
+                    guard.release_when_dropped();
+                }
+                guard
+            }
             ClaimOutcome::Recover {
                 claim: guard,
                 journal,
             } => {
                 let Some(recover) = &opts.recover else {
+                    if opts.run_again_if_no_journal && journal.is_empty() {
+                        return run_effect(guard, &opts.classify, effect).await;
+                    }
                     guard.abandon().await?;
                     return Err(RunError::NeedsRecovery { journal });
                 };
@@ -311,16 +444,80 @@ where
         Ok(Ok(value)) => finish(guard, value, Outcome::Ok).await,
         Ok(Err(error)) => {
             let failure = classify(&error);
-            match &failure {
-                Failure::Permanent(v) => guard.complete_error(v.clone()).await?,
-                Failure::Transient => guard.release().await?,
-                Failure::Unknown => guard.abandon().await?,
+            match failure {
+                // Recorded, and answered in the shape its replays have.
+                Failure::Permanent(v) => finish(guard, v, Outcome::Err).await,
+                Failure::Transient => {
+                    guard.release().await?;
+                    Err(RunError::Effect { error, failure })
+                }
+                Failure::Unknown => {
+                    guard.abandon().await?;
+                    Err(RunError::Effect { error, failure })
+                }
             }
-            Err(RunError::Effect { error, failure })
         }
         Err(panic) => {
             let _ = guard.abandon().await;
             std::panic::resume_unwind(panic)
         }
+    }
+}
+
+/// The outcome of [`Client::run_once_json`]: the effect's value decoded,
+/// or the recorded permanent failure.
+#[cfg(feature = "serde")]
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TypedCompleted<T> {
+    /// `Ok`: the effect's value (outcome OK). `Err`: the value recorded
+    /// for a permanent failure (outcome ERR, see [`Failure::Permanent`]).
+    pub value: Result<T, Bytes>,
+    /// Whether an earlier call recorded it (a replay).
+    pub replayed: bool,
+}
+
+#[cfg(feature = "serde")]
+impl Client {
+    /// [`run_once`](Self::run_once) for an effect that returns a typed
+    /// value: it is stored as JSON and decoded on every replay, so the
+    /// first run and the replays give the same `T`.
+    ///
+    /// # Panics
+    ///
+    /// If `T` cannot be written as JSON (a map with non-string keys): a
+    /// programming error, found after the effect ran, so the claim is
+    /// abandoned (never re-run silently) before the panic goes on.
+    pub async fn run_once_json<T, F, Fut, E>(
+        &self,
+        key: impl Into<Key>,
+        opts: RunOptions<E>,
+        effect: F,
+    ) -> Result<TypedCompleted<T>, RunError<E>>
+    where
+        T: serde::Serialize + serde::de::DeserializeOwned,
+        F: FnOnce(ClaimCtx) -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+    {
+        let done = self
+            .run_once(key, opts, |ctx| async move {
+                let value = effect(ctx).await?;
+                let json = serde_json::to_vec(&value)
+                    .unwrap_or_else(|e| panic!("run_once_json: the value is not JSON: {e}"));
+                Ok(Bytes::from(json))
+            })
+            .await?;
+        let value = match done.outcome {
+            Outcome::Ok => Ok(serde_json::from_slice(&done.value).map_err(|e| {
+                RunError::Client(Error::new(
+                    crate::ErrorKind::Protocol,
+                    format!("the stored value is not valid JSON for this type: {e}"),
+                ))
+            })?),
+            Outcome::Err => Err(done.value),
+        };
+        Ok(TypedCompleted {
+            value,
+            replayed: done.replayed,
+        })
     }
 }
