@@ -71,6 +71,19 @@ async fn a_waiting_claim_dropped_is_withdrawn_and_never_handed_the_key() {
         "the released key went to a caller that had left"
     );
 
+    // A waiting SETTLE whose caller leaves is withdrawn too.
+    let ClaimOutcome::Acquired(owner) = c.claim(k.as_str()).await.unwrap() else {
+        panic!("the key is free again")
+    };
+    let c2 = c.clone();
+    let k2 = k.clone();
+    let settler =
+        tokio::spawn(async move { c2.settle(k2.as_str(), Some(Duration::from_secs(10))).await });
+    wait_for_info(&mut raw, "blocked_clients", 1).await;
+    settler.abort();
+    wait_for_info(&mut raw, "blocked_clients", 0).await;
+    owner.release().await.unwrap();
+
     // The owner releases right as the waiter leaves: whichever the server
     // sees first, the key ends up free, not held by the departed waiter.
     for round in 0..5 {
@@ -392,6 +405,29 @@ async fn opt_ins_for_effects_that_journal_first() {
         c.inspect(k.as_str()).await.unwrap().is_none().then_some(())
     })
     .await;
+    // Once the effect journaled, downstream may have been reached: a
+    // cancellation abandons, keeping the journal.
+    let k = key("release-on-cancel-journaled");
+    let call = c.run_once(
+        k.as_str(),
+        RunOptions::<()>::new().release_on_cancel(true),
+        |ctx| async move {
+            ctx.journal("calling the gateway").await.unwrap();
+            tokio::time::sleep(Duration::from_secs(60)).await;
+            Ok(Bytes::new())
+        },
+    );
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), call)
+            .await
+            .is_err()
+    );
+    let info = eventually("the journaled call's claim abandoned", async || {
+        let info = c.inspect(k.as_str()).await.unwrap()?;
+        (info.state == RecordState::Abandoned).then_some(info)
+    })
+    .await;
+    assert_eq!(info.journal, Some(Bytes::from("calling the gateway")));
 
     // Run again if the journal is empty; the default refuses.
     let k = key("no-journal");
@@ -537,4 +573,186 @@ async fn run_once_json_gives_the_same_typed_value_on_replay() {
     assert!(again.replayed);
     assert_eq!(again.value, first.value);
     assert_eq!(first.value.unwrap().1, 4200);
+}
+
+/// A cancelled recovery (the call dropped while `on_recover` looks
+/// downstream) is abandoned again with the journal, never released.
+#[tokio::test]
+async fn a_cancelled_recovery_is_abandoned_again() {
+    let s = Idemd::start().await;
+    let c = client(&s).await;
+    let k = key("cancelled-recovery");
+    let ClaimOutcome::Acquired(first) = c.claim(k.as_str()).await.unwrap() else {
+        panic!("the key is fresh")
+    };
+    let first_fence = first.fence();
+    first.journal("charge ch_7 sent").await.unwrap();
+    first.abandon().await.unwrap();
+    let call = c.run_once(
+        k.as_str(),
+        RunOptions::<()>::new().on_recover(|_ctx, _journal| async {
+            tokio::time::sleep(Duration::from_secs(60)).await;
+            idem_client::Recovery::RunEffect
+        }),
+        |_| async { Ok(Bytes::from("must not run")) },
+    );
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), call)
+            .await
+            .is_err()
+    );
+    let info = eventually("the recovery abandoned again", async || {
+        let info = c.inspect(k.as_str()).await.unwrap()?;
+        (info.state == RecordState::Abandoned && info.fence > first_fence).then_some(info)
+    })
+    .await;
+    assert_eq!(info.journal, Some(Bytes::from("charge ch_7 sent")));
+}
+
+/// A proxy to `upstream` that delays every byte the server sends by
+/// `delay` (a slow network on the way back).
+async fn slow_replies(upstream: std::net::SocketAddr, delay: Duration) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    tokio::spawn(async move {
+        while let Ok((client, _)) = l.accept().await {
+            let Ok(server) = tokio::net::TcpStream::connect(upstream).await else {
+                return;
+            };
+            let (mut cr, mut cw) = client.into_split();
+            let (mut sr, mut sw) = server.into_split();
+            tokio::spawn(async move {
+                let _ = tokio::io::copy(&mut cr, &mut sw).await;
+            });
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 64 * 1024];
+                loop {
+                    let n = match sr.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => n,
+                    };
+                    let chunk = buf[..n].to_vec();
+                    tokio::time::sleep(delay).await;
+                    if cw.write_all(&chunk).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+/// A claim that gave up (its deadline passed before the reply) left the
+/// key owned by nobody for a lease, then (with ONEXPIRE RECOVER) abandoned.
+/// Now a grant that arrives after the caller gave up is found by its
+/// attempt id and released.
+#[tokio::test]
+async fn a_claim_that_times_out_does_not_leave_its_grant_behind() {
+    let s = Idemd::start().await;
+    let slow = slow_replies(s.addr, Duration::from_millis(700)).await;
+    let c = Client::connect_with_config(
+        slow,
+        idem_client::ClientConfig::default()
+            .retries(0)
+            .request_timeout(Duration::from_secs(3)),
+    )
+    .await
+    .unwrap();
+    let k = key("timed-out-claim");
+    let e = c
+        .claim(k.as_str())
+        .deadline(Duration::from_millis(300))
+        .await
+        .unwrap_err();
+    assert!(e.is_timeout(), "{e}");
+    assert!(
+        e.to_string().contains("attempt "),
+        "the attempt id is named: {e}"
+    );
+    let direct = client(&s).await;
+    // The server did grant it ...
+    let mut raw = s.conn().await;
+    wait_for_info(&mut raw, "claims_acquired", 1).await;
+    // ... and the grant is released, not left to the lease.
+    eventually("the late grant released", async || {
+        direct
+            .inspect(k.as_str())
+            .await
+            .unwrap()
+            .is_none()
+            .then_some(())
+    })
+    .await;
+}
+
+/// Errors printed their kind twice (`Protocol: Protocol: ...`); a server
+/// error printed `Fenced: FENCED ...`.
+#[tokio::test]
+async fn error_messages_do_not_repeat_their_kind() {
+    let s = Idemd::start().await;
+    let c = client(&s).await;
+    let e = c
+        .complete(key("no-owner").as_str(), 99, "x", None)
+        .await
+        .unwrap_err();
+    assert!(e.is_fenced());
+    let text = e.to_string();
+    assert!(text.starts_with("FENCED"), "{text}");
+    assert_eq!(
+        text.matches("FENCED").count() + text.matches("Fenced").count(),
+        1,
+        "{text}"
+    );
+}
+
+/// The request channel was unbounded: against a server that stops reading,
+/// every request was buffered in the client. Now requests in flight and
+/// queued are bounded, and callers past the bound wait and time out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_to_a_stuck_server_are_bounded() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    // Answers the handshake, then never reads again.
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((mut sock, _)) = l.accept().await {
+            let mut buf = [0u8; 64];
+            let _ = sock.read(&mut buf).await;
+            let _ = sock
+                .write_all(b"*2\r\n$6\r\nserver\r\n$4\r\nidem\r\n")
+                .await;
+            held.push(sock);
+        }
+    });
+    let c = Client::connect_with_config(
+        addr,
+        idem_client::ClientConfig::default()
+            .retries(0)
+            .request_timeout(Duration::from_millis(800))
+            .deadline(Duration::from_secs(3)),
+    )
+    .await
+    .unwrap();
+    let calls: Vec<_> = (0..10_000)
+        .map(|_| {
+            let c = c.clone();
+            tokio::spawn(async move { c.ping().await })
+        })
+        .collect();
+    let mut queue_full = 0;
+    for call in calls {
+        let e = call.await.unwrap().unwrap_err();
+        assert!(e.is_timeout(), "{e}");
+        if e.to_string().contains("queue stayed full") {
+            queue_full += 1;
+        }
+    }
+    // 4,096 in flight and 4,096 queued at most: the rest waited for room.
+    assert!(
+        queue_full >= 10_000 - 2 * 4096,
+        "{queue_full} waited for room"
+    );
 }

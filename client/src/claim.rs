@@ -44,6 +44,8 @@ pub struct ClaimCtx {
     key: Bytes,
     fence: u64,
     lost: watch::Receiver<Option<Arc<Error>>>,
+    /// Set once a journal was asked for: downstream may have been reached.
+    journaled: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl ClaimCtx {
@@ -64,6 +66,8 @@ impl ClaimCtx {
 
     /// Records progress for whoever must recover if this owner dies.
     pub async fn journal(&self, journal: impl Into<Bytes>) -> Result<()> {
+        self.journaled
+            .store(true, std::sync::atomic::Ordering::Relaxed);
         self.client
             .journal(self.key.clone(), self.fence, journal)
             .await
@@ -98,6 +102,7 @@ impl Claim {
                 key,
                 fence,
                 lost: rx,
+                journaled: Arc::default(),
             },
             renewer: Some(renewer),
             finished: false,
@@ -204,11 +209,12 @@ impl Claim {
 }
 
 impl Claim {
-    /// Makes a drop of the unfinished guard release the key instead of
-    /// abandoning it: for effects that journal before any downstream call,
-    /// so an interrupted one is known not to have happened.
-    pub(crate) fn release_when_dropped(&mut self) {
-        self.release_on_drop = true;
+    /// Whether a drop of the unfinished guard releases the key instead of
+    /// abandoning it (as long as nothing was journaled): for effects that
+    /// journal before any downstream call, so one interrupted before its
+    /// journal is known not to have happened.
+    pub(crate) fn release_when_dropped(&mut self, yes: bool) {
+        self.release_on_drop = yes;
     }
 }
 
@@ -218,7 +224,13 @@ impl Drop for Claim {
             return;
         }
         self.stop();
-        let release = self.release_on_drop;
+        // Released only while the effect has not journaled: a journal
+        // means downstream may have been reached.
+        let release = self.release_on_drop
+            && !self
+                .ctx
+                .journaled
+                .load(std::sync::atomic::Ordering::Relaxed);
         warn!(
             key = ?self.ctx.key,
             fence = self.ctx.fence,

@@ -52,8 +52,11 @@ use crate::key::Key;
 /// settled at once (`ACQUIRED` released, `RECOVER` abandoned again with its
 /// journal), and a claim waiting server-side is withdrawn (its connection
 /// is closed; a grant that raced the close is found by its attempt id and
-/// settled). Nothing is left for the lease to clean up. A [`Claim`] guard
-/// dropped before it is finished abandons its claim.
+/// settled). A claim that fails with its outcome unknown (its deadline
+/// passed, the connection broke) is looked for the same way. All of this
+/// is best effort: when the server cannot be reached to settle a grant,
+/// its lease lapses as `on_expire` says. A [`Claim`] guard dropped before
+/// it is finished abandons its claim.
 #[derive(Clone)]
 pub struct Client {
     pub(crate) inner: Arc<Inner>,
@@ -136,6 +139,9 @@ fn parse_address(addr: &str) -> Result<String> {
     let rest = rest.strip_suffix('/').unwrap_or(rest);
     if rest.contains('@') {
         return Err(invalid("credentials in the URL are not supported yet"));
+    }
+    if rest.contains(',') {
+        return Err(invalid("several seed nodes are not supported yet"));
     }
     if rest.contains(['/', '?', '#']) {
         return Err(invalid("a path or options after host:port"));
@@ -745,19 +751,24 @@ impl ClaimBuilder {
         self
     }
 
-    /// Retention of the completed record.
+    /// Retention of the completed record (default: the config's
+    /// [`default_retain`](ClientConfig::default_retain), else the
+    /// server's).
     pub fn retain(mut self, d: Duration) -> Self {
         self.opts.retain = Some(d);
         self
     }
 
-    /// Wait server-side this long for a live owner to finish.
+    /// Wait server-side this long for a live owner to finish (default:
+    /// the config's [`default_wait`](ClientConfig::default_wait), else no
+    /// wait).
     pub fn wait(mut self, d: Duration) -> Self {
         self.opts.wait = Some(d);
         self
     }
 
-    /// Fingerprint of the request payload.
+    /// Fingerprint of the request payload (default none: any payload
+    /// matches).
     pub fn fingerprint(mut self, fp: impl Into<Bytes>) -> Self {
         self.opts.fingerprint = Some(fp.into());
         self
@@ -858,7 +869,9 @@ impl IntoFuture for ClaimBuilder {
 ///   have happened);
 /// - a claim that waits server-side is withdrawn: its connection is closed,
 ///   and a grant that raced the close (the key handed over just before) is
-///   found with `INSPECT` by its attempt id and settled as above.
+///   found with `INSPECT` by its attempt id and settled as above;
+/// - a claim that failed with its outcome unknown (deadline, broken
+///   connection) is looked for and settled the same way.
 async fn send_claim(
     client: &Client,
     cmd: Command,
@@ -894,8 +907,18 @@ async fn send_claim(
                 }
             }
         };
+        let unknown = matches!(&reply, Err(e) if e.is_retryable());
         if let Err(Ok(frame)) = tx.send(reply) {
             settle_orphan(&client, &key, frame).await;
+        } else if unknown {
+            // Given up on (deadline, connection lost) with the outcome
+            // unknown: a grant may still have been made, or be on its way;
+            // it is looked for and settled.
+            let until = sent_at
+                + wait
+                + budget.unwrap_or(client.inner.config.deadline)
+                + client.inner.config.request_timeout;
+            settle_lost_claim(&client, &key, &cmd, &attempt, until).await;
         }
     });
     // A reply handed over just as the caller goes away is settled too.
@@ -1027,7 +1050,7 @@ async fn handshake(conn: &Connection, addr: &str, timeout: Duration) -> Result<(
     };
     let reply = match conn.call(Frame::command(["HELLO"]), timeout).await {
         Ok(r) => r,
-        Err(e) if e.kind() == ErrorKind::Protocol => return Err(not_idem(e.to_string())),
+        Err(e) if e.kind() == ErrorKind::Protocol => return Err(not_idem(e.detail().to_owned())),
         Err(e) => {
             // The reply may still come: the connection is not kept.
             conn.abort();
@@ -1083,6 +1106,7 @@ mod tests {
             ("idem://user:pw@localhost:7379", "credentials"),
             ("idem://localhost:7379/0", "path"),
             ("idem://localhost:port", "no host:port"),
+            ("idem://a:7379,b:7379", "seed"),
         ] {
             let e = parse_address(given).unwrap_err();
             assert_eq!(e.kind(), crate::ErrorKind::InvalidAddress);

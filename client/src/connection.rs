@@ -10,8 +10,10 @@
 //! the parked request.
 //!
 //! Requests queue for the task in a bounded channel
-//! ([`REQUEST_QUEUE`] deep): callers wait for room (backpressure) rather
-//! than growing the queue without bound.
+//! ([`REQUEST_QUEUE`] deep), and the task takes them only while fewer than
+//! [`MAX_IN_FLIGHT`] are unanswered and its write buffer is small: a
+//! server that does not keep up makes callers wait (and time out) rather
+//! than buffers grow without bound.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -35,6 +37,15 @@ struct Request {
 
 /// Requests queued for one connection's task, at most.
 pub(crate) const REQUEST_QUEUE: usize = 4096;
+
+/// Requests sent and not yet answered on one connection, at most: past it
+/// the task stops taking requests from the queue, so a server that does
+/// not keep up holds callers back instead of growing buffers here.
+const MAX_IN_FLIGHT: usize = 4096;
+
+/// Bytes encoded and not yet written, at most, before the task stops
+/// taking requests.
+const MAX_UNWRITTEN: usize = 4 << 20;
 
 /// A handle to a connection's task; cheap to clone.
 #[derive(Clone)]
@@ -118,12 +129,14 @@ async fn drive(mut stream: TcpStream, mut rx: mpsc::Receiver<Request>, kill: Arc
         }
         tokio::select! {
             () = kill.notified() => break Error::new(ErrorKind::ConnectionClosed, "connection aborted"),
-            req = rx.recv(), if accepting => match req {
+            req = rx.recv(), if accepting && pending.len() < MAX_IN_FLIGHT && out.len() < MAX_UNWRITTEN => match req {
                 Some(req) => {
                     encode(&req.frame, Version::Resp2, &mut out);
                     pending.push_back(req.reply);
                     // Batch whatever else is queued into the same write.
-                    while let Ok(req) = rx.try_recv() {
+                    while pending.len() < MAX_IN_FLIGHT && out.len() < MAX_UNWRITTEN
+                        && let Ok(req) = rx.try_recv()
+                    {
                         encode(&req.frame, Version::Resp2, &mut out);
                         pending.push_back(req.reply);
                     }

@@ -70,6 +70,11 @@ impl Error {
         Error::new(self.kind, self.detail.clone())
     }
 
+    /// What went wrong, without the kind.
+    pub(crate) fn detail(&self) -> &str {
+        &self.detail
+    }
+
     pub(crate) fn io(e: std::io::Error) -> Self {
         Error {
             kind: ErrorKind::Io,
@@ -144,7 +149,13 @@ impl Error {
 
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{:?}: {}", self.kind, self.detail)
+        // A server error's text leads with its own code (`FENCED ...`):
+        // not repeated.
+        if self.server_error().is_some() {
+            write!(f, "{}", self.detail)
+        } else {
+            write!(f, "{:?}: {}", self.kind, self.detail)
+        }
     }
 }
 

@@ -65,8 +65,8 @@
 //! | Event | While claiming or waiting | While the effect runs | While recording the outcome |
 //! |---|---|---|---|
 //! | The service crashes (kill -9) | A grant not yet delivered lapses with its lease to *abandoned*, with an empty journal ([`RunOptions::run_again_if_no_journal`] lets the next caller run it) | The lease lapses to *abandoned* (`ONEXPIRE RECOVER`): the next caller gets the journal (`on_recover`, or [`RunError::NeedsRecovery`]); the effect is not run again | As while the effect runs |
-//! | The call is cancelled (future dropped, HTTP client hangs up) | The claim is withdrawn; a grant that arrives anyway is released (`ACQUIRED`) or abandoned again (`RECOVER`) | Abandoned at once (released with [`RunOptions::release_on_cancel`]) | Abandoned |
-//! | A reply times out | Retried with the same attempt id, which gets the same grant back, within the call's deadline ([`ClientConfig::deadline`], default 10 s, plus the wait) | The effect is yours; renewals keep retrying, and [`ClaimCtx::is_lost`] says when the lease is presumed lost | COMPLETE retried (a repeat is acknowledged); if it cannot be recorded: [`RunError::Unrecorded`] with the value, key abandoned (best effort) |
+//! | The call is cancelled (future dropped, HTTP client hangs up) | The claim is withdrawn; a grant that arrives anyway is released (`ACQUIRED`) or abandoned again (`RECOVER`) | Abandoned at once (released with [`RunOptions::release_on_cancel`] if nothing was journaled yet) | Abandoned |
+//! | A reply times out | Retried with the same attempt id, which gets the same grant back, within the call's deadline ([`ClientConfig::deadline`], default 10 s, plus the wait); past it the call fails, and a grant that still arrives is found by attempt id and settled (best effort) | The effect is yours; renewals keep retrying, and [`ClaimCtx::is_lost`] says when the lease is presumed lost | COMPLETE retried (a repeat is acknowledged); if it cannot be recorded: [`RunError::Unrecorded`] with the value, key abandoned (best effort) |
 //! | The server restarts | Requests reconnect and retry; records are durable (raft engine) | As above | As above |
 //! | The server is unreachable | Fails when the deadline passes, the error naming command, key, address, attempts and time | Renewals fail; ownership is presumed lost after a whole lease | [`RunError::Unrecorded`], the lease lapses to *abandoned* |
 //!
@@ -91,7 +91,7 @@ pub use claim::{Claim, ClaimCtx};
 pub use client::{ClaimBuilder, ClaimOutcome, Client, ClientStats, Completed, Settled};
 pub use config::ClientConfig;
 pub use error::{Error, ErrorKind, Result};
-pub use idem_protocol::{OnExpire, Outcome, RecordInfo, RecordState};
+pub use idem_protocol::{ErrorCode, OnExpire, Outcome, RecordInfo, RecordState, ServerError};
 pub use key::Key;
 #[cfg(feature = "serde")]
 pub use run::TypedCompleted;

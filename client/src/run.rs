@@ -111,13 +111,15 @@ impl<E> RunOptions<E> {
         Self::default()
     }
 
-    /// Lease of the claim (renewed while the effect runs).
+    /// Lease of the claim, renewed while the effect runs (default: the
+    /// config's `default_lease`, else 30 s).
     pub fn lease(mut self, d: Duration) -> Self {
         self.claim.lease = Some(d);
         self
     }
 
-    /// Retention of the outcome.
+    /// Retention of the outcome (default: the config's `default_retain`,
+    /// else the server's).
     pub fn retain(mut self, d: Duration) -> Self {
         self.claim.retain = Some(d);
         self
@@ -129,7 +131,8 @@ impl<E> RunOptions<E> {
         self
     }
 
-    /// Fingerprint of the request payload.
+    /// Fingerprint of the request payload (default none: any payload
+    /// matches). See `fingerprint` (feature `serde`).
     pub fn fingerprint(mut self, fp: impl Into<Bytes>) -> Self {
         self.claim.fingerprint = Some(fp.into());
         self
@@ -152,11 +155,12 @@ impl<E> RunOptions<E> {
     }
 
     /// When the call is cancelled (its future dropped) while the effect
-    /// runs, release the key instead of abandoning it (default false). Only
-    /// for effects that journal before any downstream call: then an
-    /// interrupted effect is known not to have happened, and a retry may
-    /// run it at once. A recovered claim (after `RECOVER`) is always
-    /// abandoned when cancelled.
+    /// runs and before it journaled anything, release the key instead of
+    /// abandoning it (default false), so a retry may run the effect at
+    /// once. For effects that journal before any downstream call: without
+    /// a journal, downstream was never reached. Once the effect journaled,
+    /// or returned, a cancellation abandons; a recovered claim (after
+    /// `RECOVER`) is always abandoned when cancelled.
     pub fn release_on_cancel(mut self, yes: bool) -> Self {
         self.release_on_cancel = yes;
         self
@@ -362,9 +366,7 @@ impl Client {
             ClaimOutcome::Completed(done) => return Ok(done),
             ClaimOutcome::InFlight { remaining } => return Err(RunError::InFlight { remaining }),
             ClaimOutcome::Acquired(mut guard) => {
-                if opts.release_on_cancel {
-                    guard.release_when_dropped();
-                }
+                guard.release_when_dropped(opts.release_on_cancel);
                 guard
             }
             ClaimOutcome::Recover {
@@ -429,7 +431,7 @@ async fn finish<E>(guard: Claim, value: Bytes, outcome: Outcome) -> Result<Compl
 }
 
 async fn run_effect<F, Fut, E>(
-    guard: Claim,
+    mut guard: Claim,
     classify: &Classifier<E>,
     effect: F,
 ) -> Result<Completed, RunError<E>>
@@ -440,6 +442,9 @@ where
     // If this future is dropped while the effect runs, `guard` is dropped
     // with it and abandons the claim.
     let result = AssertUnwindSafe(effect(guard.ctx())).catch_unwind().await;
+    // The effect is over: from here a cancellation abandons whatever the
+    // options said (its outcome is being recorded).
+    guard.release_when_dropped(false);
     match result {
         Ok(Ok(value)) => finish(guard, value, Outcome::Ok).await,
         Ok(Err(error)) => {
