@@ -756,3 +756,99 @@ async fn requests_to_a_stuck_server_are_bounded() {
         "{queue_full} waited for room"
     );
 }
+
+/// The COMPLETE could not reach the server (it died while the effect ran):
+/// the value still comes back, in `Unrecorded`.
+#[tokio::test]
+async fn an_effect_whose_server_went_away_still_returns_its_value() {
+    let mut s = Idemd::start().await;
+    let c = Client::connect_with_config(
+        s.addr.to_string(),
+        idem_client::ClientConfig::default()
+            .retries(1)
+            .deadline(Duration::from_millis(500)),
+    )
+    .await
+    .unwrap();
+    let k = key("server-gone");
+    let result = c
+        .run_once(k.as_str(), RunOptions::<()>::new(), |_ctx| async {
+            // The server dies while the effect runs.
+            s.kill().await;
+            Ok(Bytes::from("ch_99"))
+        })
+        .await;
+    match result {
+        Err(RunError::Unrecorded { value, error, .. }) => {
+            assert_eq!(value, Bytes::from("ch_99"));
+            assert!(error.is_retryable(), "{error}");
+        }
+        other => panic!("expected Unrecorded, got {other:?}"),
+    }
+}
+
+/// Spans a service can see: `idem.run_once` with the key, fence, outcome
+/// and whether it was replayed; `idem.request` with the command and the
+/// attempts it took.
+#[tokio::test]
+async fn calls_run_in_tracing_spans_with_their_fields() {
+    use std::sync::{Arc, Mutex};
+    use tracing_subscriber::layer::{Context, SubscriberExt};
+
+    #[derive(Default, Clone)]
+    struct Seen(Arc<Mutex<Vec<String>>>);
+    struct Fields<'a>(&'a mut String);
+    impl tracing::field::Visit for Fields<'_> {
+        fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+            self.0.push_str(&format!(" {}={:?}", field.name(), value));
+        }
+    }
+    impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Seen {
+        fn on_new_span(
+            &self,
+            attrs: &tracing::span::Attributes<'_>,
+            _id: &tracing::span::Id,
+            _ctx: Context<'_, S>,
+        ) {
+            let mut line = attrs.metadata().name().to_owned();
+            attrs.record(&mut Fields(&mut line));
+            self.0.lock().unwrap().push(line);
+        }
+        fn on_record(
+            &self,
+            _id: &tracing::span::Id,
+            values: &tracing::span::Record<'_>,
+            _ctx: Context<'_, S>,
+        ) {
+            let mut line = "record".to_owned();
+            values.record(&mut Fields(&mut line));
+            self.0.lock().unwrap().push(line);
+        }
+    }
+
+    let s = Idemd::start().await;
+    let seen = Seen::default();
+    let subscriber = tracing_subscriber::registry().with(seen.clone());
+    let _guard = tracing::subscriber::set_default(subscriber);
+    let c = client(&s).await;
+    let k = key("spans");
+    for _ in 0..2 {
+        c.run_once(k.as_str(), RunOptions::<()>::new(), |_| async {
+            Ok(Bytes::from("v"))
+        })
+        .await
+        .unwrap();
+    }
+    let lines = seen.0.lock().unwrap().join("\n");
+    for want in [
+        "idem.run_once key=",
+        "record fence=",
+        "record outcome=\"OK\"",
+        "record replayed=false",
+        "record replayed=true",
+        "idem.request cmd=\"claim\"",
+        "record attempts=1",
+    ] {
+        assert!(lines.contains(want), "'{want}' not in:\n{lines}");
+    }
+}

@@ -413,7 +413,11 @@ impl Client {
         };
         let conn = match idle {
             Some(c) => c,
-            None => Connection::open(addr, self.inner.config.connect_timeout).await?,
+            None => {
+                let conn = Connection::open(addr, self.inner.config.connect_timeout).await?;
+                handshake(&conn, addr, self.inner.config.request_timeout).await?;
+                conn
+            }
         };
         // If this future is dropped before the reply (the caller gave up),
         // the connection is closed at once, so the server withdraws the
