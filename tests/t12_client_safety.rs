@@ -667,8 +667,9 @@ async fn a_claim_that_times_out_does_not_leave_its_grant_behind() {
         .await
         .unwrap_err();
     assert!(e.is_timeout(), "{e}");
+    let attempt = e.attempt().expect("the claim's attempt id").clone();
     assert!(
-        e.to_string().contains("attempt "),
+        e.to_string().contains(&*String::from_utf8_lossy(&attempt)),
         "the attempt id is named: {e}"
     );
     let direct = client(&s).await;
@@ -851,4 +852,37 @@ async fn calls_run_in_tracing_spans_with_their_fields() {
     ] {
         assert!(lines.contains(want), "'{want}' not in:\n{lines}");
     }
+}
+
+/// A caller that lost track of its claim (a restart between the claim and
+/// the effect) retries with the same attempt id and gets its own grant
+/// back, where a fresh attempt would wait on itself.
+#[tokio::test]
+async fn run_once_can_resume_its_own_attempt() {
+    let s = Idemd::start().await;
+    let c = client(&s).await;
+    let k = key("resume");
+    let ClaimOutcome::Acquired(lost) = c.claim(k.as_str()).attempt("attempt-7").await.unwrap()
+    else {
+        panic!("the key is fresh")
+    };
+    // The process that held it is gone (no abandon, no renewals).
+    std::mem::forget(lost);
+    let other = c
+        .run_once(
+            k.as_str(),
+            RunOptions::<()>::new().wait(Duration::ZERO),
+            |_| async { Ok(Bytes::from("must not run")) },
+        )
+        .await;
+    assert!(matches!(other, Err(RunError::InFlight { .. })), "{other:?}");
+    let done = c
+        .run_once(
+            k.as_str(),
+            RunOptions::<()>::new().attempt("attempt-7"),
+            |_| async { Ok(Bytes::from("resumed")) },
+        )
+        .await
+        .unwrap();
+    assert_eq!((done.value, done.replayed), (Bytes::from("resumed"), false));
 }

@@ -494,6 +494,10 @@ impl Client {
             Command::Settle(s) => s.wait_ms.is_some_and(|w| w > 0),
             _ => false,
         };
+        let claim_attempt = match cmd {
+            Command::Claim(c) => c.attempt.clone(),
+            _ => None,
+        };
         let (mut attempt, mut redirects) = (0u32, 0u32);
         loop {
             attempts.store(attempt + 1, Ordering::Relaxed);
@@ -540,13 +544,17 @@ impl Client {
                 Err(e) if e.is_retryable() && attempt < cfg.retries => e,
                 Err(e) => {
                     counters.failures.fetch_add(1, Ordering::Relaxed);
-                    return Err(e.with_context(context(attempt + 1)));
+                    return Err(e
+                        .with_context(context(attempt + 1))
+                        .with_attempt(claim_attempt));
                 }
             };
             let backoff = cfg.backoff_for(attempt);
             if tokio::time::Instant::now() + backoff >= deadline {
                 counters.failures.fetch_add(1, Ordering::Relaxed);
-                return Err(retry_err.with_context(context(attempt + 1)));
+                return Err(retry_err
+                    .with_context(context(attempt + 1))
+                    .with_attempt(claim_attempt));
             }
             counters.retries.fetch_add(1, Ordering::Relaxed);
             tracing::debug!(cmd = cmd.name(), error = %retry_err, attempt, "retrying request");

@@ -46,6 +46,7 @@ pub enum ErrorKind {
 pub struct Error {
     kind: ErrorKind,
     detail: String,
+    attempt: Option<bytes::Bytes>,
     source: Option<Box<dyn std::error::Error + Send + Sync>>,
 }
 
@@ -54,8 +55,21 @@ impl Error {
         Error {
             kind,
             detail: detail.into(),
+            attempt: None,
             source: None,
         }
+    }
+
+    /// The attempt id of the claim that failed, if a claim did: with it,
+    /// `INSPECT` tells whether that claim owns the key after all.
+    pub fn attempt(&self) -> Option<&bytes::Bytes> {
+        self.attempt.as_ref()
+    }
+
+    /// The same error, naming the attempt id of the claim that failed.
+    pub(crate) fn with_attempt(mut self, attempt: Option<bytes::Bytes>) -> Self {
+        self.attempt = attempt;
+        self
     }
 
     /// The same error, its detail led by `context` (what was asked of whom).
@@ -79,6 +93,7 @@ impl Error {
         Error {
             kind: ErrorKind::Io,
             detail: e.to_string(),
+            attempt: None,
             source: Some(Box::new(e)),
         }
     }
@@ -97,6 +112,7 @@ impl Error {
         Error {
             kind,
             detail: e.to_string(),
+            attempt: None,
             source: Some(Box::new(e)),
         }
     }

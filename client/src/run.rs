@@ -60,6 +60,7 @@ pub struct RunOptions<E> {
     recover: Option<Recoverer>,
     release_on_cancel: bool,
     run_again_if_no_journal: bool,
+    attempt: Option<Bytes>,
 }
 
 impl<E> Clone for RunOptions<E> {
@@ -70,6 +71,7 @@ impl<E> Clone for RunOptions<E> {
             recover: self.recover.clone(),
             release_on_cancel: self.release_on_cancel,
             run_again_if_no_journal: self.run_again_if_no_journal,
+            attempt: self.attempt.clone(),
         }
     }
 }
@@ -97,6 +99,7 @@ impl<E> Default for RunOptions<E> {
             recover: None,
             release_on_cancel: false,
             run_again_if_no_journal: false,
+            attempt: None,
         }
     }
 }
@@ -148,7 +151,8 @@ impl<E> RunOptions<E> {
 
     /// Overall time claiming (and waiting) may take, retries included
     /// (default: the client's [`ClientConfig::deadline`](crate::ClientConfig::deadline)
-    /// plus the wait). The effect's own time is not counted.
+    /// plus the wait). The effect's own time is not counted, and recording
+    /// the outcome has the client's deadline of its own.
     pub fn deadline(mut self, d: Duration) -> Self {
         self.claim.deadline = Some(d);
         self
@@ -174,6 +178,16 @@ impl<E> RunOptions<E> {
     /// reached downstream.
     pub fn run_again_if_no_journal(mut self, yes: bool) -> Self {
         self.run_again_if_no_journal = yes;
+        self
+    }
+
+    /// The attempt id to claim with (default: a fresh random one per
+    /// call). A caller that retries a call whose outcome it lost (its
+    /// process restarted, say) with the same id gets its own grant back
+    /// instead of `InFlight`; [`Error::attempt`] names the id of a claim
+    /// that failed.
+    pub fn attempt(mut self, id: impl Into<Bytes>) -> Self {
+        self.attempt = Some(id.into());
         self
     }
 
@@ -361,6 +375,9 @@ impl Client {
             effect(ctx)
         };
         let mut claim = self.claim(key);
+        if let Some(id) = &opts.attempt {
+            claim = claim.attempt(id.clone());
+        }
         claim.opts = opts.claim.clone();
         let guard = match claim.send().await? {
             ClaimOutcome::Completed(done) => return Ok(done),
