@@ -788,11 +788,13 @@ async fn an_effect_whose_server_went_away_still_returns_its_value() {
     }
 }
 
-/// Spans a service can see: `idem.run_once` with the key, fence, outcome
-/// and whether it was replayed; `idem.request` with the command and the
-/// attempts it took.
+/// Not a test of its own: run by `calls_run_in_tracing_spans_with_their_fields`
+/// in a process of its own, where its subscriber is the global one (a
+/// scoped subscriber misses spans whose callsites other test threads
+/// registered first). Prints every span and recorded field.
 #[tokio::test]
-async fn calls_run_in_tracing_spans_with_their_fields() {
+#[ignore = "run as a child process by calls_run_in_tracing_spans_with_their_fields"]
+async fn spans_child() {
     use std::sync::{Arc, Mutex};
     use tracing_subscriber::layer::{Context, SubscriberExt};
 
@@ -827,10 +829,13 @@ async fn calls_run_in_tracing_spans_with_their_fields() {
         }
     }
 
-    let s = Idemd::start().await;
+    if std::env::var_os(SPANS_CHILD).is_none() {
+        return;
+    }
     let seen = Seen::default();
-    let subscriber = tracing_subscriber::registry().with(seen.clone());
-    let _guard = tracing::subscriber::set_default(subscriber);
+    tracing::subscriber::set_global_default(tracing_subscriber::registry().with(seen.clone()))
+        .unwrap();
+    let s = Idemd::start().await;
     let c = client(&s).await;
     let k = key("spans");
     for _ in 0..2 {
@@ -840,15 +845,44 @@ async fn calls_run_in_tracing_spans_with_their_fields() {
         .await
         .unwrap();
     }
-    let lines = seen.0.lock().unwrap().join("\n");
+    for line in seen.0.lock().unwrap().iter() {
+        println!("SPAN {line}");
+    }
+}
+
+/// Environment variable that turns [`spans_child`] on.
+const SPANS_CHILD: &str = "X_SPANS_CHILD";
+
+/// Spans a service can see: `idem.run_once` with the key, fence, outcome
+/// and whether it was replayed; `idem.request` with the command and the
+/// attempts it took.
+#[tokio::test]
+async fn calls_run_in_tracing_spans_with_their_fields() {
+    let out = tokio::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--ignored",
+            "--exact",
+            "t12_client_safety::spans_child",
+            "--nocapture",
+        ])
+        .env(SPANS_CHILD, "1")
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines = String::from_utf8_lossy(&out.stdout);
     for want in [
-        "idem.run_once key=",
-        "record fence=",
-        "record outcome=\"OK\"",
-        "record replayed=false",
-        "record replayed=true",
-        "idem.request cmd=\"claim\"",
-        "record attempts=1",
+        "SPAN idem.run_once key=",
+        "SPAN record fence=",
+        "SPAN record outcome=\"OK\"",
+        "SPAN record replayed=false",
+        "SPAN record replayed=true",
+        "SPAN idem.request cmd=\"claim\"",
+        "SPAN record attempts=1",
     ] {
         assert!(lines.contains(want), "'{want}' not in:\n{lines}");
     }
