@@ -13,6 +13,29 @@ async fn client(s: &Idemd) -> Client {
     Client::connect(s.addr.to_string()).await.expect("connects")
 }
 
+/// This test binary run again as a child process, running only the
+/// ignored test `name` of this module, with `var` set to `value`.
+fn child_test(name: &str, var: &str, value: &str) -> tokio::process::Command {
+    let mut cmd = tokio::process::Command::new(std::env::current_exe().unwrap());
+    cmd.args([
+        "--ignored",
+        "--exact",
+        &format!("t12_client_safety::{name}"),
+        "--nocapture",
+    ])
+    .env(var, value);
+    cmd
+}
+
+/// The value and error of a `run_once` whose outcome could not be
+/// recorded (anything else fails the test).
+fn unrecorded(result: Result<idem_client::Completed, RunError<()>>) -> (Bytes, idem_client::Error) {
+    match result {
+        Err(RunError::Unrecorded { value, error, .. }) => (value, error),
+        other => panic!("expected Unrecorded, got {other:?}"),
+    }
+}
+
 /// Polls `fut` once (a claim goes out on its first poll), then drops it,
 /// as a caller that gives up does.
 fn sent_then_dropped<F: std::future::Future>(fut: F) {
@@ -166,14 +189,7 @@ async fn crashing_service() {
 async fn a_crash_mid_effect_is_recovered_not_run_again() {
     use tokio::io::AsyncBufReadExt;
     let s = Idemd::start().await;
-    let mut child = tokio::process::Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--ignored",
-            "--exact",
-            "t12_client_safety::crashing_service",
-            "--nocapture",
-        ])
-        .env(CRASH_CHILD, s.addr.to_string())
+    let mut child = child_test("crashing_service", CRASH_CHILD, &s.addr.to_string())
         .stdout(std::process::Stdio::piped())
         .kill_on_drop(true)
         .spawn()
@@ -243,13 +259,9 @@ async fn an_effect_whose_outcome_cannot_be_recorded_still_returns_its_value() {
             Ok(Bytes::from("ch_42"))
         })
         .await;
-    match result {
-        Err(RunError::Unrecorded { value, error, .. }) => {
-            assert_eq!(value, Bytes::from("ch_42"));
-            assert!(error.is_fenced(), "{error}");
-        }
-        other => panic!("expected Unrecorded, got {other:?}"),
-    }
+    let (value, error) = unrecorded(result);
+    assert_eq!(value, Bytes::from("ch_42"));
+    assert!(error.is_fenced(), "{error}");
 }
 
 /// A payload with a map field, parsed twenty times from one body, gave 18
@@ -779,13 +791,9 @@ async fn an_effect_whose_server_went_away_still_returns_its_value() {
             Ok(Bytes::from("ch_99"))
         })
         .await;
-    match result {
-        Err(RunError::Unrecorded { value, error, .. }) => {
-            assert_eq!(value, Bytes::from("ch_99"));
-            assert!(error.is_retryable(), "{error}");
-        }
-        other => panic!("expected Unrecorded, got {other:?}"),
-    }
+    let (value, error) = unrecorded(result);
+    assert_eq!(value, Bytes::from("ch_99"));
+    assert!(error.is_retryable(), "{error}");
 }
 
 /// Not a test of its own: run by `calls_run_in_tracing_spans_with_their_fields`
@@ -858,14 +866,7 @@ const SPANS_CHILD: &str = "X_SPANS_CHILD";
 /// attempts it took.
 #[tokio::test]
 async fn calls_run_in_tracing_spans_with_their_fields() {
-    let out = tokio::process::Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--ignored",
-            "--exact",
-            "t12_client_safety::spans_child",
-            "--nocapture",
-        ])
-        .env(SPANS_CHILD, "1")
+    let out = child_test("spans_child", SPANS_CHILD, "1")
         .output()
         .await
         .unwrap();

@@ -389,12 +389,18 @@ impl Client {
         if let Some(c) = self.inner.conns.lock().get(addr).filter(|c| !c.is_closed()) {
             return Ok(c.clone());
         }
-        let conn = Connection::open(addr, self.inner.config.connect_timeout).await?;
-        handshake(&conn, addr, self.inner.config.request_timeout).await?;
+        let conn = self.open_checked(addr).await?;
         self.inner
             .conns
             .lock()
             .insert(addr.to_owned(), conn.clone());
+        Ok(conn)
+    }
+
+    /// Opens a connection to `addr` and checks that it is an Idem server.
+    async fn open_checked(&self, addr: &str) -> Result<Connection> {
+        let conn = Connection::open(addr, self.inner.config.connect_timeout).await?;
+        handshake(&conn, addr, self.inner.config.request_timeout).await?;
         Ok(conn)
     }
 
@@ -413,11 +419,7 @@ impl Client {
         };
         let conn = match idle {
             Some(c) => c,
-            None => {
-                let conn = Connection::open(addr, self.inner.config.connect_timeout).await?;
-                handshake(&conn, addr, self.inner.config.request_timeout).await?;
-                conn
-            }
+            None => self.open_checked(addr).await?,
         };
         // If this future is dropped before the reply (the caller gave up),
         // the connection is closed at once, so the server withdraws the
@@ -464,7 +466,7 @@ impl Client {
             key = tracing::field::Empty,
             attempts = tracing::field::Empty,
         );
-        if let Some(key) = cmd.key() {
+        if let Some(key) = cmd.key().filter(|_| !span.is_disabled()) {
             span.record("key", tracing::field::display(String::from_utf8_lossy(key)));
         }
         let attempts = std::sync::atomic::AtomicU32::new(0);
@@ -898,7 +900,11 @@ async fn send_claim(
     };
     let (key, wait) = (c.key.clone(), Duration::from_millis(c.wait_ms.unwrap_or(0)));
     let (caller_client, caller_key) = (client.clone(), key.clone());
-    let sent_at = tokio::time::Instant::now();
+    // After this no grant can come: the last try's server-side wait is over.
+    let until = tokio::time::Instant::now()
+        + wait
+        + budget.unwrap_or(client.inner.config.deadline)
+        + client.inner.config.request_timeout;
     tokio::spawn(async move {
         let mut tx = tx;
         let reply = {
@@ -910,10 +916,6 @@ async fn send_claim(
                 () = tx.closed(), if waits => {
                     // Dropping the request aborts its connection.
                     drop(request);
-                    let until = sent_at
-                        + wait
-                        + budget.unwrap_or(client.inner.config.deadline)
-                        + client.inner.config.request_timeout;
                     settle_lost_claim(&client, &key, &cmd, &attempt, until).await;
                     return;
                 }
@@ -926,10 +928,6 @@ async fn send_claim(
             // Given up on (deadline, connection lost) with the outcome
             // unknown: a grant may still have been made, or be on its way;
             // it is looked for and settled.
-            let until = sent_at
-                + wait
-                + budget.unwrap_or(client.inner.config.deadline)
-                + client.inner.config.request_timeout;
             settle_lost_claim(&client, &key, &cmd, &attempt, until).await;
         }
     });

@@ -63,10 +63,6 @@ pub async fn serve(node: Node, socket: TcpStream, addr: SocketAddr, stop: watch:
     node.clients().unregister(id);
 }
 
-fn push(out: &mut OutBuf, version: Version, reply: &Reply) {
-    out.push_reply(version, reply);
-}
-
 /// A reply owed, in request order.
 enum Owed {
     /// Known, waiting for earlier ones.
@@ -101,7 +97,7 @@ impl Pending {
     /// before it.
     fn reply(&mut self, out: &mut OutBuf, version: Version, reply: Reply) {
         if self.queue.is_empty() {
-            push(out, version, &reply);
+            out.push_reply(version, &reply);
         } else {
             self.queue.push_back((Owed::Ready(reply), version));
         }
@@ -507,7 +503,7 @@ async fn run(
             () = poll_fn(|cx| pending.poll_ready(cx, &mut ready)), if !pending.is_empty() => {
                 last_activity = Instant::now();
                 for (reply, v) in ready.drain(..) {
-                    push(&mut out, v, &reply);
+                    out.push_reply(v, &reply);
                     if out.memory() as u64 > accounted + ACCOUNT_STEP
                         && !charge(node, &info, &mut accounted, &out).await
                     {
