@@ -15,6 +15,7 @@
 //!   stored values instead of copying them.
 //! - [`reply`]: typed replies ([`ClaimReply`], [`SettleReply`],
 //!   [`RecordInfo`], [`ServerError`]).
+//! - [`slot`]: Redis Cluster's hash slot of a key ([`key_slot`]).
 //! - [`spec`]: the command table (name, arity, flags, key position).
 //! - [`error`]: frame and command errors.
 //!
@@ -42,9 +43,10 @@ pub mod error;
 pub mod frame;
 pub mod out;
 pub mod reply;
+pub mod slot;
 pub mod spec;
 
-pub use cmd::{Command, OnExpire};
+pub use cmd::{ClusterCmd, Command, OnExpire};
 pub use codec::RespCodec;
 pub use error::{CommandError, FrameError, ReplyError};
 pub use frame::{Decoder, Frame, Limits, Version, decode, encode};
@@ -52,6 +54,7 @@ pub use out::OutBuf;
 pub use reply::{
     ClaimReply, ErrorCode, Outcome, RecordInfo, RecordState, Reply, ServerError, SettleReply,
 };
+pub use slot::key_slot;
 pub use spec::{CommandId, CommandSpec, Flags};
 
 #[cfg(test)]

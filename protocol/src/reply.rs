@@ -10,7 +10,8 @@
 //! INSPECT -> null | map (flat array in RESP2) of state, fence, lease_ms,
 //!            retain_ms, outcome, value, fingerprint, journal, attempt
 //! errors  -> -CODE message, CODE one of ERR MISMATCH FENCED TOOBIG OOM
-//!            NOAUTH NOPERM WRONGPASS NOTLEADER TRYAGAIN NOPROTO
+//!            NOAUTH NOPERM WRONGPASS MOVED TRYAGAIN CLUSTERDOWN
+//!            NOPROTO
 //! ```
 
 use std::borrow::Cow;
@@ -168,8 +169,6 @@ pub enum ErrorCode {
     NoPerm,
     /// Wrong credentials.
     WrongPass,
-    /// This node is not the leader; the message is the leader's `host:port`.
-    NotLeader,
     /// Try again later (e.g. no leader, or the server is shutting down).
     TryAgain,
     /// The protocol version asked for by `HELLO` is not supported.
@@ -193,7 +192,6 @@ impl ErrorCode {
             ErrorCode::NoAuth => "NOAUTH",
             ErrorCode::NoPerm => "NOPERM",
             ErrorCode::WrongPass => "WRONGPASS",
-            ErrorCode::NotLeader => "NOTLEADER",
             ErrorCode::TryAgain => "TRYAGAIN",
             ErrorCode::NoProto => "NOPROTO",
             ErrorCode::Moved => "MOVED",
@@ -211,7 +209,6 @@ impl ErrorCode {
             "NOAUTH" => ErrorCode::NoAuth,
             "NOPERM" => ErrorCode::NoPerm,
             "WRONGPASS" => ErrorCode::WrongPass,
-            "NOTLEADER" => ErrorCode::NotLeader,
             "TRYAGAIN" => ErrorCode::TryAgain,
             "NOPROTO" => ErrorCode::NoProto,
             "MOVED" => ErrorCode::Moved,

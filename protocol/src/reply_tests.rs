@@ -113,7 +113,8 @@ fn errors_round_trip_with_their_codes() {
         ServerError::new(ErrorCode::NoAuth, "authentication required"),
         ServerError::new(ErrorCode::NoPerm, "no"),
         ServerError::new(ErrorCode::WrongPass, "invalid"),
-        ServerError::new(ErrorCode::NotLeader, "10.0.0.2:7379"),
+        ServerError::new(ErrorCode::Moved, "3999 10.0.0.2:7379"),
+        ServerError::new(ErrorCode::ClusterDown, "no leader"),
         ServerError::new(ErrorCode::TryAgain, "no leader"),
         ServerError::new(ErrorCode::NoProto, "unsupported protocol version"),
     ];

@@ -44,6 +44,8 @@ pub enum CommandId {
     Command,
     /// `CONFIG`
     Config,
+    /// `CLUSTER`
+    Cluster,
 }
 
 /// Command flags (a bit set).
@@ -147,6 +149,7 @@ pub const COMMANDS: &[CommandSpec] = &[
     spec(CommandId::Client, "client", -2, C, 0),
     spec(CommandId::Command, "command", -1, C, 0),
     spec(CommandId::Config, "config", -2, A, 0),
+    spec(CommandId::Cluster, "cluster", -2, A, 0),
 ];
 
 /// The spec of the command named `name` (any case).

@@ -57,6 +57,24 @@ pub struct RawConfig {
     pub engine: String,
     /// Where the raft engine keeps its log and snapshots.
     pub data_dir: String,
+    /// This node's id in its cluster (a positive integer, never reused).
+    pub node_id: u64,
+    /// Address to listen on for peers (Raft traffic), HOST:PORT; empty: a
+    /// single node.
+    pub peer_listen: String,
+    /// The client address other nodes redirect clients to (default: the
+    /// listen address).
+    pub advertise: String,
+    /// The peer address other nodes connect to (default: `peer_listen`).
+    pub peer_advertise: String,
+    /// The members to bootstrap a new cluster with, `1=HOST:PEERPORT,...`.
+    pub initial_cluster: String,
+    /// The secret peers prove they hold (required when `peer_listen` is not
+    /// loopback).
+    pub cluster_secret: String,
+    /// `CLUSTER PROMOTE` refuses a learner further behind than this many
+    /// entries.
+    pub promote_max_lag_entries: u64,
     /// Ops waiting to be proposed to the log, at most.
     pub max_pending_proposals: usize,
     /// Bytes of ops in one log entry, at most.
@@ -141,6 +159,13 @@ impl Default for RawConfig {
             listen: "127.0.0.1:7379".into(),
             engine: "raft".into(),
             data_dir: "idem-data".into(),
+            node_id: 1,
+            peer_listen: String::new(),
+            advertise: String::new(),
+            peer_advertise: String::new(),
+            initial_cluster: String::new(),
+            cluster_secret: String::new(),
+            promote_max_lag_entries: 1000,
             max_pending_proposals: 65_536,
             max_batch_bytes: 8 << 20,
             proposal_timeout_ms: 10_000,
@@ -295,6 +320,8 @@ pub const MAX_WAIT_BOUND_MS: u64 = 24 * 3_600_000;
 macro_rules! numeric_keys {
     ($m:ident) => {
         $m!(
+            node_id,
+            promote_max_lag_entries,
             max_pending_proposals,
             max_batch_bytes,
             proposal_timeout_ms,
@@ -383,6 +410,11 @@ impl RawConfig {
                     "listen" => self.listen = value.to_owned(),
                     "engine" => self.engine = value.to_owned(),
                     "data_dir" => self.data_dir = value.to_owned(),
+                    "peer_listen" => self.peer_listen = value.to_owned(),
+                    "advertise" => self.advertise = value.to_owned(),
+                    "peer_advertise" => self.peer_advertise = value.to_owned(),
+                    "initial_cluster" => self.initial_cluster = value.to_owned(),
+                    "cluster_secret" => self.cluster_secret = value.to_owned(),
                     "log" => self.log = value.to_owned(),
                     $(stringify!($name) => self.$name = num(stringify!($name), value)?,)*
                     _ => return Err(invalid("environment", format!("unknown key IDEM_{}", key.to_ascii_uppercase()))),
@@ -401,12 +433,118 @@ impl RawConfig {
                     ("listen", self.listen.clone()),
                     ("engine", self.engine.clone()),
                     ("data_dir", self.data_dir.clone()),
+                    ("peer_listen", self.peer_listen.clone()),
+                    ("advertise", self.advertise.clone()),
+                    ("peer_advertise", self.peer_advertise.clone()),
+                    ("initial_cluster", self.initial_cluster.clone()),
+                    // Never shown: only whether one is set.
+                    ("cluster_secret", if self.cluster_secret.is_empty() { String::new() } else { "(set)".into() }),
                     ("log", self.log.clone()),
                     $((stringify!($name), self.$name.to_string()),)*
                 ]
             };
         }
         numeric_keys!(keys)
+    }
+
+    /// Checks the cluster keys.
+    fn cluster_config(
+        &self,
+        listen: SocketAddr,
+        engine: EngineKind,
+    ) -> Result<crate::engine::raft::cluster::ClusterConfig, ConfigError> {
+        use crate::engine::raft::cluster::{ClusterConfig, parse_initial_cluster};
+        if self.node_id == 0 {
+            return Err(invalid("node_id", "must be at least 1"));
+        }
+        let addr = |key: &'static str, v: &str| -> Result<SocketAddr, ConfigError> {
+            v.trim().parse().map_err(|_| {
+                invalid(key, format!("'{v}' is not HOST:PORT (an IP address and a port)"))
+            })
+        };
+        let peer_listen = match self.peer_listen.trim() {
+            "" => None,
+            v => Some(addr("peer_listen", v)?),
+        };
+        let initial_cluster =
+            parse_initial_cluster(&self.initial_cluster).map_err(|e| invalid("initial_cluster", e))?;
+        let client_advertise = match self.advertise.trim() {
+            "" => listen.to_string(),
+            v => {
+                addr("advertise", v)?;
+                v.to_owned()
+            }
+        };
+        let peer_advertise = match (self.peer_advertise.trim(), peer_listen) {
+            ("", Some(p)) => p.to_string(),
+            ("", None) => String::new(),
+            (v, _) => {
+                addr("peer_advertise", v)?;
+                v.to_owned()
+            }
+        };
+        let Some(peer) = peer_listen else {
+            if !initial_cluster.is_empty() {
+                return Err(invalid("initial_cluster", "needs peer_listen (--peer-listen)"));
+            }
+            return Ok(ClusterConfig {
+                client_advertise,
+                promote_max_lag_entries: self.promote_max_lag_entries,
+                ..ClusterConfig::default()
+            });
+        };
+        if engine != EngineKind::Raft {
+            return Err(invalid("peer_listen", "a cluster needs the raft engine"));
+        }
+        if listen.port() == 0 && self.advertise.trim().is_empty() {
+            return Err(invalid(
+                "advertise",
+                "a cluster node listening on port 0 must name its client address (advertise)",
+            ));
+        }
+        if peer.ip().is_unspecified() && self.peer_advertise.trim().is_empty() {
+            return Err(invalid(
+                "peer_advertise",
+                format!("peer_listen {peer} is a wildcard: name the address peers connect to"),
+            ));
+        }
+        if !peer.ip().is_loopback() && self.cluster_secret.is_empty() {
+            return Err(invalid(
+                "cluster_secret",
+                format!("peer_listen {peer} is not a loopback address: set cluster_secret (the same on every node) so that only nodes holding it can join"),
+            ));
+        }
+        if !self.cluster_secret.is_empty() && self.cluster_secret.len() < 16 {
+            return Err(invalid("cluster_secret", "must be at least 16 bytes"));
+        }
+        if !initial_cluster.is_empty() {
+            match initial_cluster.iter().find(|(id, _)| *id == self.node_id) {
+                None => {
+                    return Err(invalid(
+                        "initial_cluster",
+                        format!("does not list this node (node_id {})", self.node_id),
+                    ));
+                }
+                Some((_, a)) if *a != peer_advertise => {
+                    return Err(invalid(
+                        "initial_cluster",
+                        format!(
+                            "lists node {} at {a}, but its peer address is {peer_advertise}",
+                            self.node_id
+                        ),
+                    ));
+                }
+                Some(_) => {}
+            }
+        }
+        Ok(ClusterConfig {
+            peer_listen,
+            peer_advertise,
+            client_advertise,
+            initial_cluster,
+            secret: (!self.cluster_secret.is_empty()).then(|| self.cluster_secret.clone().into_bytes()),
+            promote_max_lag_entries: self.promote_max_lag_entries,
+        })
     }
 
     /// Checks every key and builds the [`Config`].
@@ -559,12 +697,14 @@ impl RawConfig {
                 ));
             }
         };
+        let cluster = self.cluster_config(listen, engine)?;
         Ok(Config {
             listen,
             engine,
             raft: crate::engine::raft::RaftConfig {
                 data_dir: self.data_dir.clone().into(),
-                node_id: 1,
+                node_id: self.node_id,
+                cluster,
                 max_pending_proposals: self.max_pending_proposals,
                 max_batch_bytes: self.max_batch_bytes,
                 proposal_timeout_ms: self.proposal_timeout_ms,

@@ -124,6 +124,9 @@ pub fn dispatch(node: &Node, session: &mut Session, cmd: Command) -> Action {
     if cmd.key().is_some() {
         return record(node, session, cmd);
     }
+    if let Command::Cluster(c) = cmd {
+        return crate::cluster_admin::cluster(node, c);
+    }
     Action::Reply(match cmd {
         Command::Ping(p) => match p.message {
             None => Reply::Frame(Frame::simple("PONG")),
@@ -149,6 +152,11 @@ fn record(node: &Node, session: &Session, cmd: Command) -> Action {
             bump(&node.metrics().toobig);
         }
         return Action::Reply(Reply::Error(e));
+    }
+    // Only the serving leader answers record commands, reads included;
+    // elsewhere: -MOVED to the leader, -TRYAGAIN or -CLUSTERDOWN.
+    if let Err(e) = node.engine().route(cmd.key().map(|k| &k[..])) {
+        return Action::Reply(Reply::Error(e.to_server_error()));
     }
     let wait = match &cmd {
         Command::Claim(c) => c.wait_ms.unwrap_or(0),

@@ -68,6 +68,23 @@ pub fn reconcile_fd_limit(config: &mut Config) {
 /// How long a refused connection may take to receive its error.
 const REJECT_TIMEOUT: Duration = Duration::from_secs(1);
 
+/// Listens on `addr` (with `SO_REUSEADDR`, so a restart can bind at once)
+/// with a backlog of `backlog` connections.
+///
+/// # Errors
+///
+/// When the address cannot be bound.
+pub fn bind_listener(addr: SocketAddr, backlog: u32) -> io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() {
+        TcpSocket::new_v4()?
+    } else {
+        TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(backlog)
+}
+
 /// A bound, not yet running server.
 pub struct Server {
     listener: TcpListener,
@@ -89,14 +106,7 @@ impl Server {
         let node = Node::start(config, listen)
             .await
             .map_err(io::Error::other)?;
-        let socket = if listen.is_ipv4() {
-            TcpSocket::new_v4()?
-        } else {
-            TcpSocket::new_v6()?
-        };
-        socket.set_reuseaddr(true)?;
-        socket.bind(listen)?;
-        let listener = socket.listen(backlog)?;
+        let listener = bind_listener(listen, backlog)?;
         node.set_bound(listener.local_addr()?);
         Ok(Server { listener, node })
     }

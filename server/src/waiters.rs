@@ -540,6 +540,35 @@ impl Waiters {
 }
 
 impl EventSink for Waiters {
+    /// Answers every parked request at once: `redirect(key)` (`-MOVED` to
+    /// the new leader), except the head of a queue whose serve pass runs,
+    /// whose handover CLAIM may already be proposed: it gets `-TRYAGAIN`
+    /// (it may have been applied; a retry with the same ATTEMPT id is
+    /// safe).
+    fn on_demoted(self: Arc<Self>, redirect: &dyn Fn(&[u8]) -> crate::engine::EngineError) {
+        let mut answered = 0u64;
+        for shard in self.shards.iter() {
+            let queues = std::mem::take(&mut shard.lock().queues);
+            for (key, mut q) in queues {
+                let moved = Reply::Error(redirect(&key).to_server_error());
+                let mut first = q.serving;
+                for w in q.list.drain(..) {
+                    let reply = if std::mem::take(&mut first) {
+                        Reply::Error(idem_protocol::ServerError::new(
+                            idem_protocol::ErrorCode::TryAgain,
+                            "this node stopped leading while handing the key over: the claim may have been applied",
+                        ))
+                    } else {
+                        moved.clone()
+                    };
+                    let _ = w.tx.send(reply);
+                    answered += 1;
+                }
+            }
+        }
+        self.stats.parked_now.fetch_sub(answered, Ordering::Relaxed);
+    }
+
     fn on_events(self: Arc<Self>, events: &[KeyEvent]) {
         for ev in events {
             let mut sh = self.shard(&ev.key).lock();

@@ -7,6 +7,7 @@
 mod abandon;
 mod admin;
 mod claim;
+mod cluster;
 mod complete;
 mod forget;
 mod inspect;
@@ -18,6 +19,7 @@ mod settle;
 pub use abandon::Abandon;
 pub use admin::{Auth, ClientCmd, CommandCmd, ConfigCmd, Echo, Hello, Info, Ping};
 pub use claim::{Claim, OnExpire};
+pub use cluster::ClusterCmd;
 pub use complete::Complete;
 pub use forget::Forget;
 pub use inspect::Inspect;
@@ -74,6 +76,8 @@ pub enum Command {
     Command(CommandCmd),
     /// `CONFIG GET pattern ...`
     Config(ConfigCmd),
+    /// `CLUSTER INFO|NODES|MYID|SLOTS|SHARDS|KEYSLOT|MEMBERS|ADD|PROMOTE|REMOVE`
+    Cluster(ClusterCmd),
 }
 
 impl Command {
@@ -127,6 +131,7 @@ impl Command {
             }
             CommandId::Client => parse!(Client, ClientCmd, "client"),
             CommandId::Config => parse!(Config, ConfigCmd, "config"),
+            CommandId::Cluster => parse!(Cluster, ClusterCmd, "cluster"),
             CommandId::Renew => parse!(Renew, Renew, "renew"),
             CommandId::Journal => parse!(Journal, Journal, "journal"),
             CommandId::Release => parse!(Release, Release, "release"),
@@ -161,6 +166,7 @@ impl Command {
             Command::Client(c) => c.write_args(&mut out),
             Command::Command(c) => c.write_args(&mut out),
             Command::Config(c) => c.write_args(&mut out),
+            Command::Cluster(c) => c.write_args(&mut out),
         }
         Frame::Array(out)
     }
@@ -187,6 +193,7 @@ impl Command {
             Command::Client(_) => CommandId::Client,
             Command::Command(_) => CommandId::Command,
             Command::Config(_) => CommandId::Config,
+            Command::Cluster(_) => CommandId::Cluster,
         }
     }
 

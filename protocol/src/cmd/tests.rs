@@ -101,6 +101,20 @@ pub(crate) fn all_commands() -> Vec<Command> {
         Command::Command(CommandCmd::Docs(vec![])),
         Command::Command(CommandCmd::Info(vec![b("claim")])),
         Command::Config(ConfigCmd::Get(vec![b("max*")])),
+        Command::Cluster(ClusterCmd::Info),
+        Command::Cluster(ClusterCmd::Nodes),
+        Command::Cluster(ClusterCmd::MyId),
+        Command::Cluster(ClusterCmd::Slots),
+        Command::Cluster(ClusterCmd::Shards),
+        Command::Cluster(ClusterCmd::KeySlot(b("{user}.a"))),
+        Command::Cluster(ClusterCmd::Members),
+        Command::Cluster(ClusterCmd::Add {
+            id: 4,
+            peer: b("10.0.0.4:17379"),
+            client: b("10.0.0.4:7379"),
+        }),
+        Command::Cluster(ClusterCmd::Promote(4)),
+        Command::Cluster(ClusterCmd::Remove(4)),
     ]
 }
 
@@ -148,6 +162,16 @@ variants! {
     "command docs" => Command::Command(CommandCmd::Docs(_)),
     "command info" => Command::Command(CommandCmd::Info(_)),
     "config get" => Command::Config(ConfigCmd::Get(_)),
+    "cluster info" => Command::Cluster(ClusterCmd::Info),
+    "cluster nodes" => Command::Cluster(ClusterCmd::Nodes),
+    "cluster myid" => Command::Cluster(ClusterCmd::MyId),
+    "cluster slots" => Command::Cluster(ClusterCmd::Slots),
+    "cluster shards" => Command::Cluster(ClusterCmd::Shards),
+    "cluster keyslot" => Command::Cluster(ClusterCmd::KeySlot(_)),
+    "cluster members" => Command::Cluster(ClusterCmd::Members),
+    "cluster add" => Command::Cluster(ClusterCmd::Add { .. }),
+    "cluster promote" => Command::Cluster(ClusterCmd::Promote(_)),
+    "cluster remove" => Command::Cluster(ClusterCmd::Remove(_)),
 }
 
 #[test]

@@ -120,6 +120,24 @@ struct Args {
     /// Data directory of the raft engine (default ./idem-data).
     #[arg(long, value_name = "DIR")]
     data_dir: Option<String>,
+    /// This node's id in its cluster (default 1; never reuse the id of a
+    /// node whose data was lost).
+    #[arg(long, value_name = "N")]
+    node_id: Option<u64>,
+    /// Address to listen on for peers (Raft traffic), HOST:PORT; makes this
+    /// node a cluster member. Not loopback: set `cluster_secret` too.
+    #[arg(long, value_name = "HOST:PORT")]
+    peer_listen: Option<String>,
+    /// The client address other nodes redirect to (default: --listen).
+    #[arg(long, value_name = "HOST:PORT")]
+    advertise: Option<String>,
+    /// The peer address other nodes connect to (default: --peer-listen).
+    #[arg(long, value_name = "HOST:PORT")]
+    peer_advertise: Option<String>,
+    /// Bootstrap a new cluster of these members: `1=HOST:PEERPORT,2=...`
+    /// (ignored once the data directory holds a membership).
+    #[arg(long, value_name = "ID=HOST:PORT,...")]
+    initial_cluster: Option<String>,
     /// Configuration file (TOML); `IDEM_CONFIG` also names one.
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
@@ -143,6 +161,21 @@ fn main() -> anyhow::Result<()> {
     }
     if let Some(e) = args.engine {
         raw.engine = e;
+    }
+    if let Some(n) = args.node_id {
+        raw.node_id = n;
+    }
+    if let Some(v) = args.peer_listen {
+        raw.peer_listen = v;
+    }
+    if let Some(v) = args.advertise {
+        raw.advertise = v;
+    }
+    if let Some(v) = args.peer_advertise {
+        raw.peer_advertise = v;
+    }
+    if let Some(v) = args.initial_cluster {
+        raw.initial_cluster = v;
     }
     let config = raw.validate()?;
     let filter = EnvFilter::try_from_default_env()

@@ -103,6 +103,12 @@ impl Future for Submission {
 pub trait EventSink: Send + Sync {
     /// Called after ops were applied, outside every store lock.
     fn on_events(self: Arc<Self>, events: &[KeyEvent]);
+
+    /// Called when this node stops serving (it no longer leads): requests
+    /// waiting here are answered with `redirect(key)` at once.
+    fn on_demoted(self: Arc<Self>, redirect: &dyn Fn(&[u8]) -> EngineError) {
+        let _ = redirect;
+    }
 }
 
 enum Inner {
@@ -150,14 +156,13 @@ impl Engine {
         store_cfg: StoreConfig,
     ) -> Result<Self, raft::StartError> {
         let store = Arc::new(crate::store::Store::new(store_cfg));
-        let (engine, clock) =
-            raft::RaftEngine::start(cfg, Arc::clone(&store), Clock::new().now_ms()).await?;
+        let engine = raft::RaftEngine::start(cfg, Arc::clone(&store)).await?;
         Ok(Engine {
             inner: Inner::Raft {
                 engine: Box::new(engine),
                 store,
             },
-            clock,
+            clock: Clock::new(),
             sink: OnceLock::new(),
             expiring: Arc::default(),
         })
@@ -182,6 +187,34 @@ impl Engine {
     /// nothing changes, saves a round through it).
     pub fn has_log(&self) -> bool {
         matches!(self.inner, Inner::Raft { .. })
+    }
+
+    /// The raft engine, if this is one.
+    pub fn raft_engine(&self) -> Option<&raft::RaftEngine> {
+        match &self.inner {
+            Inner::Raft { engine, .. } => Some(engine),
+            Inner::Memory(_) => None,
+        }
+    }
+
+    /// The time now on the clock entries are stamped with (for the raft
+    /// engine: the current term's).
+    pub fn now_ms(&self) -> u64 {
+        match &self.inner {
+            Inner::Memory(_) => self.clock.now_ms(),
+            Inner::Raft { engine, .. } => engine.now_ms(),
+        }
+    }
+
+    /// Whether this node serves commands on `key` (any key if `None`):
+    /// always for the memory engine; for raft, only the leader, once it
+    /// has applied the log. Otherwise the error says where to go
+    /// (`-MOVED`) or why not now (`-TRYAGAIN`, `-CLUSTERDOWN`).
+    pub fn route(&self, key: Option<&[u8]>) -> Result<(), EngineError> {
+        match &self.inner {
+            Inner::Memory(_) => Ok(()),
+            Inner::Raft { engine, .. } => engine.route(key),
+        }
     }
 
     /// The raft engine's state, if this is one.
@@ -235,7 +268,7 @@ impl Engine {
     pub fn submit(&self, op: Op) -> Submission {
         match &self.inner {
             Inner::Memory(m) => {
-                let applied = m.apply(self.clock.now_ms(), &op);
+                let applied = m.apply(self.now_ms(), &op);
                 self.publish(&applied);
                 Submission::Ready(Some(Ok(applied)))
             }
@@ -245,7 +278,7 @@ impl Engine {
 
     /// Answers a read from the local store, now.
     pub fn read(&self, read: Read<'_>) -> Observed {
-        self.store().read(read, self.clock.now_ms())
+        self.store().read(read, self.now_ms())
     }
 
     /// Submits `op` without waiting for its reply (it is still carried out
@@ -302,9 +335,13 @@ impl Engine {
     /// most `scan_per_shard` slots per shard) and submits `Op::Expire`s of
     /// at most `batch` keys each. Returns true if more are likely due.
     pub async fn expire_round(&self, scan_per_shard: usize, batch: usize) -> bool {
+        // Only the serving leader proposes expiry.
+        if self.route(None).is_err() {
+            return false;
+        }
         let found = self
             .store()
-            .expiry_candidates(self.clock.now_ms(), scan_per_shard, batch);
+            .expiry_candidates(self.now_ms(), scan_per_shard, batch);
         if found.keys.is_empty() {
             return found.more;
         }

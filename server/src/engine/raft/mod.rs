@@ -8,7 +8,9 @@
 //! - [`log_store`]: openraft's log storage over it;
 //! - [`state_machine`]: openraft's state machine over the store, with
 //!   snapshots on disk;
-//! - [`types`]: the entry and reply types.
+//! - [`types`]: the entry and reply types;
+//! - [`peer`]: the transport between nodes;
+//! - [`cluster`]: member addresses, bootstrap, and who serves.
 //!
 //! Group commit: proposals from every connection queue up (at most
 //! `max_pending_proposals`); a proposer task takes all that are pending
@@ -16,15 +18,18 @@
 //! time and writes them as one log entry, so many commands share one
 //! `fdatasync`. Nothing waits for a timer: an idle node proposes at once.
 //!
-//! Time (the rule of leases under Raft): when the node starts serving, it
-//! anchors its stamps to the replicated clock, `stamp = clock_at_start +
-//! monotonic time since`, never to the wall clock (only a brand-new data
-//! directory starts from the wall clock). So a restart or a wall-clock step
-//! never lapses or shortens a lease: leases and retention pause while the
-//! node is down.
+//! Time (the rule of leases under Raft): when a node starts serving as
+//! leader (at start for a single node, after every election in a cluster),
+//! it first applies everything committed before, then anchors its stamps
+//! to the replicated clock, `stamp = applied_clock + monotonic time since`,
+//! never to the wall clock (only a brand-new cluster starts from the wall
+//! clock). So a restart, a failover or a wall-clock step never lapses or
+//! shortens a lease: leases and retention pause while no node leads.
 
+pub mod cluster;
 pub mod format;
 pub mod log_store;
+pub mod peer;
 pub mod state_machine;
 pub mod types;
 pub mod wal;
@@ -36,7 +41,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::time::Duration;
 
-use openraft::{BasicNode, Raft, SnapshotPolicy};
+use openraft::{Raft, SnapshotPolicy};
 use tokio::sync::{mpsc, oneshot};
 use tracing::{info, warn};
 
@@ -46,6 +51,20 @@ use crate::store::{Entry, Op, Store};
 use log_store::LogStore;
 use state_machine::StateMachine;
 use types::{Batch, NodeId, TypeConfig};
+
+/// Raft heartbeat interval, ms.
+pub const HEARTBEAT_MS: u64 = 100;
+/// Election timeouts, ms: a follower that hears no leader for a random time
+/// in this range starts an election.
+pub const ELECTION_TIMEOUT_MIN_MS: u64 = 500;
+/// See [`ELECTION_TIMEOUT_MIN_MS`].
+pub const ELECTION_TIMEOUT_MAX_MS: u64 = 1000;
+/// Snapshot chunk size on the peer network.
+pub const SNAPSHOT_CHUNK_BYTES: u64 = 1 << 20;
+/// How long one snapshot chunk may take (the last one installs it), ms.
+pub const INSTALL_SNAPSHOT_TIMEOUT_MS: u64 = 30_000;
+/// Log entries in one AppendEntries, at most.
+pub const MAX_PAYLOAD_ENTRIES: u64 = 64;
 
 /// Log bytes below which a quiet server does not snapshot to free them.
 pub const QUIET_SNAPSHOT_MIN_BYTES: u64 = 1 << 20;
@@ -77,6 +96,8 @@ pub struct RaftConfig {
     /// Below this much free space on the data directory's filesystem,
     /// writes get `-TRYAGAIN` (reads and replays keep working).
     pub min_free_disk_bytes: u64,
+    /// Peers, addresses and bootstrap.
+    pub cluster: cluster::ClusterConfig,
 }
 
 /// Why the raft engine could not start.
@@ -109,6 +130,17 @@ pub enum StartError {
     /// openraft refused to start.
     #[error("raft: {0}")]
     Raft(String),
+    /// The node may not bootstrap or join (see the message).
+    #[error("cluster: {0}")]
+    Cluster(String),
+    /// The peer address cannot be listened on.
+    #[error("cannot listen for peers on {addr}: {source}")]
+    PeerListen {
+        /// The address.
+        addr: std::net::SocketAddr,
+        /// The cause.
+        source: std::io::Error,
+    },
 }
 
 struct Proposal {
@@ -143,9 +175,12 @@ pub struct RaftStats {
     pub ops: AtomicU64,
 }
 
-/// A running single-node raft engine.
+/// A running raft engine.
 pub struct RaftEngine {
     raft: Raft<TypeConfig>,
+    role: Arc<cluster::Role>,
+    peers: Arc<peer::Peers>,
+    cluster: cluster::ClusterConfig,
     proposals: mpsc::Sender<Proposal>,
     log: LogStore,
     sm: StateMachine,
@@ -181,13 +216,11 @@ fn lock_dir(dir: &Path) -> Result<File, StartError> {
 
 impl RaftEngine {
     /// Opens the data directory, replays the log over the latest snapshot
-    /// and starts serving as the single voter of its group. Returns once
-    /// the node leads and has applied its log.
-    pub async fn start(
-        cfg: RaftConfig,
-        store: Arc<Store>,
-        wall_ms: u64,
-    ) -> Result<(RaftEngine, Clock), StartError> {
+    /// and starts the Raft node. A single node (no peer address) returns
+    /// once it leads and has applied its log; a cluster node returns once
+    /// it listens for peers (and, if its data directory is new, has
+    /// bootstrapped or may be added), whether or not a leader is known.
+    pub async fn start(cfg: RaftConfig, store: Arc<Store>) -> Result<RaftEngine, StartError> {
         fs::create_dir_all(&cfg.data_dir).map_err(|e| StartError::DataDir {
             path: cfg.data_dir.clone(),
             reason: e.to_string(),
@@ -209,13 +242,26 @@ impl RaftEngine {
         let log_dir = data_dir.join("log");
         let log = LogStore::open(&log_dir, cfg.segment_bytes)?;
         let sm = StateMachine::open(Arc::clone(&store), &data_dir)?;
+        let peers = peer::Peers::new(
+            cfg.node_id,
+            cfg.cluster.client_advertise.clone(),
+            cfg.cluster.secret.clone(),
+            data_dir.clone(),
+        )
+        .map_err(|reason| StartError::DataDir {
+            path: data_dir.clone(),
+            reason,
+        })?;
         let raft_config = openraft::Config {
             cluster_name: "idem".into(),
-            heartbeat_interval: 100,
-            election_timeout_min: 300,
-            election_timeout_max: 600,
+            heartbeat_interval: HEARTBEAT_MS,
+            election_timeout_min: ELECTION_TIMEOUT_MIN_MS,
+            election_timeout_max: ELECTION_TIMEOUT_MAX_MS,
             snapshot_policy: SnapshotPolicy::LogsSinceLast(cfg.snapshot_entries),
             max_in_snapshot_log_to_keep: 0,
+            snapshot_max_chunk_size: SNAPSHOT_CHUNK_BYTES,
+            install_snapshot_timeout: INSTALL_SNAPSHOT_TIMEOUT_MS,
+            max_payload_entries: MAX_PAYLOAD_ENTRIES,
             ..Default::default()
         }
         .validate()
@@ -223,48 +269,122 @@ impl RaftEngine {
         let raft = Raft::new(
             cfg.node_id,
             Arc::new(raft_config),
-            NoNetwork,
+            peer::PeerNetwork {
+                peers: Arc::clone(&peers),
+            },
             log.clone(),
             sm.clone(),
         )
         .await
         .map_err(|e| StartError::Raft(e.to_string()))?;
+        peers.set_raft(raft.clone());
         let initialized = raft
             .is_initialized()
             .await
             .map_err(|e| StartError::Raft(e.to_string()))?;
-        if !initialized {
-            let mut members = BTreeMap::new();
-            members.insert(cfg.node_id, BasicNode::default());
-            raft.initialize(members)
-                .await
-                .map_err(|e| StartError::Raft(e.to_string()))?;
-            info!(dir = %data_dir.display(), "initialized a new single-node raft group");
+        let clustered = cfg.cluster.peer_listen.is_some();
+        let me = cluster::MemberAddr {
+            client: cfg.cluster.client_advertise.clone(),
+            peer: cfg.cluster.peer_advertise.clone(),
+        };
+        if initialized && peers.cluster().is_none() {
+            // A directory from before cluster ids: this node's group is
+            // the cluster.
+            peers
+                .set_cluster(peer::random16())
+                .map_err(|e| cluster::refuse(format!("cannot record the cluster id: {e}")))?;
         }
-        // Serving starts once this node leads and has applied everything.
-        raft.wait(Some(Duration::from_secs(30)))
-            .state(openraft::ServerState::Leader, "leading")
-            .await
-            .map_err(|e| StartError::Raft(e.to_string()))?;
-        raft.ensure_linearizable()
-            .await
-            .map_err(|e| StartError::Raft(e.to_string()))?;
-        #[cfg(debug_assertions)]
-        if std::env::var("IDEMD_UNSAFE_TEST_REUSE_FENCES").is_ok_and(|v| v == "1") {
-            tracing::error!(
-                "IDEMD_UNSAFE_TEST_REUSE_FENCES=1: fences handed out before are handed out again (test mode)"
-            );
-            store.unsafe_rewind_fences(8);
+        let listener = match cfg.cluster.peer_listen {
+            Some(addr) => Some(
+                crate::server::bind_listener(addr, 511)
+                    .map_err(|source| StartError::PeerListen { addr, source })?,
+            ),
+            None => None,
+        };
+        let lowest = cfg.cluster.initial_cluster.iter().map(|(id, _)| *id).min()
+            == Some(cfg.node_id);
+        // A new node that does not bootstrap asks the others first, before
+        // it answers Raft traffic (so what it finds is not its own doing).
+        let mut listener = listener;
+        if initialized || lowest {
+            if let Some(l) = listener.take() {
+                tokio::spawn(peer::serve(l, Arc::clone(&peers)));
+            }
+        }
+        if !initialized {
+            if clustered {
+                cluster::bootstrap(&raft, &peers, &cfg.cluster).await?;
+            } else {
+                let mut members = BTreeMap::new();
+                members.insert(cfg.node_id, me.node());
+                raft.initialize(members)
+                    .await
+                    .map_err(|e| StartError::Raft(e.to_string()))?;
+                peers
+                    .set_cluster(peer::random16())
+                    .map_err(|e| cluster::refuse(format!("cannot record the cluster id: {e}")))?;
+                info!(dir = %data_dir.display(), "initialized a new single-node raft group");
+            }
+        }
+        if let Some(l) = listener.take() {
+            tokio::spawn(peer::serve(l, Arc::clone(&peers)));
         }
         let clock = store.stats().clock;
-        let anchor = if clock == 0 { wall_ms } else { clock };
-        let proposer_clock = Clock::starting_at(anchor);
+        let role = cluster::Role::new(
+            Clock::starting_at(if clock == 0 { Clock::new().now_ms() } else { clock }),
+            Duration::from_millis(ELECTION_TIMEOUT_MAX_MS),
+        );
+        let on_demoted: Arc<dyn Fn() + Send + Sync> = {
+            let (sink, role, raft, peers) = (
+                sm.sink(),
+                Arc::clone(&role),
+                raft.clone(),
+                Arc::clone(&peers),
+            );
+            Arc::new(move || {
+                if let Some(sink) = sink.get().and_then(std::sync::Weak::upgrade) {
+                    sink.on_demoted(&|key: &[u8]| {
+                        cluster::not_serving(&role, &raft, &peers, Some(key))
+                    });
+                }
+            })
+        };
+        tokio::spawn(cluster::watch_role(Arc::new(cluster::Watch {
+            raft: raft.clone(),
+            role: Arc::clone(&role),
+            peers: Arc::clone(&peers),
+            store: Arc::clone(&store),
+            me,
+            on_demoted,
+        })));
+        if !clustered {
+            // A single node serves once it leads and has applied its log.
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+            while !role.serving() {
+                if tokio::time::Instant::now() > deadline {
+                    return Err(StartError::Raft(
+                        "the single node did not become leader within 30 s".into(),
+                    ));
+                }
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+            #[cfg(debug_assertions)]
+            if std::env::var("IDEMD_UNSAFE_TEST_REUSE_FENCES").is_ok_and(|v| v == "1") {
+                tracing::error!(
+                    "IDEMD_UNSAFE_TEST_REUSE_FENCES=1: fences handed out before are handed out again (test mode)"
+                );
+                store.unsafe_rewind_fences(8);
+            }
+        }
         let (tx, rx) = mpsc::channel(cfg.max_pending_proposals.max(1));
         let stats = Arc::new(RaftStats::default());
         tokio::spawn(propose(
-            raft.clone(),
+            Proposer {
+                raft: raft.clone(),
+                role: Arc::clone(&role),
+                peers: Arc::clone(&peers),
+            },
             rx,
-            proposer_clock,
             Limits {
                 max_bytes: cfg.max_batch_bytes,
                 min_free_disk: cfg.min_free_disk_bytes,
@@ -275,23 +395,24 @@ impl RaftEngine {
         ));
         info!(
             dir = %data_dir.display(),
+            node = cfg.node_id,
             applied = ?sm.last_applied(),
             records = store.len(),
-            "raft engine serving"
+            "raft engine started"
         );
-        Ok((
-            RaftEngine {
-                raft,
-                proposals: tx,
-                log,
-                sm,
-                data_dir,
-                stats,
-                proposal_timeout: Duration::from_millis(cfg.proposal_timeout_ms),
-                _lock: lock,
-            },
-            proposer_clock,
-        ))
+        Ok(RaftEngine {
+            raft,
+            role,
+            peers,
+            cluster: cfg.cluster.clone(),
+            proposals: tx,
+            log,
+            sm,
+            data_dir,
+            stats,
+            proposal_timeout: Duration::from_millis(cfg.proposal_timeout_ms),
+            _lock: lock,
+        })
     }
 
     /// Where key events go.
@@ -367,6 +488,51 @@ impl RaftEngine {
         }
     }
 
+    /// The time now on the current term's stamp clock.
+    pub fn now_ms(&self) -> u64 {
+        self.role.clock().now_ms()
+    }
+
+    /// Whether this node serves commands on `key`; otherwise where to go.
+    pub fn route(&self, key: Option<&[u8]>) -> Result<(), EngineError> {
+        if self.role.serving() {
+            return Ok(());
+        }
+        Err(cluster::not_serving(&self.role, &self.raft, &self.peers, key))
+    }
+
+    /// The cluster as this node sees it.
+    pub fn cluster_view(&self) -> cluster::ClusterView {
+        cluster::ClusterView::of(&self.raft, &self.role, &self.peers)
+    }
+
+    /// Whether this node has a peer address (is, or may become, one of
+    /// several).
+    pub fn clustered(&self) -> bool {
+        self.cluster.peer_listen.is_some()
+    }
+
+    /// Runs a membership change on the leader.
+    pub async fn change(&self, change: MembershipChange) -> Result<(), cluster::ChangeError> {
+        self.route(None).map_err(cluster::ChangeError::NotLeader)?;
+        let view = self.cluster_view();
+        match change {
+            MembershipChange::Add { id, addr } => {
+                cluster::add_member(&self.raft, &view, id, addr).await
+            }
+            MembershipChange::Promote(id) => {
+                cluster::promote_member(
+                    &self.raft,
+                    &view,
+                    id,
+                    self.cluster.promote_max_lag_entries,
+                )
+                .await
+            }
+            MembershipChange::Remove(id) => cluster::remove_member(&self.raft, &view, id).await,
+        }
+    }
+
     /// The data directory (absolute).
     pub fn data_dir(&self) -> &Path {
         &self.data_dir
@@ -426,6 +592,22 @@ impl RaftEngine {
             warn!(error = %e, "raft did not shut down cleanly");
         }
     }
+}
+
+/// A membership change (`CLUSTER ADD|PROMOTE|REMOVE`).
+#[derive(Debug, Clone)]
+pub enum MembershipChange {
+    /// Add a learner.
+    Add {
+        /// Its id.
+        id: NodeId,
+        /// Its addresses.
+        addr: cluster::MemberAddr,
+    },
+    /// Make a learner a voter.
+    Promote(NodeId),
+    /// Remove a member.
+    Remove(NodeId),
 }
 
 /// A snapshot of the engine's state for INFO.
@@ -507,15 +689,25 @@ impl Limits {
     }
 }
 
+/// What the proposer writes through.
+struct Proposer {
+    raft: Raft<TypeConfig>,
+    role: Arc<cluster::Role>,
+    peers: Arc<peer::Peers>,
+}
+
 /// The proposer: takes every pending proposal (up to the caps), stamps
 /// them, writes them as one entry, and answers each with its own reply.
+/// While this node does not serve (it does not lead, or has not applied
+/// the log of earlier terms yet), proposals are answered with the redirect
+/// instead: they were never proposed.
 async fn propose(
-    raft: Raft<TypeConfig>,
+    p: Proposer,
     mut rx: mpsc::Receiver<Proposal>,
-    clock: Clock,
     limits: Limits,
     stats: Arc<RaftStats>,
 ) {
+    let raft = &p.raft;
     let max_bytes = limits.max_bytes;
     let mut disk_full = false;
     let inflight = Arc::new(tokio::sync::Semaphore::new(MAX_INFLIGHT_ENTRIES));
@@ -561,6 +753,17 @@ async fn propose(
         if ops.is_empty() {
             continue;
         }
+        if !p.role.serving() {
+            for (op, tx) in ops.iter().zip(txs) {
+                let _ = tx.send(Err(cluster::not_serving(
+                    &p.role,
+                    raft,
+                    &p.peers,
+                    op.key().map(|k| &k[..]),
+                )));
+            }
+            continue;
+        }
         if !limits.disk_ok() {
             if !disk_full {
                 warn!(
@@ -592,7 +795,7 @@ async fn propose(
         // Stamped as it goes to the log, not while it waited: leases and
         // retention start no earlier than the write does.
         let entry = Entry {
-            stamp_ms: clock.now_ms(),
+            stamp_ms: p.role.clock().now_ms(),
             ops,
         };
         let rx = match raft.client_write_ff(Batch(entry)).await {
@@ -609,6 +812,14 @@ async fn propose(
                     for (tx, applied) in txs.into_iter().zip(resp.data.0) {
                         let _ = tx.send(Ok(applied));
                     }
+                }
+                Ok(Err(openraft::error::ClientWriteError::ForwardToLeader(_))) => {
+                    // Proposed, then leadership moved: the entry may still
+                    // be committed by the next leader.
+                    fail(
+                        txs,
+                        "leadership changed after the write was proposed: it may have been applied",
+                    );
                 }
                 Ok(Err(e)) => {
                     warn!(error = %e, "a proposal failed");
@@ -632,64 +843,6 @@ const MAX_INFLIGHT_ENTRIES: usize = 2;
 fn fail(txs: Vec<oneshot::Sender<Submitted>>, why: &'static str) {
     for tx in txs {
         let _ = tx.send(Err(EngineError::TryAgain(why)));
-    }
-}
-
-/// The network of a single-node group: there is nobody to talk to.
-struct NoNetwork;
-
-struct NoPeer;
-
-impl openraft::RaftNetworkFactory<TypeConfig> for NoNetwork {
-    type Network = NoPeer;
-
-    async fn new_client(&mut self, _target: NodeId, _node: &BasicNode) -> NoPeer {
-        NoPeer
-    }
-}
-
-fn unreachable_peer<E: std::error::Error>() -> openraft::error::RPCError<NodeId, BasicNode, E> {
-    openraft::error::RPCError::Unreachable(openraft::error::Unreachable::new(
-        &std::io::Error::other("single-node group: no peers"),
-    ))
-}
-
-impl openraft::RaftNetwork<TypeConfig> for NoPeer {
-    async fn append_entries(
-        &mut self,
-        _rpc: openraft::raft::AppendEntriesRequest<TypeConfig>,
-        _option: openraft::network::RPCOption,
-    ) -> Result<
-        openraft::raft::AppendEntriesResponse<NodeId>,
-        openraft::error::RPCError<NodeId, BasicNode, openraft::error::RaftError<NodeId>>,
-    > {
-        Err(unreachable_peer())
-    }
-
-    async fn install_snapshot(
-        &mut self,
-        _rpc: openraft::raft::InstallSnapshotRequest<TypeConfig>,
-        _option: openraft::network::RPCOption,
-    ) -> Result<
-        openraft::raft::InstallSnapshotResponse<NodeId>,
-        openraft::error::RPCError<
-            NodeId,
-            BasicNode,
-            openraft::error::RaftError<NodeId, openraft::error::InstallSnapshotError>,
-        >,
-    > {
-        Err(unreachable_peer())
-    }
-
-    async fn vote(
-        &mut self,
-        _rpc: openraft::raft::VoteRequest<NodeId>,
-        _option: openraft::network::RPCOption,
-    ) -> Result<
-        openraft::raft::VoteResponse<NodeId>,
-        openraft::error::RPCError<NodeId, BasicNode, openraft::error::RaftError<NodeId>>,
-    > {
-        Err(unreachable_peer())
     }
 }
 

@@ -1,0 +1,279 @@
+//! `CLUSTER`: the cluster in Redis Cluster's formats, so that stock cluster
+//! clients (`redis-cli -c`, redis-py's `RedisCluster`, redis-rs's cluster
+//! client) find the leader, and Idem's membership commands.
+//!
+//! One Raft group owns the whole key space: the leader is shown as the
+//! master of all 16384 slots, every other member as its replica. Node ids
+//! are the member id in 40 hex digits (`000…0001` for node 1), stable for
+//! the life of the member.
+
+use std::fmt::Write;
+
+use bytes::Bytes;
+use idem_protocol::{ClusterCmd, ErrorCode, Frame, Reply, ServerError, key_slot};
+use openraft::ServerState;
+
+use crate::dispatch::Action;
+use crate::engine::raft::MembershipChange;
+use crate::engine::raft::cluster::{ChangeError, ClusterView, MemberAddr, MemberView};
+use crate::node::Node;
+
+/// Redis's reply where cluster mode is off.
+const DISABLED: &str = "This instance has cluster support disabled";
+
+/// The 40-hex Redis Cluster id of member `id`.
+pub fn hex_id(id: u64) -> String {
+    format!("{id:040x}")
+}
+
+fn bulk(s: impl Into<String>) -> Frame {
+    Frame::Bulk(Bytes::from(s.into()))
+}
+
+fn host_port(addr: &str) -> (String, u16) {
+    match addr.rsplit_once(':') {
+        Some((h, p)) => (
+            h.trim_start_matches('[').trim_end_matches(']').to_owned(),
+            p.parse().unwrap_or(0),
+        ),
+        None => (addr.to_owned(), 0),
+    }
+}
+
+fn role_name(v: &ClusterView, m: &MemberView) -> &'static str {
+    if Some(m.id) == v.leader {
+        "leader"
+    } else if !m.voter {
+        "learner"
+    } else if m.id == v.me && v.state == ServerState::Candidate {
+        "candidate"
+    } else {
+        "follower"
+    }
+}
+
+/// Runs a `CLUSTER` subcommand.
+pub fn cluster(node: &Node, c: ClusterCmd) -> Action {
+    if let ClusterCmd::KeySlot(key) = &c {
+        return Action::Reply(Reply::Frame(Frame::Integer(i64::from(key_slot(key)))));
+    }
+    let Some(raft) = node.engine().raft_engine() else {
+        return Action::Reply(Reply::Error(ServerError::new(ErrorCode::Err, DISABLED)));
+    };
+    let view = raft.cluster_view();
+    let reply = match c {
+        ClusterCmd::Info => {
+            let info = raft.info();
+            Frame::Bulk(Bytes::from(info_text(&view, info.commit_index)))
+        }
+        ClusterCmd::Nodes => Frame::Bulk(Bytes::from(nodes_text(&view))),
+        ClusterCmd::MyId => bulk(hex_id(view.me)),
+        ClusterCmd::Slots => slots(&view),
+        ClusterCmd::Shards => shards(&view),
+        ClusterCmd::Members => members(&view),
+        ClusterCmd::Add { id, peer, client } => {
+            let addr = MemberAddr {
+                client: String::from_utf8_lossy(&client).into_owned(),
+                peer: String::from_utf8_lossy(&peer).into_owned(),
+            };
+            return change(node, MembershipChange::Add { id, addr });
+        }
+        ClusterCmd::Promote(id) => return change(node, MembershipChange::Promote(id)),
+        ClusterCmd::Remove(id) => return change(node, MembershipChange::Remove(id)),
+        ClusterCmd::KeySlot(_) => Frame::Integer(0),
+        _ => {
+            return Action::Reply(Reply::Error(ServerError::new(
+                ErrorCode::Err,
+                "unknown CLUSTER subcommand",
+            )));
+        }
+    };
+    Action::Reply(Reply::Frame(reply))
+}
+
+fn change(node: &Node, change: MembershipChange) -> Action {
+    let node = node.clone();
+    Action::Pending(Box::pin(async move {
+        let Some(raft) = node.engine().raft_engine() else {
+            return Reply::Error(ServerError::new(ErrorCode::Err, DISABLED));
+        };
+        match raft.change(change).await {
+            Ok(()) => Reply::Ok,
+            Err(ChangeError::NotLeader(e)) => Reply::Error(e.to_server_error()),
+            Err(ChangeError::Refused(why)) => Reply::Error(ServerError::owned(ErrorCode::Err, why)),
+        }
+    }))
+}
+
+/// `CLUSTER INFO`: Redis's fields first, then Idem's.
+pub fn info_text(v: &ClusterView, commit_index: u64) -> String {
+    let ok = v.leader.is_some();
+    let leader_addr = v
+        .leader
+        .and_then(|l| v.members.iter().find(|m| m.id == l))
+        .map(|m| m.addr.client.clone())
+        .unwrap_or_default();
+    let me = v.members.iter().find(|m| m.id == v.me);
+    let role = match me {
+        Some(m) => role_name(v, m),
+        None => "none",
+    };
+    let mut o = String::new();
+    let _ = write!(
+        o,
+        "cluster_state:{}\r\ncluster_slots_assigned:{}\r\ncluster_slots_ok:{}\r\ncluster_slots_pfail:0\r\ncluster_slots_fail:{}\r\n\
+         cluster_known_nodes:{}\r\ncluster_size:{}\r\ncluster_current_epoch:{}\r\ncluster_my_epoch:{}\r\n\
+         idem_node_id:{}\r\nidem_role:{}\r\nidem_leader_id:{}\r\nidem_leader_addr:{}\r\n\
+         idem_commit_index:{}\r\nidem_applied_index:{}\r\nidem_last_log_index:{}\r\nidem_voters:{}\r\nidem_learners:{}\r\nidem_cluster_id:{}\r\n",
+        if ok { "ok" } else { "fail" },
+        if ok { 16384 } else { 0 },
+        if ok { 16384 } else { 0 },
+        if ok { 0 } else { 16384 },
+        v.members.len(),
+        u8::from(ok),
+        v.term,
+        v.term,
+        v.me,
+        role,
+        v.leader.map_or(String::new(), |l| l.to_string()),
+        leader_addr,
+        commit_index,
+        v.applied_index,
+        v.last_log_index,
+        v.members.iter().filter(|m| m.voter).count(),
+        v.members.iter().filter(|m| !m.voter).count(),
+        v.cluster_id.clone().unwrap_or_default(),
+    );
+    o
+}
+
+/// `CLUSTER NODES`: one line per member, in Redis's format:
+/// `id ip:port@cport flags master ping-sent pong-recv config-epoch
+/// link-state slot...`.
+pub fn nodes_text(v: &ClusterView) -> String {
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis());
+    let mut o = String::new();
+    for m in &v.members {
+        let (ip, port) = host_port(&m.addr.client);
+        let (_, cport) = host_port(&m.addr.peer);
+        let leads = Some(m.id) == v.leader;
+        let mut flags = String::new();
+        if m.id == v.me {
+            flags.push_str("myself,");
+        }
+        flags.push_str(if leads || v.leader.is_none() {
+            "master"
+        } else {
+            "slave"
+        });
+        let master = match v.leader {
+            Some(l) if !leads => hex_id(l),
+            _ => "-".into(),
+        };
+        let _ = write!(
+            o,
+            "{} {ip}:{port}@{cport} {flags} {master} 0 {now_ms} {} connected",
+            hex_id(m.id),
+            if leads { v.term } else { 0 }
+        );
+        if leads {
+            o.push_str(" 0-16383");
+        }
+        o.push('\n');
+    }
+    o
+}
+
+fn node_entry(m: &MemberView) -> Frame {
+    let (ip, port) = host_port(&m.addr.client);
+    Frame::Array(vec![
+        bulk(ip),
+        Frame::Integer(i64::from(port)),
+        bulk(hex_id(m.id)),
+    ])
+}
+
+/// `CLUSTER SLOTS`: one range, 0-16383, served by the leader, with every
+/// other member as a replica. Empty while no leader is known.
+fn slots(v: &ClusterView) -> Frame {
+    let Some(leader) = v.leader.and_then(|l| v.members.iter().find(|m| m.id == l)) else {
+        return Frame::Array(vec![]);
+    };
+    let mut range = vec![Frame::Integer(0), Frame::Integer(16383), node_entry(leader)];
+    range.extend(
+        v.members
+            .iter()
+            .filter(|m| m.id != leader.id)
+            .map(node_entry),
+    );
+    Frame::Array(vec![Frame::Array(range)])
+}
+
+/// `CLUSTER SHARDS`: one shard, Redis 7's shape.
+fn shards(v: &ClusterView) -> Frame {
+    let nodes = v
+        .members
+        .iter()
+        .map(|m| {
+            let (ip, port) = host_port(&m.addr.client);
+            let leads = Some(m.id) == v.leader;
+            Frame::Map(vec![
+                (bulk("id"), bulk(hex_id(m.id))),
+                (bulk("port"), Frame::Integer(i64::from(port))),
+                (bulk("ip"), bulk(ip.clone())),
+                (bulk("endpoint"), bulk(ip)),
+                (bulk("role"), bulk(if leads { "master" } else { "replica" })),
+                (
+                    bulk("replication-offset"),
+                    Frame::Integer(m.matched.unwrap_or(0) as i64),
+                ),
+                (
+                    bulk("health"),
+                    bulk(if v.leader.is_some() { "online" } else { "fail" }),
+                ),
+            ])
+        })
+        .collect();
+    let slots = if v.leader.is_some() {
+        vec![Frame::Integer(0), Frame::Integer(16383)]
+    } else {
+        vec![]
+    };
+    Frame::Array(vec![Frame::Map(vec![
+        (bulk("slots"), Frame::Array(slots)),
+        (bulk("nodes"), Frame::Array(nodes)),
+    ])])
+}
+
+/// `CLUSTER MEMBERS`: one map per member: id, addresses, voter or
+/// learner, its Raft role, match index and lag (known on the leader; -1
+/// elsewhere).
+fn members(v: &ClusterView) -> Frame {
+    Frame::Array(
+        v.members
+            .iter()
+            .map(|m| {
+                let lag = m
+                    .matched
+                    .map_or(-1, |i| v.last_log_index.saturating_sub(i) as i64);
+                Frame::Map(vec![
+                    (bulk("id"), Frame::Integer(m.id as i64)),
+                    (bulk("client_addr"), bulk(m.addr.client.clone())),
+                    (bulk("peer_addr"), bulk(m.addr.peer.clone())),
+                    (
+                        bulk("membership"),
+                        bulk(if m.voter { "voter" } else { "learner" }),
+                    ),
+                    (bulk("role"), bulk(role_name(v, m))),
+                    (
+                        bulk("match_index"),
+                        Frame::Integer(m.matched.map_or(-1, |i| i as i64)),
+                    ),
+                    (bulk("lag"), Frame::Integer(lag)),
+                ])
+            })
+            .collect(),
+    )
+}

@@ -1,0 +1,640 @@
+//! The cluster: member addresses, bootstrap, and who serves.
+//!
+//! # Member addresses
+//!
+//! openraft's `BasicNode { addr }` of each member holds
+//! `CLIENT_ADDR@PEER_ADDR` (Redis's `ip:port@busport` notation, with the
+//! whole peer address). A data directory written by a single-node release
+//! holds an empty `addr`: the node records its addresses once it leads with
+//! a peer address.
+//!
+//! # Who serves
+//!
+//! Only the leader serves record commands, and only once it has applied
+//! every entry of earlier terms (its term's first entry applied, as
+//! `ensure_linearizable` waits for). It then stamps entries with the
+//! applied clock plus its own monotonic time since (see the engine's
+//! time rule): the replicated clock never goes back when leadership moves,
+//! never jumps with a new leader's wall clock, and pauses while there is no
+//! leader, so no lease is cut short by a failover. Everything else gets a
+//! redirect: `-MOVED slot leader-addr` when a leader is known,
+//! `-TRYAGAIN` while an election runs, `-CLUSTERDOWN` once no leader was
+//! known for longer than an election timeout.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use openraft::{BasicNode, ChangeMembers, Raft, ServerState};
+use parking_lot::{Mutex, RwLock};
+use tracing::{info, warn};
+
+use super::peer::{PeerClient, Peers, ProbeInfo, cluster_hex, random16};
+use super::types::{NodeId, TypeConfig};
+use crate::clock::Clock;
+use crate::engine::EngineError;
+use crate::store::Store;
+
+/// A member's two addresses.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MemberAddr {
+    /// Where clients connect (what `-MOVED` names).
+    pub client: String,
+    /// Where peers connect (Raft traffic).
+    pub peer: String,
+}
+
+impl MemberAddr {
+    /// Reads `CLIENT@PEER` (empty parts when absent).
+    pub fn parse(addr: &str) -> MemberAddr {
+        match addr.split_once('@') {
+            Some((c, p)) => MemberAddr {
+                client: c.to_owned(),
+                peer: p.to_owned(),
+            },
+            None => MemberAddr {
+                client: addr.to_owned(),
+                peer: String::new(),
+            },
+        }
+    }
+
+    /// `CLIENT@PEER`, as kept in the membership.
+    pub fn node(&self) -> BasicNode {
+        BasicNode {
+            addr: format!("{}@{}", self.client, self.peer),
+        }
+    }
+}
+
+/// The cluster settings of a node.
+#[derive(Debug, Clone, Default)]
+pub struct ClusterConfig {
+    /// Where to listen for peers; `None`: a single node, no peer traffic.
+    pub peer_listen: Option<SocketAddr>,
+    /// The peer address other nodes use (default: `peer_listen`).
+    pub peer_advertise: String,
+    /// The client address other nodes redirect to.
+    pub client_advertise: String,
+    /// `--initial-cluster`: the members to bootstrap with, id and peer
+    /// address. Empty: join an existing cluster (or, without
+    /// `peer_listen`, run a single node).
+    pub initial_cluster: Vec<(NodeId, String)>,
+    /// The shared secret peers prove they hold.
+    pub secret: Option<Vec<u8>>,
+    /// `CLUSTER PROMOTE` refuses a learner further behind than this.
+    pub promote_max_lag_entries: u64,
+}
+
+/// Parses `1=HOST:PORT,2=HOST:PORT,...`.
+pub fn parse_initial_cluster(s: &str) -> Result<Vec<(NodeId, String)>, String> {
+    let mut out: Vec<(NodeId, String)> = Vec::new();
+    for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (id, addr) = part
+            .split_once('=')
+            .ok_or_else(|| format!("'{part}' is not ID=HOST:PORT"))?;
+        let id: NodeId = id
+            .trim()
+            .parse()
+            .ok()
+            .filter(|&n| n > 0)
+            .ok_or_else(|| format!("'{id}' is not a node id (a positive integer)"))?;
+        let addr = addr.trim();
+        if addr.rsplit_once(':').is_none_or(|(h, p)| h.is_empty() || p.parse::<u16>().is_err()) {
+            return Err(format!("'{addr}' (node {id}) is not HOST:PORT"));
+        }
+        if out.iter().any(|(i, _)| *i == id) {
+            return Err(format!("node {id} is listed twice"));
+        }
+        out.push((id, addr.to_owned()));
+    }
+    Ok(out)
+}
+
+/// Who serves, shared by the engine, the proposer and the role watcher.
+pub struct Role {
+    /// This node leads and has applied every earlier entry.
+    serving: AtomicBool,
+    inner: RwLock<RoleInner>,
+    /// The term a promotion runs for.
+    promoting: Mutex<Option<u64>>,
+    election_timeout: Duration,
+}
+
+struct RoleInner {
+    /// The clock entries are stamped with (and reads compare with).
+    clock: Clock,
+    leader: Option<NodeId>,
+    term: u64,
+    /// Since when no leader is known.
+    leaderless_since: Option<Instant>,
+}
+
+impl Role {
+    /// Not serving yet; `clock` until the first promotion.
+    pub fn new(clock: Clock, election_timeout: Duration) -> Arc<Role> {
+        Arc::new(Role {
+            serving: AtomicBool::new(false),
+            inner: RwLock::new(RoleInner {
+                clock,
+                leader: None,
+                term: 0,
+                leaderless_since: Some(Instant::now()),
+            }),
+            promoting: Mutex::new(None),
+            election_timeout,
+        })
+    }
+
+    /// Whether this node serves record commands.
+    pub fn serving(&self) -> bool {
+        self.serving.load(Ordering::Acquire)
+    }
+
+    /// The clock of the current term.
+    pub fn clock(&self) -> Clock {
+        self.inner.read().clock
+    }
+
+    /// The leader known, and the term.
+    pub fn leader(&self) -> (Option<NodeId>, u64) {
+        let r = self.inner.read();
+        (r.leader, r.term)
+    }
+}
+
+/// What a node that does not serve answers a command on `key`.
+pub fn not_serving(
+    role: &Role,
+    raft: &Raft<TypeConfig>,
+    peers: &Peers,
+    key: Option<&[u8]>,
+) -> EngineError {
+    let (leader, since) = {
+        let r = role.inner.read();
+        (r.leader, r.leaderless_since)
+    };
+    match leader {
+        Some(id) if id == peers.node_id() => {
+            EngineError::TryAgain("this node was just elected: it applies the log first")
+        }
+        Some(id) => match client_addr_of(raft, peers, id) {
+            Some(addr) if !addr.is_empty() => EngineError::Moved {
+                slot: key.map_or(0, idem_protocol::key_slot),
+                addr,
+            },
+            _ => EngineError::TryAgain("the leader's client address is not known yet"),
+        },
+        None if since.is_some_and(|s| s.elapsed() > role.election_timeout) => {
+            EngineError::ClusterDown("no leader: a majority of the voters is not reachable")
+        }
+        None => EngineError::TryAgain("electing a leader"),
+    }
+}
+
+/// The client address of member `id`: what it last advertised, else what
+/// the membership recorded.
+pub fn client_addr_of(raft: &Raft<TypeConfig>, peers: &Peers, id: NodeId) -> Option<String> {
+    if id == peers.node_id() {
+        return Some(peers.client_addr().to_owned());
+    }
+    if let Some(a) = peers.advertised(id) {
+        return Some(a);
+    }
+    let m = raft.metrics().borrow().membership_config.clone();
+    m.membership()
+        .get_node(&id)
+        .map(|n| MemberAddr::parse(&n.addr).client)
+}
+
+/// What the role watcher needs.
+pub struct Watch {
+    /// The Raft handle.
+    pub raft: Raft<TypeConfig>,
+    /// Who serves.
+    pub role: Arc<Role>,
+    /// This node's identity.
+    pub peers: Arc<Peers>,
+    /// The store (its applied clock anchors a new term).
+    pub store: Arc<Store>,
+    /// This node's addresses, recorded in the membership once it leads.
+    pub me: MemberAddr,
+    /// Called when this node stops serving.
+    pub on_demoted: Arc<dyn Fn() + Send + Sync>,
+}
+
+/// Follows openraft's metrics: serves once this node leads and has applied
+/// the log; stops serving (and calls `on_demoted`) as soon as it does not
+/// lead.
+pub async fn watch_role(w: Arc<Watch>) {
+    let mut rx = w.raft.metrics();
+    loop {
+        let (state, leader, term) = {
+            let m = rx.borrow_and_update();
+            (m.state, m.current_leader, m.current_term)
+        };
+        let me = w.peers.node_id();
+        let leads = state == ServerState::Leader && leader == Some(me);
+        let demoted = {
+            let mut r = w.role.inner.write();
+            if leader.is_none() && r.leader.is_some() {
+                r.leaderless_since = Some(Instant::now());
+            } else if leader.is_some() {
+                r.leaderless_since = None;
+            }
+            if r.leader != leader || r.term != term {
+                info!(leader = ?leader, term, "leader changed");
+            }
+            r.leader = leader;
+            r.term = term;
+            // Any change of term ends the serving of the previous one.
+            let keep = leads && r.term == term && w.role.serving();
+            !keep && w.role.serving.swap(false, Ordering::AcqRel)
+        };
+        if demoted {
+            info!(term, leader = ?leader, "this node no longer leads: redirecting clients");
+            (w.on_demoted)();
+        }
+        if leads && !w.role.serving() {
+            let mut p = w.role.promoting.lock();
+            if *p != Some(term) {
+                *p = Some(term);
+                tokio::spawn(promote(Arc::clone(&w), term));
+            }
+        }
+        if rx.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+/// Becomes the serving leader of `term` once everything committed before
+/// is applied.
+async fn promote(w: Arc<Watch>, term: u64) {
+    loop {
+        let still = {
+            let m = w.raft.metrics().borrow().clone();
+            m.state == ServerState::Leader && m.current_term == term
+        };
+        if !still {
+            break;
+        }
+        match w.raft.ensure_linearizable().await {
+            Ok(_) => {
+                let applied = w.store.stats().clock;
+                let anchor = if applied == 0 {
+                    Clock::new().now_ms()
+                } else {
+                    applied
+                };
+                let m = w.raft.metrics().borrow().clone();
+                if m.state != ServerState::Leader || m.current_term != term {
+                    break;
+                }
+                {
+                    let mut r = w.role.inner.write();
+                    r.clock = Clock::starting_at(anchor);
+                    w.role.serving.store(true, Ordering::Release);
+                }
+                info!(term, clock_ms = anchor, "leading: serving clients");
+                record_own_address(&w).await;
+                break;
+            }
+            Err(e) => {
+                warn!(term, error = %e, "cannot confirm leadership yet");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+    let mut p = w.role.promoting.lock();
+    if *p == Some(term) {
+        *p = None;
+    }
+}
+
+/// Records this node's addresses in the membership when they differ from
+/// what it holds (a single-node directory grown into a cluster, or a new
+/// `--advertise`).
+async fn record_own_address(w: &Watch) {
+    if w.me.peer.is_empty() {
+        return;
+    }
+    let id = w.peers.node_id();
+    let current = {
+        let m = w.raft.metrics().borrow().membership_config.clone();
+        m.membership().get_node(&id).map(|n| n.addr.clone())
+    };
+    let want = w.me.node();
+    if current.as_deref() == Some(want.addr.as_str()) {
+        return;
+    }
+    let mut nodes = BTreeMap::new();
+    nodes.insert(id, want.clone());
+    match w
+        .raft
+        .change_membership(ChangeMembers::SetNodes(nodes), true)
+        .await
+    {
+        Ok(_) => info!(addr = %want.addr, "recorded this node's addresses in the membership"),
+        Err(e) => warn!(error = %e, "cannot record this node's addresses"),
+    }
+}
+
+/// Why a node refuses to bootstrap or join.
+pub fn refuse(msg: String) -> super::StartError {
+    super::StartError::Cluster(msg)
+}
+
+/// Bootstraps or joins, for a node whose data directory holds no
+/// membership. Returns once this node has initialized the cluster (the
+/// lowest id of `--initial-cluster`) or may wait to be contacted.
+pub async fn bootstrap(
+    raft: &Raft<TypeConfig>,
+    peers: &Arc<Peers>,
+    cfg: &ClusterConfig,
+) -> Result<(), super::StartError> {
+    let me = peers.node_id();
+    let others: Vec<(NodeId, String)> = cfg
+        .initial_cluster
+        .iter()
+        .filter(|(id, _)| *id != me)
+        .cloned()
+        .collect();
+    if cfg.initial_cluster.is_empty() {
+        info!(
+            node = me,
+            "no membership and no --initial-cluster: waiting to be added (CLUSTER ADD on the leader)"
+        );
+        return Ok(());
+    }
+    let lowest = cfg.initial_cluster.iter().map(|(id, _)| *id).min() == Some(me);
+    let mut clients: BTreeMap<NodeId, String> = BTreeMap::new();
+    let mut waited = Instant::now() - Duration::from_secs(60);
+    loop {
+        for (id, addr) in &others {
+            if clients.contains_key(id) {
+                continue;
+            }
+            let mut c = PeerClient::new(Arc::clone(peers), *id, addr.clone());
+            match c.probe().await {
+                Ok(info) => {
+                    check_probe(me, *id, &info, lowest)?;
+                    clients.insert(*id, info.client_addr);
+                }
+                Err(e) if !lowest => {
+                    // Only the bootstrapping node needs every answer.
+                    tracing::debug!(peer = id, error = %e, "peer not reachable yet");
+                }
+                Err(e) => {
+                    if waited.elapsed() > Duration::from_secs(5) {
+                        info!(peer = id, addr = %addr, error = %e, "waiting for every node of --initial-cluster to start before bootstrapping");
+                        waited = Instant::now();
+                    }
+                }
+            }
+        }
+        if !lowest {
+            info!(
+                node = me,
+                "waiting for the lowest id of --initial-cluster to bootstrap the cluster"
+            );
+            return Ok(());
+        }
+        if clients.len() == others.len() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let id = random16();
+    peers
+        .set_cluster(id)
+        .map_err(|e| refuse(format!("cannot record the cluster id: {e}")))?;
+    let mut members = BTreeMap::new();
+    members.insert(
+        me,
+        MemberAddr {
+            client: cfg.client_advertise.clone(),
+            peer: cfg.peer_advertise.clone(),
+        }
+        .node(),
+    );
+    for (pid, addr) in &others {
+        members.insert(
+            *pid,
+            MemberAddr {
+                client: clients.get(pid).cloned().unwrap_or_default(),
+                peer: addr.clone(),
+            }
+            .node(),
+        );
+    }
+    raft.initialize(members)
+        .await
+        .map_err(|e| super::StartError::Raft(e.to_string()))?;
+    info!(cluster = %cluster_hex(&id), nodes = cfg.initial_cluster.len(), "bootstrapped a new cluster");
+    Ok(())
+}
+
+fn check_probe(me: NodeId, peer: NodeId, info: &ProbeInfo, lowest: bool) -> Result<(), super::StartError> {
+    if let Some(m) = info.your_match {
+        return Err(refuse(format!(
+            "node {peer} already holds a cluster in which node {me} took part (replicated up to index {m}), but this data directory is empty: node {me}'s data was lost, and its id is never reused. Remove it (CLUSTER REMOVE {me} on the leader) and add this node under a new id (CLUSTER ADD)"
+        )));
+    }
+    if lowest && info.initialized {
+        return Err(refuse(format!(
+            "node {peer} already holds a cluster (voters {:?}): this node will not bootstrap another. If this node's data was lost, remove its id from the cluster and add it again under a new id; to join, start it without --initial-cluster and run CLUSTER ADD on the leader",
+            info.voters
+        )));
+    }
+    Ok(())
+}
+
+/// One member as `CLUSTER` commands show it.
+#[derive(Debug, Clone)]
+pub struct MemberView {
+    /// Its id.
+    pub id: NodeId,
+    /// Its addresses (the client one as it last advertised it).
+    pub addr: MemberAddr,
+    /// A voter (else a learner).
+    pub voter: bool,
+    /// The log index replicated to it (known on the leader only; the
+    /// leader's own last index for itself).
+    pub matched: Option<u64>,
+}
+
+/// The cluster as this node sees it.
+#[derive(Debug, Clone)]
+pub struct ClusterView {
+    /// This node's id.
+    pub me: NodeId,
+    /// The leader it knows.
+    pub leader: Option<NodeId>,
+    /// Whether this node serves (leads, log applied).
+    pub serving: bool,
+    /// Its Raft state.
+    pub state: ServerState,
+    /// The current term.
+    pub term: u64,
+    /// The cluster id, in hex.
+    pub cluster_id: Option<String>,
+    /// The last log index.
+    pub last_log_index: u64,
+    /// The last applied index.
+    pub applied_index: u64,
+    /// Members, by id.
+    pub members: Vec<MemberView>,
+}
+
+impl ClusterView {
+    /// The view from `raft`'s metrics.
+    pub fn of(raft: &Raft<TypeConfig>, role: &Role, peers: &Peers) -> ClusterView {
+        let m = raft.metrics().borrow().clone();
+        let membership = m.membership_config.membership();
+        let voters: std::collections::BTreeSet<NodeId> = membership.voter_ids().collect();
+        let mut members: Vec<MemberView> = membership
+            .nodes()
+            .map(|(id, node)| {
+                let mut addr = MemberAddr::parse(&node.addr);
+                if *id == peers.node_id() {
+                    addr.client = peers.client_addr().to_owned();
+                } else if let Some(a) = peers.advertised(*id) {
+                    addr.client = a;
+                }
+                let matched = if *id == m.id && m.state == ServerState::Leader {
+                    m.last_log_index
+                } else {
+                    m.replication
+                        .as_ref()
+                        .and_then(|r| r.get(id).copied().flatten())
+                        .map(|l| l.index)
+                };
+                MemberView {
+                    id: *id,
+                    addr,
+                    voter: voters.contains(id),
+                    matched,
+                }
+            })
+            .collect();
+        members.sort_by_key(|v| v.id);
+        ClusterView {
+            me: m.id,
+            leader: m.current_leader,
+            serving: role.serving(),
+            state: m.state,
+            term: m.current_term,
+            cluster_id: peers.cluster().map(|c| cluster_hex(&c)),
+            last_log_index: m.last_log_index.unwrap_or(0),
+            applied_index: m.last_applied.map_or(0, |l| l.index),
+            members,
+        }
+    }
+}
+
+/// Why a membership change was refused.
+#[derive(Debug, Clone)]
+pub enum ChangeError {
+    /// Not here: the redirect.
+    NotLeader(EngineError),
+    /// Refused (the message says why).
+    Refused(String),
+}
+
+fn raft_err(e: impl std::fmt::Display) -> ChangeError {
+    ChangeError::Refused(e.to_string())
+}
+
+/// `CLUSTER ADD`: adds `id` as a learner at `addr`; returns once the change
+/// is committed (the learner then catches up, by snapshot if it is far
+/// behind).
+pub async fn add_member(
+    raft: &Raft<TypeConfig>,
+    view: &ClusterView,
+    id: NodeId,
+    addr: MemberAddr,
+) -> Result<(), ChangeError> {
+    if id == 0 {
+        return Err(ChangeError::Refused("node ids start at 1".into()));
+    }
+    if view.members.iter().any(|m| m.id == id) {
+        return Err(ChangeError::Refused(format!("node {id} is already a member")));
+    }
+    for (what, a) in [("peer", &addr.peer), ("client", &addr.client)] {
+        if a.parse::<SocketAddr>().is_err() {
+            return Err(ChangeError::Refused(format!(
+                "'{a}' is not a {what} address (IP:PORT)"
+            )));
+        }
+    }
+    raft.add_learner(id, addr.node(), false)
+        .await
+        .map_err(raft_err)?;
+    info!(node = id, peer = %addr.peer, client = %addr.client, "added a learner");
+    Ok(())
+}
+
+/// `CLUSTER PROMOTE`: makes learner `id` a voter, unless it lags more than
+/// `max_lag` entries.
+pub async fn promote_member(
+    raft: &Raft<TypeConfig>,
+    view: &ClusterView,
+    id: NodeId,
+    max_lag: u64,
+) -> Result<(), ChangeError> {
+    let Some(m) = view.members.iter().find(|m| m.id == id) else {
+        return Err(ChangeError::Refused(format!(
+            "node {id} is not a member: add it first (CLUSTER ADD)"
+        )));
+    };
+    if m.voter {
+        return Err(ChangeError::Refused(format!("node {id} is already a voter")));
+    }
+    let lag = match m.matched {
+        Some(i) => view.last_log_index.saturating_sub(i),
+        None => view.last_log_index + 1,
+    };
+    if lag > max_lag {
+        return Err(ChangeError::Refused(format!(
+            "node {id} lags {lag} entries behind (promote_max_lag_entries is {max_lag}): wait until it catches up"
+        )));
+    }
+    let ids: std::collections::BTreeSet<NodeId> = [id].into();
+    raft.change_membership(ChangeMembers::AddVoterIds(ids), false)
+        .await
+        .map_err(raft_err)?;
+    info!(node = id, "promoted a learner to voter");
+    Ok(())
+}
+
+/// `CLUSTER REMOVE`: removes `id` (a voter through joint consensus),
+/// unless no voter would remain.
+pub async fn remove_member(
+    raft: &Raft<TypeConfig>,
+    view: &ClusterView,
+    id: NodeId,
+) -> Result<(), ChangeError> {
+    let Some(m) = view.members.iter().find(|m| m.id == id) else {
+        return Err(ChangeError::Refused(format!("node {id} is not a member")));
+    };
+    let ids: std::collections::BTreeSet<NodeId> = [id].into();
+    if m.voter {
+        if view.members.iter().filter(|m| m.voter).count() <= 1 {
+            return Err(ChangeError::Refused(format!(
+                "node {id} is the last voter: a cluster needs at least one"
+            )));
+        }
+        raft.change_membership(ChangeMembers::RemoveVoters(ids), false)
+            .await
+            .map_err(raft_err)?;
+    } else {
+        raft.change_membership(ChangeMembers::RemoveNodes(ids), false)
+            .await
+            .map_err(raft_err)?;
+    }
+    info!(node = id, "removed a member");
+    Ok(())
+}

@@ -1,0 +1,738 @@
+//! The peer transport: Raft traffic between idemd nodes over our own framed
+//! TCP (length-delimited frames of postcard).
+//!
+//! # Connection
+//!
+//! ```text
+//! server -> client  Challenge { protocol, nonce_s }
+//! client -> server  Hello { protocol, cluster, from, to, client_addr, nonce_c, mac }
+//! server -> client  Welcome { cluster, node, client_addr, mac } | Refused(reason)
+//! then, one at a time: client -> server Request, server -> client Response
+//! ```
+//!
+//! - Every connection names the cluster id (generated at bootstrap, kept in
+//!   the data directory) and both node ids: a node reached at the wrong
+//!   address, or one of another cluster, is refused and the refusal logged.
+//!   A node that has not joined a cluster yet (no id) takes the id of the
+//!   first member that sends it Raft traffic, and keeps it.
+//! - With `cluster_secret` set, both sides prove they hold it: the MACs are
+//!   HMAC-SHA256 over both nonces and both node ids, so a recorded
+//!   handshake cannot be replayed. Without it the MACs are zeros (allowed
+//!   only on loopback peer addresses, which the configuration checks).
+//! - A client holds one connection per target and reuses it; a failed or
+//!   timed-out call drops it (the next call reconnects). Frames are capped
+//!   ([`MAX_FRAME`], and [`MAX_HANDSHAKE_FRAME`] before the handshake), and
+//!   a node serves at most [`MAX_PEER_CONNECTIONS`] peer connections.
+//! - Snapshots travel in chunks (openraft's `InstallSnapshotRequest`, at
+//!   most `snapshot_max_chunk_size` each), one request per chunk, so a
+//!   large snapshot neither fills a buffer nor holds up the leader.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_util::{SinkExt, StreamExt};
+use hmac::{Hmac, Mac};
+use openraft::error::{
+    InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable,
+};
+use openraft::network::RPCOption;
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
+    VoteRequest, VoteResponse,
+};
+use openraft::{BasicNode, Raft};
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+use sha2::Sha256;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Semaphore;
+use tokio_util::codec::{Framed, LengthDelimitedCodec};
+use tracing::{debug, info, warn};
+
+use super::types::{NodeId, TypeConfig};
+
+/// The peer protocol version.
+pub const PEER_PROTOCOL: u32 = 1;
+/// The largest frame after the handshake (an AppendEntries of
+/// `max_payload_entries` entries, or a snapshot chunk).
+pub const MAX_FRAME: usize = 512 << 20;
+/// The largest frame before the handshake is done.
+pub const MAX_HANDSHAKE_FRAME: usize = 4096;
+/// Peer connections served at once, at most.
+pub const MAX_PEER_CONNECTIONS: usize = 256;
+/// How long a handshake may take.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long connecting may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// A cluster id: 16 random bytes made at bootstrap.
+pub type ClusterId = [u8; 16];
+
+/// The cluster id in hex.
+pub fn cluster_hex(id: &ClusterId) -> String {
+    id.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn parse_cluster_hex(s: &str) -> Option<ClusterId> {
+    let s = s.trim();
+    if s.len() != 32 {
+        return None;
+    }
+    let mut out = [0u8; 16];
+    for (i, o) in out.iter_mut().enumerate() {
+        *o = u8::from_str_radix(s.get(2 * i..2 * i + 2)?, 16).ok()?;
+    }
+    Some(out)
+}
+
+/// Sixteen random bytes.
+pub fn random16() -> [u8; 16] {
+    let mut b = [0u8; 16];
+    if getrandom::getrandom(&mut b).is_err() {
+        // No OS randomness: still unique enough for a nonce or an id
+        // (time and pid), though not secret.
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        b[..16].copy_from_slice(&(t ^ (u128::from(std::process::id()) << 64)).to_le_bytes());
+    }
+    b
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Challenge {
+    protocol: u32,
+    nonce: [u8; 16],
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Hello {
+    protocol: u32,
+    cluster: Option<ClusterId>,
+    from: NodeId,
+    to: NodeId,
+    client_addr: String,
+    nonce: [u8; 16],
+    mac: [u8; 32],
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+enum Welcome {
+    Ok {
+        cluster: Option<ClusterId>,
+        node: NodeId,
+        client_addr: String,
+        mac: [u8; 32],
+    },
+    Refused(String),
+}
+
+/// What one node asks another.
+#[derive(Debug, Serialize, Deserialize)]
+enum Request {
+    Append(AppendEntriesRequest<TypeConfig>),
+    Vote(VoteRequest<NodeId>),
+    Snapshot(InstallSnapshotRequest<TypeConfig>),
+    Probe,
+}
+
+type SnapshotResult =
+    Result<InstallSnapshotResponse<NodeId>, RaftError<NodeId, InstallSnapshotError>>;
+
+#[derive(Debug, Serialize, Deserialize)]
+enum Response {
+    Append(Result<AppendEntriesResponse<NodeId>, RaftError<NodeId>>),
+    Vote(Result<VoteResponse<NodeId>, RaftError<NodeId>>),
+    Snapshot(SnapshotResult),
+    Probe(ProbeInfo),
+    Failed(String),
+}
+
+/// What a node says of itself when probed (before a bootstrap, and by
+/// `CLUSTER` commands).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ProbeInfo {
+    /// Whether it holds a membership (is part of a cluster).
+    pub initialized: bool,
+    /// Its cluster id, if it has joined one.
+    pub cluster: Option<ClusterId>,
+    /// Voters of its membership.
+    pub voters: Vec<NodeId>,
+    /// Learners of its membership.
+    pub learners: Vec<NodeId>,
+    /// The leader it knows.
+    pub leader: Option<NodeId>,
+    /// If it leads: the log index replicated to the node that asks (None if
+    /// it never replicated to it).
+    pub your_match: Option<u64>,
+    /// Its client address.
+    pub client_addr: String,
+    /// Its last log index.
+    pub last_log_index: u64,
+}
+
+/// This node's identity on the peer network, shared by the server, the
+/// clients and the cluster code.
+pub struct Peers {
+    node_id: NodeId,
+    client_addr: String,
+    secret: Option<Vec<u8>>,
+    data_dir: PathBuf,
+    cluster: Mutex<Option<ClusterId>>,
+    /// Client addresses other nodes gave in handshakes (fresher than the
+    /// ones recorded in the membership).
+    advertised: Mutex<HashMap<NodeId, String>>,
+    raft: OnceLock<Raft<TypeConfig>>,
+    slots: Arc<Semaphore>,
+}
+
+const CLUSTER_FILE: &str = "cluster-id";
+
+impl Peers {
+    /// The identity of node `node_id`, its cluster id read from `data_dir`
+    /// if it has one.
+    pub fn new(
+        node_id: NodeId,
+        client_addr: String,
+        secret: Option<Vec<u8>>,
+        data_dir: PathBuf,
+    ) -> Result<Arc<Peers>, String> {
+        let path = data_dir.join(CLUSTER_FILE);
+        let cluster = match std::fs::read_to_string(&path) {
+            Ok(s) => Some(parse_cluster_hex(&s).ok_or_else(|| {
+                format!("{}: not a cluster id (32 hex digits)", path.display())
+            })?),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => return Err(format!("{}: {e}", path.display())),
+        };
+        Ok(Arc::new(Peers {
+            node_id,
+            client_addr,
+            secret,
+            data_dir,
+            cluster: Mutex::new(cluster),
+            advertised: Mutex::new(HashMap::new()),
+            raft: OnceLock::new(),
+            slots: Arc::new(Semaphore::new(MAX_PEER_CONNECTIONS)),
+        }))
+    }
+
+    /// This node's id.
+    pub fn node_id(&self) -> NodeId {
+        self.node_id
+    }
+
+    /// This node's client address.
+    pub fn client_addr(&self) -> &str {
+        &self.client_addr
+    }
+
+    /// The cluster id, once joined or bootstrapped.
+    pub fn cluster(&self) -> Option<ClusterId> {
+        *self.cluster.lock()
+    }
+
+    /// Records the cluster id in the data directory (synced) before it is
+    /// used.
+    pub fn set_cluster(&self, id: ClusterId) -> Result<(), String> {
+        let mut c = self.cluster.lock();
+        if *c == Some(id) {
+            return Ok(());
+        }
+        super::wal::replace_file(
+            &self.data_dir,
+            CLUSTER_FILE,
+            format!("{}\n", cluster_hex(&id)).as_bytes(),
+        )
+        .map_err(|e| e.to_string())?;
+        *c = Some(id);
+        Ok(())
+    }
+
+    /// The client address node `id` gave when it last connected, if any.
+    pub fn advertised(&self, id: NodeId) -> Option<String> {
+        self.advertised.lock().get(&id).cloned()
+    }
+
+    /// Gives the server the Raft handle it answers with.
+    pub fn set_raft(&self, raft: Raft<TypeConfig>) {
+        let _ = self.raft.set(raft);
+    }
+
+    fn mac(&self, parts: &[&[u8]]) -> [u8; 32] {
+        let Some(secret) = &self.secret else {
+            return [0; 32];
+        };
+        let Ok(mut m) = Hmac::<Sha256>::new_from_slice(secret) else {
+            return [0; 32];
+        };
+        m.update(b"idem-peer-1");
+        for p in parts {
+            m.update(&(p.len() as u32).to_le_bytes());
+            m.update(p);
+        }
+        m.finalize().into_bytes().into()
+    }
+
+    fn check_mac(&self, parts: &[&[u8]], mac: &[u8; 32]) -> bool {
+        let Some(secret) = &self.secret else {
+            return true;
+        };
+        let Ok(mut m) = Hmac::<Sha256>::new_from_slice(secret) else {
+            return false;
+        };
+        m.update(b"idem-peer-1");
+        for p in parts {
+            m.update(&(p.len() as u32).to_le_bytes());
+            m.update(p);
+        }
+        m.verify_slice(mac).is_ok()
+    }
+
+    /// What this node says of itself to a probe from `asker`.
+    pub fn probe_info(&self, asker: NodeId) -> ProbeInfo {
+        let Some(raft) = self.raft.get() else {
+            return ProbeInfo {
+                initialized: false,
+                cluster: self.cluster(),
+                voters: Vec::new(),
+                learners: Vec::new(),
+                leader: None,
+                your_match: None,
+                client_addr: self.client_addr.clone(),
+                last_log_index: 0,
+            };
+        };
+        let m = raft.metrics().borrow().clone();
+        let membership = m.membership_config.membership();
+        let voters: Vec<NodeId> = membership.voter_ids().collect();
+        let learners: Vec<NodeId> = membership.learner_ids().collect();
+        ProbeInfo {
+            initialized: !voters.is_empty(),
+            cluster: self.cluster(),
+            voters,
+            learners,
+            leader: m.current_leader,
+            your_match: m
+                .replication
+                .as_ref()
+                .and_then(|r| r.get(&asker).copied().flatten())
+                .map(|l| l.index),
+            client_addr: self.client_addr.clone(),
+            last_log_index: m.last_log_index.unwrap_or(0),
+        }
+    }
+}
+
+type Conn = Framed<TcpStream, LengthDelimitedCodec>;
+
+fn codec(max: usize) -> LengthDelimitedCodec {
+    LengthDelimitedCodec::builder()
+        .max_frame_length(max)
+        .new_codec()
+}
+
+async fn send<T: Serialize>(conn: &mut Conn, msg: &T) -> std::io::Result<()> {
+    let bytes = postcard::to_allocvec(msg).map_err(std::io::Error::other)?;
+    conn.send(Bytes::from(bytes)).await
+}
+
+async fn recv<T: for<'de> Deserialize<'de>>(conn: &mut Conn) -> std::io::Result<T> {
+    match conn.next().await {
+        Some(Ok(frame)) => postcard::from_bytes(&frame).map_err(std::io::Error::other),
+        Some(Err(e)) => Err(e),
+        None => Err(std::io::Error::new(
+            std::io::ErrorKind::UnexpectedEof,
+            "peer closed the connection",
+        )),
+    }
+}
+
+/// Serves peer connections on `listener` until the process ends.
+pub async fn serve(listener: TcpListener, peers: Arc<Peers>) {
+    loop {
+        let (stream, addr) = match listener.accept().await {
+            Ok(x) => x,
+            Err(e) => {
+                warn!(error = %e, "peer accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let Ok(permit) = Arc::clone(&peers.slots).try_acquire_owned() else {
+            warn!(%addr, max = MAX_PEER_CONNECTIONS, "too many peer connections: refusing one");
+            continue;
+        };
+        let _ = stream.set_nodelay(true);
+        let peers = Arc::clone(&peers);
+        tokio::spawn(async move {
+            if let Err(e) = serve_conn(stream, &peers).await {
+                debug!(%addr, error = %e, "peer connection ended");
+            }
+            drop(permit);
+        });
+    }
+}
+
+async fn serve_conn(stream: TcpStream, peers: &Peers) -> std::io::Result<()> {
+    let addr = stream.peer_addr()?;
+    let mut conn = Framed::new(stream, codec(MAX_HANDSHAKE_FRAME));
+    let nonce_s = random16();
+    let hello: Hello = tokio::time::timeout(HANDSHAKE_TIMEOUT, async {
+        send(
+            &mut conn,
+            &Challenge {
+                protocol: PEER_PROTOCOL,
+                nonce: nonce_s,
+            },
+        )
+        .await?;
+        recv(&mut conn).await
+    })
+    .await
+    .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "handshake timed out"))??;
+    let from = hello.from.to_le_bytes();
+    let to = hello.to.to_le_bytes();
+    let refuse = |why: String| {
+        warn!(%addr, from = hello.from, reason = %why, "refused a peer connection");
+        why
+    };
+    let mine = peers.cluster();
+    let refusal = if hello.protocol != PEER_PROTOCOL {
+        Some(refuse(format!(
+            "peer protocol {} is not {PEER_PROTOCOL}",
+            hello.protocol
+        )))
+    } else if !peers.check_mac(&[b"C", &nonce_s, &hello.nonce, &from, &to], &hello.mac) {
+        Some(refuse(
+            "cluster_secret does not match (or is not set on the connecting node)".into(),
+        ))
+    } else if hello.to != peers.node_id {
+        Some(refuse(format!(
+            "this is node {}, not node {}: check the peer addresses",
+            peers.node_id, hello.to
+        )))
+    } else if hello.from == peers.node_id {
+        Some(refuse(format!(
+            "the connecting node claims this node's own id {}",
+            peers.node_id
+        )))
+    } else if let (Some(a), Some(b)) = (mine, hello.cluster)
+        && a != b
+    {
+        Some(refuse(format!(
+            "cluster id {} is not this node's cluster {}",
+            cluster_hex(&b),
+            cluster_hex(&a)
+        )))
+    } else {
+        None
+    };
+    if let Some(why) = refusal {
+        let _ = send(&mut conn, &Welcome::Refused(why)).await;
+        return Ok(());
+    }
+    let me = peers.node_id.to_le_bytes();
+    send(
+        &mut conn,
+        &Welcome::Ok {
+            cluster: mine,
+            node: peers.node_id,
+            client_addr: peers.client_addr.clone(),
+            mac: peers.mac(&[b"S", &hello.nonce, &nonce_s, &me, &from]),
+        },
+    )
+    .await?;
+    if !hello.client_addr.is_empty() {
+        peers
+            .advertised
+            .lock()
+            .insert(hello.from, hello.client_addr.clone());
+    }
+    conn.codec_mut().set_max_frame_length(MAX_FRAME);
+    let asker = hello.from;
+    loop {
+        let req: Request = match recv(&mut conn).await {
+            Ok(r) => r,
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
+            Err(e) => return Err(e),
+        };
+        // A node that has not joined takes the cluster id of the first
+        // member that sends it Raft traffic.
+        if !matches!(req, Request::Probe)
+            && peers.cluster().is_none()
+            && let Some(id) = hello.cluster
+        {
+            if let Err(e) = peers.set_cluster(id) {
+                send(&mut conn, &Response::Failed(e)).await?;
+                continue;
+            }
+            info!(cluster = %cluster_hex(&id), from = asker, "joined a cluster");
+        }
+        let Some(raft) = peers.raft.get() else {
+            send(&mut conn, &Response::Failed("starting".into())).await?;
+            continue;
+        };
+        let resp = match req {
+            Request::Append(r) => Response::Append(raft.append_entries(r).await),
+            Request::Vote(r) => Response::Vote(raft.vote(r).await),
+            Request::Snapshot(r) => Response::Snapshot(raft.install_snapshot(r).await),
+            Request::Probe => Response::Probe(peers.probe_info(asker)),
+        };
+        send(&mut conn, &resp).await?;
+    }
+}
+
+/// Why a call to a peer failed.
+#[derive(Debug)]
+enum CallError {
+    /// Could not connect, or was refused at the handshake: openraft backs
+    /// off.
+    Unreachable(std::io::Error),
+    /// Failed part way.
+    Network(std::io::Error),
+}
+
+impl CallError {
+    fn into_rpc<E: std::error::Error>(self) -> RPCError<NodeId, BasicNode, E> {
+        match self {
+            CallError::Unreachable(e) => RPCError::Unreachable(Unreachable::new(&e)),
+            CallError::Network(e) => RPCError::Network(NetworkError::new(&e)),
+        }
+    }
+}
+
+/// A client to one peer: one connection, reused.
+pub struct PeerClient {
+    peers: Arc<Peers>,
+    target: NodeId,
+    addr: String,
+    conn: Option<Conn>,
+}
+
+impl PeerClient {
+    /// A client to node `target` at peer address `addr` (not connected
+    /// until the first call).
+    pub fn new(peers: Arc<Peers>, target: NodeId, addr: String) -> PeerClient {
+        PeerClient {
+            peers,
+            target,
+            addr,
+            conn: None,
+        }
+    }
+
+    async fn connect(&self) -> Result<Conn, CallError> {
+        let unreachable = |e: std::io::Error| CallError::Unreachable(e);
+        if self.addr.is_empty() {
+            return Err(unreachable(std::io::Error::other(format!(
+                "node {} has no peer address",
+                self.target
+            ))));
+        }
+        let stream = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(&self.addr))
+            .await
+            .map_err(|_| {
+                unreachable(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "connect timed out",
+                ))
+            })?
+            .map_err(unreachable)?;
+        let _ = stream.set_nodelay(true);
+        let mut conn = Framed::new(stream, codec(MAX_HANDSHAKE_FRAME));
+        let welcome = tokio::time::timeout(HANDSHAKE_TIMEOUT, async {
+            let ch: Challenge = recv(&mut conn).await?;
+            if ch.protocol != PEER_PROTOCOL {
+                return Err(std::io::Error::other(format!(
+                    "peer protocol {} is not {PEER_PROTOCOL}",
+                    ch.protocol
+                )));
+            }
+            let nonce_c = random16();
+            let from = self.peers.node_id.to_le_bytes();
+            let to = self.target.to_le_bytes();
+            send(
+                &mut conn,
+                &Hello {
+                    protocol: PEER_PROTOCOL,
+                    cluster: self.peers.cluster(),
+                    from: self.peers.node_id,
+                    to: self.target,
+                    client_addr: self.peers.client_addr.clone(),
+                    nonce: nonce_c,
+                    mac: self
+                        .peers
+                        .mac(&[b"C", &ch.nonce, &nonce_c, &from, &to]),
+                },
+            )
+            .await?;
+            let w: Welcome = recv(&mut conn).await?;
+            Ok((w, ch.nonce, nonce_c))
+        })
+        .await
+        .map_err(|_| {
+            unreachable(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "handshake timed out",
+            ))
+        })?
+        .map_err(unreachable)?;
+        match welcome {
+            (Welcome::Refused(why), _, _) => {
+                warn!(target = self.target, addr = %self.addr, reason = %why, "a peer refused this node");
+                Err(unreachable(std::io::Error::other(format!(
+                    "refused: {why}"
+                ))))
+            }
+            (
+                Welcome::Ok {
+                    cluster,
+                    node,
+                    client_addr,
+                    mac,
+                },
+                nonce_s,
+                nonce_c,
+            ) => {
+                let me = self.peers.node_id.to_le_bytes();
+                let them = node.to_le_bytes();
+                let why = if node != self.target {
+                    Some(format!("node {node} answered at the address of node {}", self.target))
+                } else if !self.peers.check_mac(&[b"S", &nonce_c, &nonce_s, &them, &me], &mac) {
+                    Some("the peer does not hold cluster_secret".into())
+                } else if let (Some(a), Some(b)) = (self.peers.cluster(), cluster)
+                    && a != b
+                {
+                    Some(format!(
+                        "the peer belongs to cluster {}, not {}",
+                        cluster_hex(&b),
+                        cluster_hex(&a)
+                    ))
+                } else {
+                    None
+                };
+                if let Some(why) = why {
+                    warn!(target = self.target, addr = %self.addr, reason = %why, "refused a peer");
+                    return Err(unreachable(std::io::Error::other(why)));
+                }
+                if !client_addr.is_empty() {
+                    self.peers.advertised.lock().insert(node, client_addr);
+                }
+                conn.codec_mut().set_max_frame_length(MAX_FRAME);
+                Ok(conn)
+            }
+        }
+    }
+
+    async fn call(&mut self, req: Request, ttl: Duration) -> Result<Response, CallError> {
+        let conn = match self.conn.take() {
+            Some(c) => c,
+            None => self.connect().await?,
+        };
+        let mut conn = conn;
+        let result = tokio::time::timeout(ttl, async {
+            send(&mut conn, &req).await?;
+            recv::<Response>(&mut conn).await
+        })
+        .await;
+        match result {
+            Ok(Ok(resp)) => {
+                self.conn = Some(conn);
+                Ok(resp)
+            }
+            Ok(Err(e)) => Err(CallError::Network(e)),
+            Err(_) => Err(CallError::Network(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("no answer within {} ms", ttl.as_millis()),
+            ))),
+        }
+    }
+
+    /// Asks the peer what it holds.
+    pub async fn probe(&mut self) -> Result<ProbeInfo, String> {
+        match self.call(Request::Probe, CONNECT_TIMEOUT).await {
+            Ok(Response::Probe(p)) => Ok(p),
+            Ok(Response::Failed(why)) => Err(why),
+            Ok(_) => Err("unexpected answer".into()),
+            Err(CallError::Unreachable(e) | CallError::Network(e)) => Err(e.to_string()),
+        }
+    }
+}
+
+fn unexpected<E: std::error::Error>(resp: Response) -> RPCError<NodeId, BasicNode, E> {
+    let why = match resp {
+        Response::Failed(why) => why,
+        _ => "unexpected answer".into(),
+    };
+    RPCError::Network(NetworkError::new(&std::io::Error::other(why)))
+}
+
+impl openraft::RaftNetwork<TypeConfig> for PeerClient {
+    async fn append_entries(
+        &mut self,
+        rpc: AppendEntriesRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
+        match self.call(Request::Append(rpc), option.hard_ttl()).await {
+            Ok(Response::Append(Ok(r))) => Ok(r),
+            Ok(Response::Append(Err(e))) => {
+                Err(RPCError::RemoteError(RemoteError::new(self.target, e)))
+            }
+            Ok(other) => Err(unexpected(other)),
+            Err(e) => Err(e.into_rpc()),
+        }
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        rpc: InstallSnapshotRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<
+        InstallSnapshotResponse<NodeId>,
+        RPCError<NodeId, BasicNode, RaftError<NodeId, InstallSnapshotError>>,
+    > {
+        match self.call(Request::Snapshot(rpc), option.hard_ttl()).await {
+            Ok(Response::Snapshot(Ok(r))) => Ok(r),
+            Ok(Response::Snapshot(Err(e))) => {
+                Err(RPCError::RemoteError(RemoteError::new(self.target, e)))
+            }
+            Ok(other) => Err(unexpected(other)),
+            Err(e) => Err(e.into_rpc()),
+        }
+    }
+
+    async fn vote(
+        &mut self,
+        rpc: VoteRequest<NodeId>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
+        match self.call(Request::Vote(rpc), option.hard_ttl()).await {
+            Ok(Response::Vote(Ok(r))) => Ok(r),
+            Ok(Response::Vote(Err(e))) => {
+                Err(RPCError::RemoteError(RemoteError::new(self.target, e)))
+            }
+            Ok(other) => Err(unexpected(other)),
+            Err(e) => Err(e.into_rpc()),
+        }
+    }
+}
+
+/// openraft's network: a [`PeerClient`] per target, at the peer address
+/// recorded in the membership.
+pub struct PeerNetwork {
+    /// This node's identity.
+    pub peers: Arc<Peers>,
+}
+
+impl openraft::RaftNetworkFactory<TypeConfig> for PeerNetwork {
+    type Network = PeerClient;
+
+    async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> PeerClient {
+        let addr = super::cluster::MemberAddr::parse(&node.addr).peer;
+        PeerClient::new(Arc::clone(&self.peers), target, addr)
+    }
+}
