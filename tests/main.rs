@@ -17,3 +17,4 @@ mod t09_client;
 mod t10_durability;
 mod t11_hardening;
 mod t12_client_safety;
+mod t13_cluster;

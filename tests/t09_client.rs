@@ -424,11 +424,11 @@ async fn fake(reply: impl Fn(usize) -> String + Send + Sync + 'static) -> String
 }
 
 #[tokio::test]
-async fn follows_notleader_to_the_leader() {
+async fn follows_moved_to_the_leader() {
     let s = Idemd::start().await;
     let leader = s.addr.to_string();
     let l2 = leader.clone();
-    let follower = fake(move |_| format!("-NOTLEADER {l2}\r\n")).await;
+    let follower = fake(move |_| format!("-MOVED 1234 {l2}\r\n")).await;
     let c = Client::connect(follower.clone()).await.unwrap();
     let k = key("redirect");
     assert!(matches!(

@@ -7,26 +7,6 @@ use idem_protocol::{ClaimReply, Frame, Outcome};
 
 use crate::support::*;
 
-struct DataDir(PathBuf);
-
-impl DataDir {
-    fn new(name: &str) -> DataDir {
-        let p = std::env::temp_dir().join(format!("idem-it-{}", key(name)));
-        let _ = std::fs::remove_dir_all(&p);
-        DataDir(p)
-    }
-
-    fn arg(&self) -> &str {
-        self.0.to_str().expect("utf-8 temp path")
-    }
-}
-
-impl Drop for DataDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 /// Field `name` of an INFO text, as a number.
 fn info_num(text: &str, name: &str) -> f64 {
     text.lines()

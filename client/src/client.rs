@@ -40,7 +40,16 @@ use crate::key::Key;
 ///   repeated COMPLETE is acknowledged without change. (A retried RELEASE or
 ///   ABANDON whose first try landed may report `FENCED` if another owner took
 ///   over in between.)
-/// - `-NOTLEADER host:port` switches the client to that node.
+/// - `-MOVED slot host:port` (a cluster follower naming the leader)
+///   switches the client to that node, at most
+///   [`ClientConfig::max_redirects`] times per call. A redirect to the
+///   node itself, a redirect cycle or a node that cannot be reached makes
+///   the client ask its seed nodes again (the addresses given to
+///   [`connect`](Client::connect), comma-separated), with backoff, until
+///   the call's deadline. `-TRYAGAIN` and `-CLUSTERDOWN` (an election runs)
+///   are retried the same way. A claim retried keeps its attempt id, so a
+///   lost reply never makes a second owner; a claim or settle that was
+///   waiting is sent again with the wait time it has left.
 ///
 /// # Cancellation
 ///
@@ -72,6 +81,8 @@ impl std::fmt::Debug for Client {
 
 pub(crate) struct Inner {
     pub(crate) config: ClientConfig,
+    /// The addresses the client was given (a cluster's nodes).
+    seeds: Vec<String>,
     target: parking::Mutex<String>,
     conns: parking::Mutex<HashMap<String, Connection>>,
     connecting: AsyncMutex<()>,
@@ -104,7 +115,7 @@ pub struct ClientStats {
     pub requests: u64,
     /// Retries after connection failures, timeouts and `-TRYAGAIN`.
     pub retries: u64,
-    /// `-NOTLEADER` redirects followed.
+    /// `-MOVED` redirects followed.
     pub redirects: u64,
     /// Calls that failed for good (retries or deadline exhausted).
     pub failures: u64,
@@ -120,6 +131,27 @@ pub struct ClientStats {
 
 /// Idle connections kept for waiting requests.
 const IDLE_WAIT_CONNECTIONS: usize = 16;
+
+/// The `host:port` of each seed of `addrs`: `host:port` or
+/// `idem://host:port[/]`, several separated by commas (the nodes of a
+/// cluster: `idem://h1:7379,h2:7379,h3:7379`).
+pub(crate) fn parse_addresses(addrs: &str) -> Result<Vec<String>> {
+    let (scheme, rest) = match addrs.split_once("://") {
+        Some((scheme, rest)) => (Some(scheme), rest),
+        None => (None, addrs),
+    };
+    let mut out = Vec::new();
+    for one in rest.split(',').map(str::trim) {
+        let one = match scheme {
+            Some(scheme) => parse_address(&format!("{scheme}://{one}"))?,
+            None => parse_address(one)?,
+        };
+        if !out.contains(&one) {
+            out.push(one);
+        }
+    }
+    Ok(out)
+}
 
 /// The `host:port` of an address given as `host:port` or
 /// `idem://host:port[/]`.
@@ -139,9 +171,6 @@ fn parse_address(addr: &str) -> Result<String> {
     let rest = rest.strip_suffix('/').unwrap_or(rest);
     if rest.contains('@') {
         return Err(invalid("credentials in the URL are not supported yet"));
-    }
-    if rest.contains(',') {
-        return Err(invalid("several seed nodes are not supported yet"));
     }
     if rest.contains(['/', '?', '#']) {
         return Err(invalid("a path or options after host:port"));
@@ -324,7 +353,10 @@ fn expect_ok(frame: Frame) -> Result<()> {
 impl Client {
     /// Connects to `addr` with the default configuration: `host:port` or
     /// an `idem://host:port` URL (`idems://` for TLS and credentials in the
-    /// URL are refused until they are supported, not ignored).
+    /// URL are refused until they are supported, not ignored). For a
+    /// cluster, give several nodes separated by commas
+    /// (`h1:7379,h2:7379,h3:7379`): the client starts with the first that
+    /// answers and follows `-MOVED` to the leader.
     pub async fn connect(addr: impl Into<String>) -> Result<Client> {
         Client::connect_with_config(addr, ClientConfig::default()).await
     }
@@ -335,9 +367,11 @@ impl Client {
         addr: impl Into<String>,
         config: ClientConfig,
     ) -> Result<Client> {
-        let addr = parse_address(&addr.into())?;
+        let seeds = parse_addresses(&addr.into())?;
+        let addr = seeds[0].clone();
         let client = Client {
             inner: Arc::new(Inner {
+                seeds,
                 target: parking::Mutex::new(addr.clone()),
                 conns: parking::Mutex::new(HashMap::new()),
                 connecting: AsyncMutex::new(()),
@@ -350,7 +384,23 @@ impl Client {
             }),
         };
         if !client.inner.config.lazy_connect {
-            client.connection(&addr).await?;
+            // The first seed that answers.
+            let mut first_err = None;
+            for seed in client.inner.seeds.clone() {
+                match client.connection(&seed).await {
+                    Ok(_) => {
+                        *client.inner.target.lock() = seed;
+                        first_err = None;
+                        break;
+                    }
+                    Err(e) => {
+                        first_err.get_or_insert(e);
+                    }
+                }
+            }
+            if let Some(e) = first_err {
+                return Err(e);
+            }
         }
         Ok(client)
     }
@@ -376,9 +426,26 @@ impl Client {
         &self.inner.config
     }
 
-    /// The node requests go to now (changes after `-NOTLEADER`).
+    /// The node requests go to now (changes after `-MOVED`).
     pub fn target(&self) -> String {
         self.inner.target.lock().clone()
+    }
+
+    /// The seeds this client was given.
+    pub fn seeds(&self) -> &[String] {
+        &self.inner.seeds
+    }
+
+    /// Moves to the seed after `from` (the first if `from` is not one):
+    /// after a refused connection, a redirect to the node itself or a
+    /// redirect cycle.
+    fn next_seed(&self, from: &str) {
+        let seeds = &self.inner.seeds;
+        let next = match seeds.iter().position(|s| s == from) {
+            Some(i) => &seeds[(i + 1) % seeds.len()],
+            None => &seeds[0],
+        };
+        *self.inner.target.lock() = next.clone();
     }
 
     async fn connection(&self, addr: &str) -> Result<Connection> {
@@ -443,7 +510,8 @@ impl Client {
     }
 
     /// Sends a command, following redirects and retrying as configured.
-    /// Error replies other than NOTLEADER and TRYAGAIN are returned as frames.
+    /// Error replies other than MOVED, TRYAGAIN and CLUSTERDOWN are returned
+    /// as frames.
     pub(crate) async fn request(&self, cmd: &Command, extra: Duration) -> Result<Frame> {
         self.request_within(cmd, extra, None).await
     }
@@ -501,6 +569,16 @@ impl Client {
             _ => None,
         };
         let (mut attempt, mut redirects) = (0u32, 0u32);
+        // Retries while a cluster fails over (refused connections, MOVED to
+        // a node that is gone, TRYAGAIN, CLUSTERDOWN) are bounded by the
+        // deadline, not by `retries`: with several seeds, one of them
+        // takes over.
+        let cluster = self.inner.seeds.len() > 1;
+        let wait_total = match cmd {
+            Command::Claim(c) => c.wait_ms,
+            Command::Settle(s) => s.wait_ms,
+            _ => None,
+        };
         loop {
             attempts.store(attempt + 1, Ordering::Relaxed);
             let addr = self.target();
@@ -512,12 +590,26 @@ impl Client {
             };
             let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
             let timeout = (cfg.request_timeout + extra).min(remaining);
+            // A waiting request sent again waits only for what is left.
+            let frame = match wait_total {
+                Some(total) if waits && attempt > 0 => {
+                    let left = total.saturating_sub(started.elapsed().as_millis() as u64);
+                    let mut again = cmd.clone();
+                    match &mut again {
+                        Command::Claim(c) => c.wait_ms = Some(left),
+                        Command::Settle(s) => s.wait_ms = Some(left),
+                        _ => {}
+                    }
+                    again.to_frame()
+                }
+                _ => frame.clone(),
+            };
             let call = async {
                 if waits {
-                    self.call_waiting(&addr, frame.clone(), timeout).await
+                    self.call_waiting(&addr, frame, timeout).await
                 } else {
                     match self.connection(&addr).await {
-                        Ok(conn) => conn.call(frame.clone(), timeout).await,
+                        Ok(conn) => conn.call(frame, timeout).await,
                         Err(e) => Err(e),
                     }
                 }
@@ -526,24 +618,50 @@ impl Client {
                 Ok(r) => r,
                 Err(_) => Err(Error::new(ErrorKind::Timeout, "the call's deadline passed")),
             };
+            let failover;
             let retry_err = match result {
                 Ok(Frame::Error(text)) => {
                     let err = ServerError::parse(&text);
                     match err.code {
-                        ErrorCode::NotLeader
-                            if redirects < cfg.max_redirects && err.message.contains(':') =>
-                        {
-                            redirects += 1;
-                            counters.redirects.fetch_add(1, Ordering::Relaxed);
-                            *self.inner.target.lock() = err.message.trim().to_owned();
-                            continue;
+                        ErrorCode::Moved => {
+                            let to = err.message.split_whitespace().nth(1).unwrap_or("");
+                            if !to.is_empty() && to != addr && redirects < cfg.max_redirects {
+                                redirects += 1;
+                                counters.redirects.fetch_add(1, Ordering::Relaxed);
+                                *self.inner.target.lock() = to.to_owned();
+                                continue;
+                            }
+                            // To itself, a cycle, or too many: ask the
+                            // seeds again, after a backoff.
+                            redirects = 0;
+                            self.next_seed(&addr);
+                            failover = true;
+                            Error::server(err)
                         }
-                        ErrorCode::TryAgain if attempt < cfg.retries => Error::server(err),
+                        ErrorCode::TryAgain | ErrorCode::ClusterDown
+                            if attempt < cfg.retries || cluster =>
+                        {
+                            if cluster {
+                                // An election runs, or this node is cut
+                                // off from the others: another may lead.
+                                self.next_seed(&addr);
+                            }
+                            failover = cluster;
+                            Error::server(err)
+                        }
                         _ => return Ok(Frame::Error(text)),
                     }
                 }
                 Ok(frame) => return Ok(frame),
-                Err(e) if e.is_retryable() && attempt < cfg.retries => e,
+                Err(e) if e.is_retryable() && (attempt < cfg.retries || cluster) => {
+                    if cluster && e.is_connection() {
+                        // The node is gone: another seed leads or knows
+                        // who does.
+                        self.next_seed(&addr);
+                    }
+                    failover = cluster;
+                    e
+                }
                 Err(e) => {
                     counters.failures.fetch_add(1, Ordering::Relaxed);
                     return Err(e
@@ -551,6 +669,12 @@ impl Client {
                         .with_attempt(claim_attempt));
                 }
             };
+            if !failover && attempt >= cfg.retries {
+                counters.failures.fetch_add(1, Ordering::Relaxed);
+                return Err(retry_err
+                    .with_context(context(attempt + 1))
+                    .with_attempt(claim_attempt));
+            }
             let backoff = cfg.backoff_for(attempt);
             if tokio::time::Instant::now() + backoff >= deadline {
                 counters.failures.fetch_add(1, Ordering::Relaxed);
@@ -1097,7 +1221,7 @@ async fn handshake(conn: &Connection, addr: &str, timeout: Duration) -> Result<(
 
 #[cfg(test)]
 mod tests {
-    use super::parse_address;
+    use super::{parse_address, parse_addresses};
 
     #[test]
     fn addresses_and_urls() {
@@ -1116,11 +1240,20 @@ mod tests {
             ("idem://user:pw@localhost:7379", "credentials"),
             ("idem://localhost:7379/0", "path"),
             ("idem://localhost:port", "no host:port"),
-            ("idem://a:7379,b:7379", "seed"),
+            ("idem://a:7379,b", "no host:port"),
         ] {
-            let e = parse_address(given).unwrap_err();
+            let e = parse_addresses(given).unwrap_err();
             assert_eq!(e.kind(), crate::ErrorKind::InvalidAddress);
             assert!(e.to_string().contains(why), "{given}: {e}");
         }
+        // A cluster's seeds: commas, one scheme for all, duplicates once.
+        assert_eq!(
+            parse_addresses("idem://a:7379, b:7380,a:7379/").unwrap(),
+            ["a:7379", "b:7380"]
+        );
+        assert_eq!(
+            parse_addresses("10.0.0.1:7379,10.0.0.2:7379").unwrap(),
+            ["10.0.0.1:7379", "10.0.0.2:7379"]
+        );
     }
 }

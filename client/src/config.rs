@@ -67,13 +67,16 @@ impl ClientConfig {
     }
 
     /// How many times a request is retried after a connection failure,
-    /// timeout or `-TRYAGAIN` (default 5; 0 disables retries).
+    /// timeout or `-TRYAGAIN` (default 5; 0 disables retries). A client of
+    /// several seed nodes (a cluster) retries those until the call's
+    /// deadline instead, since a failover takes a moment.
     pub fn retries(mut self, n: u32) -> Self {
         self.retries = n;
         self
     }
 
-    /// How many `-NOTLEADER` redirects one request follows (default 5).
+    /// How many `-MOVED` redirects one request follows before it asks the
+    /// seed nodes again (default 5).
     pub fn max_redirects(mut self, n: u32) -> Self {
         self.max_redirects = n;
         self

@@ -24,8 +24,11 @@ pub enum ErrorKind {
     TooBig,
     /// The server is full and refuses new claims (`-OOM`).
     Oom,
-    /// The node is not the leader (`-NOTLEADER`) and redirects ran out.
-    NotLeader,
+    /// The node is not the leader (`-MOVED`) and redirects ran out.
+    Moved,
+    /// No leader for longer than an election timeout (`-CLUSTERDOWN`),
+    /// until the call's deadline.
+    ClusterDown,
     /// The server asked to try again later (`-TRYAGAIN`) and retries ran out.
     TryAgain,
     /// Authentication problems (`-NOAUTH`, `-NOPERM`, `-WRONGPASS`).
@@ -104,7 +107,8 @@ impl Error {
             ErrorCode::Mismatch => ErrorKind::Mismatch,
             ErrorCode::TooBig => ErrorKind::TooBig,
             ErrorCode::Oom => ErrorKind::Oom,
-            ErrorCode::NotLeader => ErrorKind::NotLeader,
+            ErrorCode::Moved => ErrorKind::Moved,
+            ErrorCode::ClusterDown => ErrorKind::ClusterDown,
             ErrorCode::TryAgain => ErrorKind::TryAgain,
             ErrorCode::NoAuth | ErrorCode::NoPerm | ErrorCode::WrongPass => ErrorKind::Auth,
             _ => ErrorKind::InvalidRequest,
@@ -158,7 +162,8 @@ impl Error {
                 | ErrorKind::Timeout
                 | ErrorKind::ConnectionClosed
                 | ErrorKind::TryAgain
-                | ErrorKind::NotLeader
+                | ErrorKind::Moved
+                | ErrorKind::ClusterDown
         )
     }
 }

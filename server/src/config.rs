@@ -199,7 +199,9 @@ impl Default for RawConfig {
             sweep_batch: 2000,
             expire_batch: 1000,
             max_pending_per_connection: 1024,
-            log: "info".into(),
+            // openraft logs every failed call to a peer that is down:
+            // idemd logs when a peer becomes unreachable and comes back.
+            log: "info,openraft=off".into(),
             worker_threads: 0,
         }
     }

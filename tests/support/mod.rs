@@ -6,6 +6,7 @@ use std::net::SocketAddr;
 use std::process::Stdio;
 use std::time::Duration;
 
+pub mod cluster;
 pub mod history;
 
 use bytes::{Bytes, BytesMut};
@@ -53,7 +54,7 @@ impl Idemd {
             cmd.arg("--engine").arg("memory");
         }
         cmd.args(args);
-        cmd.env("RUST_LOG", "warn");
+        cmd.env("RUST_LOG", "warn,openraft=off");
         for (k, v) in env {
             cmd.env(k, v);
         }
@@ -319,4 +320,27 @@ pub async fn info_field(conn: &mut Conn, field: &str) -> u64 {
                 .map(|v| v.trim().parse().expect("numeric field"))
         })
         .unwrap_or_else(|| panic!("INFO has no {field}"))
+}
+
+/// A temporary data directory, removed when dropped.
+pub struct DataDir(pub std::path::PathBuf);
+
+impl DataDir {
+    /// A fresh directory (nothing in it yet) named after `name`.
+    pub fn new(name: &str) -> DataDir {
+        let p = std::env::temp_dir().join(format!("idem-it-{}", key(name)));
+        let _ = std::fs::remove_dir_all(&p);
+        DataDir(p)
+    }
+
+    /// The path, as an argument.
+    pub fn arg(&self) -> &str {
+        self.0.to_str().expect("utf-8 temp path")
+    }
+}
+
+impl Drop for DataDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }

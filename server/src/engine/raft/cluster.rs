@@ -24,7 +24,7 @@
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use openraft::{BasicNode, ChangeMembers, Raft, ServerState};
@@ -114,9 +114,24 @@ pub fn parse_initial_cluster(s: &str) -> Result<Vec<(NodeId, String)>, String> {
 }
 
 /// Who serves, shared by the engine, the proposer and the role watcher.
+///
+/// A leader serves only while a majority of the voters acknowledged it
+/// recently (within [`Role::lease`] of the time openraft sent the
+/// acknowledged heartbeat or entry): no other node can have been elected
+/// in that time, since followers wait an election timeout (at least
+/// `ELECTION_TIMEOUT_MIN_MS`) after they last heard from it. A leader cut
+/// off from its peers therefore stops serving reads and taking writes
+/// within the lease, answering `-TRYAGAIN`, while the majority elects
+/// another.
 pub struct Role {
     /// This node leads and has applied every earlier entry.
     serving: AtomicBool,
+    /// When a majority last acknowledged this leader: µs since `base`.
+    acked_at_us: AtomicU64,
+    /// Voters in the membership.
+    voters: AtomicUsize,
+    base: Instant,
+    lease: Duration,
     inner: RwLock<RoleInner>,
     /// The term a promotion runs for.
     promoting: Mutex<Option<u64>>,
@@ -133,10 +148,15 @@ struct RoleInner {
 }
 
 impl Role {
-    /// Not serving yet; `clock` until the first promotion.
-    pub fn new(clock: Clock, election_timeout: Duration) -> Arc<Role> {
+    /// Not serving yet; `clock` until the first promotion. A leader of
+    /// several voters serves for `lease` after a majority acknowledged it.
+    pub fn new(clock: Clock, election_timeout: Duration, lease: Duration) -> Arc<Role> {
         Arc::new(Role {
             serving: AtomicBool::new(false),
+            acked_at_us: AtomicU64::new(0),
+            voters: AtomicUsize::new(1),
+            base: Instant::now(),
+            lease,
             inner: RwLock::new(RoleInner {
                 clock,
                 leader: None,
@@ -148,9 +168,26 @@ impl Role {
         })
     }
 
-    /// Whether this node serves record commands.
+    /// Whether this node leads (and has applied the log of earlier terms).
     pub fn serving(&self) -> bool {
         self.serving.load(Ordering::Acquire)
+    }
+
+    /// Whether the leader's lease holds: a single voter always; several
+    /// while a majority acknowledged it within the lease.
+    pub fn lease_holds(&self) -> bool {
+        if self.voters.load(Ordering::Relaxed) <= 1 {
+            return true;
+        }
+        let acked = self.acked_at_us.load(Ordering::Acquire);
+        let now = self.base.elapsed().as_micros() as u64;
+        acked != 0 && now.saturating_sub(acked) < self.lease.as_micros() as u64
+    }
+
+    /// How long ago a majority acknowledged this leader, ms (None if never).
+    pub fn since_quorum_ack_ms(&self) -> Option<u64> {
+        let acked = self.acked_at_us.load(Ordering::Acquire);
+        (acked != 0).then(|| (self.base.elapsed().as_micros() as u64).saturating_sub(acked) / 1000)
     }
 
     /// The clock of the current term.
@@ -177,6 +214,9 @@ pub fn not_serving(
         (r.leader, r.leaderless_since)
     };
     match leader {
+        Some(id) if id == peers.node_id() && role.serving() => EngineError::TryAgain(
+            "this node leads but a majority of the voters has not answered it lately: it may be cut off",
+        ),
         Some(id) if id == peers.node_id() => {
             EngineError::TryAgain("this node was just elected: it applies the log first")
         }
@@ -233,6 +273,15 @@ pub async fn watch_role(w: Arc<Watch>) {
     loop {
         let (state, leader, term) = {
             let m = rx.borrow_and_update();
+            // The lease: when a majority last acknowledged this leader.
+            if let Some(ms) = m.millis_since_quorum_ack {
+                let at = (w.role.base.elapsed().as_micros() as u64)
+                    .saturating_sub(ms * 1000)
+                    .max(1);
+                w.role.acked_at_us.fetch_max(at, Ordering::AcqRel);
+            }
+            let voters = m.membership_config.membership().voter_ids().count();
+            w.role.voters.store(voters.max(1), Ordering::Relaxed);
             (m.state, m.current_leader, m.current_term)
         };
         let me = w.peers.node_id();

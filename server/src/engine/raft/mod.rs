@@ -59,6 +59,10 @@ pub const HEARTBEAT_MS: u64 = 100;
 pub const ELECTION_TIMEOUT_MIN_MS: u64 = 500;
 /// See [`ELECTION_TIMEOUT_MIN_MS`].
 pub const ELECTION_TIMEOUT_MAX_MS: u64 = 1000;
+/// How long after a majority acknowledged it a leader of several voters
+/// serves, ms: below the shortest election timeout, with room for clocks
+/// that run at slightly different rates.
+pub const LEADER_LEASE_MS: u64 = ELECTION_TIMEOUT_MIN_MS * 4 / 5;
 /// Snapshot chunk size on the peer network.
 pub const SNAPSHOT_CHUNK_BYTES: u64 = 1 << 20;
 /// How long one snapshot chunk may take (the last one installs it), ms.
@@ -333,6 +337,7 @@ impl RaftEngine {
         let role = cluster::Role::new(
             Clock::starting_at(if clock == 0 { Clock::new().now_ms() } else { clock }),
             Duration::from_millis(ELECTION_TIMEOUT_MAX_MS),
+            Duration::from_millis(LEADER_LEASE_MS),
         );
         let on_demoted: Arc<dyn Fn() + Send + Sync> = {
             let (sink, role, raft, peers) = (
@@ -495,7 +500,7 @@ impl RaftEngine {
 
     /// Whether this node serves commands on `key`; otherwise where to go.
     pub fn route(&self, key: Option<&[u8]>) -> Result<(), EngineError> {
-        if self.role.serving() {
+        if self.role.serving() && self.role.lease_holds() {
             return Ok(());
         }
         Err(cluster::not_serving(&self.role, &self.raft, &self.peers, key))

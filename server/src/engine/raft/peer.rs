@@ -187,6 +187,9 @@ pub struct Peers {
     advertised: Mutex<HashMap<NodeId, String>>,
     raft: OnceLock<Raft<TypeConfig>>,
     slots: Arc<Semaphore>,
+    /// Whether each peer answered its last call: changes are logged once
+    /// (openraft's own per-call errors are too many to log).
+    reachable: Mutex<HashMap<NodeId, bool>>,
 }
 
 const CLUSTER_FILE: &str = "cluster-id";
@@ -217,6 +220,7 @@ impl Peers {
             advertised: Mutex::new(HashMap::new()),
             raft: OnceLock::new(),
             slots: Arc::new(Semaphore::new(MAX_PEER_CONNECTIONS)),
+            reachable: Mutex::new(HashMap::new()),
         }))
     }
 
@@ -255,6 +259,19 @@ impl Peers {
     /// The client address node `id` gave when it last connected, if any.
     pub fn advertised(&self, id: NodeId) -> Option<String> {
         self.advertised.lock().get(&id).cloned()
+    }
+
+    /// Records whether `id` answered; logs the changes.
+    fn mark(&self, id: NodeId, addr: &str, ok: Result<(), &std::io::Error>) {
+        let now = ok.is_ok();
+        let before = self.reachable.lock().insert(id, now);
+        match (before, ok) {
+            (Some(true) | None, Err(e)) => {
+                warn!(peer = id, %addr, error = %e, "peer unreachable");
+            }
+            (Some(false), Ok(())) => info!(peer = id, %addr, "peer reachable again"),
+            _ => {}
+        }
     }
 
     /// Gives the server the Raft handle it answers with.
@@ -631,7 +648,14 @@ impl PeerClient {
     async fn call(&mut self, req: Request, ttl: Duration) -> Result<Response, CallError> {
         let conn = match self.conn.take() {
             Some(c) => c,
-            None => self.connect().await?,
+            None => match self.connect().await {
+                Ok(c) => c,
+                Err(e) => {
+                    let (CallError::Unreachable(io) | CallError::Network(io)) = &e;
+                    self.peers.mark(self.target, &self.addr, Err(io));
+                    return Err(e);
+                }
+            },
         };
         let mut conn = conn;
         let result = tokio::time::timeout(ttl, async {
@@ -641,6 +665,7 @@ impl PeerClient {
         .await;
         match result {
             Ok(Ok(resp)) => {
+                self.peers.mark(self.target, &self.addr, Ok(()));
                 self.conn = Some(conn);
                 Ok(resp)
             }

@@ -1,0 +1,193 @@
+//! A cluster of real idemd processes on loopback, each with its own data
+//! directory, for the cluster and failover tests.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use idem_protocol::Frame;
+
+use super::{Conn, DataDir, Idemd, bulk};
+
+/// A free loopback port (bound, then released).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+/// One member: its addresses, data directory and process (if running).
+pub struct Member {
+    pub id: u64,
+    pub client: SocketAddr,
+    pub peer: SocketAddr,
+    pub dir: DataDir,
+    pub proc: Option<Idemd>,
+}
+
+impl Member {
+    /// A member with fresh ports and an empty data directory.
+    pub fn new(name: &str, id: u64) -> Member {
+        Member {
+            id,
+            client: format!("127.0.0.1:{}", free_port()).parse().unwrap(),
+            peer: format!("127.0.0.1:{}", free_port()).parse().unwrap(),
+            dir: DataDir::new(&format!("{name}-n{id}")),
+            proc: None,
+        }
+    }
+
+    /// The idemd arguments of this member (plus `extra`).
+    pub fn args(&self, initial: Option<&str>) -> Vec<String> {
+        let mut a: Vec<String> = [
+            "--engine",
+            "raft",
+            "--node-id",
+            &self.id.to_string(),
+            "--listen",
+            &self.client.to_string(),
+            "--peer-listen",
+            &self.peer.to_string(),
+            "--data-dir",
+            self.dir.arg(),
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        if let Some(i) = initial {
+            a.push("--initial-cluster".into());
+            a.push(i.into());
+        }
+        a
+    }
+
+    /// Starts (or restarts) the process.
+    pub async fn start(&mut self, initial: Option<&str>, env: &[(&str, &str)]) {
+        let args = self.args(initial);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        self.proc = Some(Idemd::start_with(env, &args).await);
+    }
+
+    /// kill -9.
+    pub async fn kill(&mut self) {
+        if let Some(mut p) = self.proc.take() {
+            p.kill().await;
+        }
+    }
+
+    /// A connection to its client port.
+    pub async fn conn(&self) -> Conn {
+        Conn::connect(self.client).await
+    }
+
+    /// Its `CLUSTER INFO` field `name` (empty if absent or unreachable).
+    pub async fn info(&self, name: &str) -> String {
+        let Ok(Ok(stream)) = tokio::time::timeout(
+            Duration::from_secs(1),
+            tokio::net::TcpStream::connect(self.client),
+        )
+        .await
+        else {
+            return String::new();
+        };
+        drop(stream);
+        let mut c = self.conn().await;
+        let text = match c.try_cmd(&["CLUSTER", "INFO"]).await {
+            Some(f @ Frame::Bulk(_)) => bulk(&f),
+            _ => return String::new(),
+        };
+        text.lines()
+            .find_map(|l| l.strip_prefix(&format!("{name}:")))
+            .unwrap_or("")
+            .trim()
+            .to_owned()
+    }
+}
+
+/// A cluster of `n` members bootstrapped with `--initial-cluster`.
+pub struct Cluster {
+    pub members: Vec<Member>,
+    pub initial: String,
+}
+
+impl Cluster {
+    /// Starts `n` members and waits until they agree on a serving leader.
+    pub async fn start(name: &str, n: u64) -> Cluster {
+        Cluster::start_with(name, n, &[]).await
+    }
+
+    /// [`start`](Self::start) with extra environment variables.
+    pub async fn start_with(name: &str, n: u64, env: &[(&str, &str)]) -> Cluster {
+        let members: Vec<Member> = (1..=n).map(|id| Member::new(name, id)).collect();
+        let initial = members
+            .iter()
+            .map(|m| format!("{}={}", m.id, m.peer))
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut c = Cluster { members, initial };
+        // The lowest id waits for the others before it bootstraps: start
+        // them all at once.
+        let init = c.initial.clone();
+        let futs = c.members.iter_mut().map(|m| {
+            let init = init.clone();
+            async move { m.start(Some(&init), env).await }
+        });
+        futures_util::future::join_all(futs).await;
+        c.leader().await;
+        c
+    }
+
+    /// The index of the member that leads and serves, once all running
+    /// members agree on it (waits up to 20 s).
+    pub async fn leader(&self) -> usize {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            let mut leaders = Vec::new();
+            for m in self.members.iter().filter(|m| m.proc.is_some()) {
+                leaders.push(m.info("idem_leader_id").await);
+            }
+            if let Some(first) = leaders.first()
+                && !first.is_empty()
+                && leaders.iter().all(|l| l == first)
+            {
+                let id: u64 = first.parse().unwrap();
+                if let Some(i) = self
+                    .members
+                    .iter()
+                    .position(|m| m.id == id && m.proc.is_some())
+                    && !self.members[i].info("idem_role").await.is_empty()
+                {
+                    // The leader serves once it applied the log.
+                    let mut c = self.members[i].conn().await;
+                    if let Some(Frame::Array(_) | Frame::Null) =
+                        c.try_cmd(&["INSPECT", "probe-leader"]).await
+                    {
+                        return i;
+                    }
+                }
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "no agreed leader within 20 s: {leaders:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// The indexes of the running members that do not lead.
+    pub async fn followers(&self) -> Vec<usize> {
+        let l = self.leader().await;
+        (0..self.members.len())
+            .filter(|&i| i != l && self.members[i].proc.is_some())
+            .collect()
+    }
+
+    /// Every client address, comma-separated (the seeds of a client).
+    pub fn seeds(&self) -> String {
+        self.members
+            .iter()
+            .map(|m| m.client.to_string())
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+}

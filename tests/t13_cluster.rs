@@ -1,0 +1,322 @@
+//! Clusters of real idemd processes on loopback: bootstrap, routing the way
+//! Redis Cluster clients route, failover without losing a record, nodes
+//! that rejoin, and nodes that must not.
+
+use std::time::Duration;
+
+use idem_protocol::{ClaimReply, Frame, Outcome, key_slot};
+
+use crate::support::cluster::{Cluster, Member};
+use crate::support::*;
+
+/// The `-MOVED` target of an error reply.
+fn moved(f: &Frame) -> (u16, String) {
+    let e = err(f);
+    let mut parts = e.split_whitespace();
+    assert_eq!(parts.next(), Some("MOVED"), "expected -MOVED, got {e}");
+    let slot = parts.next().unwrap().parse().unwrap();
+    (slot, parts.next().unwrap().to_owned())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_bootstraps_and_followers_redirect_like_redis_cluster() {
+    let c = Cluster::start("boot", 3).await;
+    let l = c.leader().await;
+    let leader = &c.members[l];
+    // Every member agrees on the membership and the cluster id.
+    let id = leader.info("idem_cluster_id").await;
+    assert_eq!(id.len(), 32, "a 16-byte cluster id in hex");
+    for m in &c.members {
+        assert_eq!(m.info("idem_cluster_id").await, id);
+        assert_eq!(m.info("cluster_known_nodes").await, "3");
+        assert_eq!(m.info("cluster_state").await, "ok");
+        assert_eq!(m.info("idem_voters").await, "3");
+        assert_eq!(m.info("idem_leader_addr").await, leader.client.to_string());
+    }
+    assert_eq!(leader.info("idem_role").await, "leader");
+    for f in c.followers().await {
+        let m = &c.members[f];
+        assert_eq!(m.info("idem_role").await, "follower");
+        let mut conn = m.conn().await;
+        // Writes and reads alike name the leader and the key's slot,
+        // hash tags included.
+        for (args, k) in [
+            (vec!["CLAIM", "order-{7}-a", "LEASE", "5000"], "order-{7}-a"),
+            (vec!["INSPECT", "x"], "x"),
+            (vec!["SETTLE", "y", "WAIT", "100"], "y"),
+        ] {
+            let r = conn.cmd(&args).await;
+            assert_eq!(
+                moved(&r),
+                (key_slot(k.as_bytes()), leader.client.to_string()),
+                "{args:?}"
+            );
+        }
+        assert_eq!(key_slot(b"order-{7}-a"), key_slot(b"7"));
+        // CLUSTER MYID and NODES in Redis's formats.
+        let myid = bulk(&conn.cmd(&["CLUSTER", "MYID"]).await);
+        assert_eq!(myid, format!("{:040x}", m.id));
+        let nodes = bulk(&conn.cmd(&["CLUSTER", "NODES"]).await);
+        let lines: Vec<&str> = nodes.lines().collect();
+        assert_eq!(lines.len(), 3, "{nodes}");
+        for line in &lines {
+            let f: Vec<&str> = line.split(' ').collect();
+            assert!(f.len() >= 8, "{line}");
+            assert_eq!(f[0].len(), 40);
+            let me = f[0] == myid;
+            assert_eq!(f[2].contains("myself"), me, "{line}");
+            let is_leader = f[0] == format!("{:040x}", leader.id);
+            if is_leader {
+                assert!(f[2].ends_with("master"), "{line}");
+                assert_eq!(f[3], "-");
+                assert_eq!(f[8], "0-16383");
+                assert_eq!(
+                    f[1],
+                    format!("{}@{}", leader.client, leader.peer.port()),
+                    "ip:port@cport"
+                );
+            } else {
+                assert!(f[2].ends_with("slave"), "{line}");
+                assert_eq!(f[3], format!("{:040x}", leader.id));
+                assert_eq!(f.len(), 8, "a replica serves no slots: {line}");
+            }
+            assert_eq!(f[7], "connected");
+        }
+        // CLUSTER SLOTS: one range, the leader first, then its replicas.
+        let Frame::Array(ranges) = conn.cmd(&["CLUSTER", "SLOTS"]).await else {
+            panic!("CLUSTER SLOTS is an array")
+        };
+        assert_eq!(ranges.len(), 1);
+        let Frame::Array(r) = &ranges[0] else {
+            panic!("a range is an array")
+        };
+        assert_eq!((int(&r[0]), int(&r[1])), (0, 16383));
+        assert_eq!(r.len(), 5, "range, leader and two replicas");
+        let Frame::Array(first) = &r[2] else { panic!() };
+        assert_eq!(int(&first[1]), i64::from(leader.client.port()));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_of_the_leader_loses_no_acknowledged_record() {
+    let mut c = Cluster::start("failover", 3).await;
+    let mut fences = Vec::new();
+    let mut completed = Vec::new();
+    let mut held = Vec::new();
+    for round in 0..3 {
+        let l = c.leader().await;
+        let mut conn = c.members[l].conn().await;
+        for i in 0..20 {
+            let k = format!("r{round}-done-{i}");
+            let f = conn.acquire(&["CLAIM", &k, "LEASE", "60000"]).await;
+            assert_eq!(conn.cmd(&["COMPLETE", &k, &f.to_string(), &format!("v{i}")]).await, ok());
+            fences.push(f);
+            completed.push((k, format!("v{i}")));
+            let k = format!("r{round}-held-{i}");
+            let f = conn.acquire(&["CLAIM", &k, "LEASE", "60000"]).await;
+            fences.push(f);
+            held.push((k, f));
+        }
+        // kill -9 the leader; the others elect a new one.
+        c.members[l].kill().await;
+        let l2 = c.leader().await;
+        assert_ne!(l2, l);
+        let mut conn = c.members[l2].conn().await;
+        for (k, v) in &completed {
+            assert_eq!(
+                claim(conn.cmd(&["CLAIM", k]).await),
+                ClaimReply::Completed {
+                    outcome: Outcome::Ok,
+                    value: v.clone().into()
+                },
+                "{k} lost its outcome in failover {round}"
+            );
+        }
+        for (k, f) in &held {
+            // Still owned: another caller is told so, the owner can renew.
+            match claim(conn.cmd(&["CLAIM", k]).await) {
+                ClaimReply::InFlight { .. } => {}
+                other => panic!("{k} should still be held, got {other:?}"),
+            }
+            assert_eq!(
+                conn.cmd(&["RENEW", k, &f.to_string(), "LEASE", "60000"]).await,
+                ok(),
+                "{k}'s owner lost its claim in failover {round}"
+            );
+        }
+        // Fences keep increasing across leaders.
+        let f = conn.acquire(&["CLAIM", &format!("after-{round}")]).await;
+        assert!(
+            fences.iter().all(|&x| x < f),
+            "fence {f} after failover {round} is not above every earlier one"
+        );
+        fences.push(f);
+        // The killed node restarts on its data and rejoins as a follower.
+        c.members[l].start(None, &[]).await;
+        let applied = c.members[l2].info("idem_applied_index").await;
+        let m = &c.members[l];
+        eventually("the restarted node catches up", async || {
+            let a = m.info("idem_applied_index").await;
+            (a.parse::<u64>().unwrap_or(0) >= applied.parse::<u64>().unwrap()
+                && m.info("idem_role").await == "follower")
+                .then_some(())
+        })
+        .await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_cli_in_cluster_mode_follows_the_leader() {
+    let c = Cluster::start("redis-cli", 3).await;
+    let f = c.followers().await[0];
+    let port = c.members[f].client.port().to_string();
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new("redis-cli")
+            .args(["-c", "-p", &port])
+            .args(args)
+            .output()
+            .expect("redis-cli runs (apt-get install redis-tools)");
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    };
+    let k = key("cli");
+    assert_eq!(run(&["CLAIM", &k, "LEASE", "30000"]), "ACQUIRED\n1");
+    assert!(run(&["SETTLE", &k]).starts_with("INFLIGHT"));
+    // Without -c, the follower's redirect is shown as it is.
+    let out = std::process::Command::new("redis-cli")
+        .args(["-p", &port, "INSPECT", &k])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.starts_with("MOVED"), "{text}");
+}
+
+/// Runs idemd with `args`, which must refuse to start: returns what it
+/// printed on stderr.
+fn refused(args: &[String]) -> String {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_idemd"))
+        .args(args)
+        .env("RUST_LOG", "warn")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("idemd runs");
+    assert!(
+        !out.status.success(),
+        "idemd should refuse to start: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_whose_data_was_lost_is_never_let_back_in_under_its_id() {
+    let mut c = Cluster::start("lost", 3).await;
+    let l = c.leader().await;
+    let mut conn = c.members[l].conn().await;
+    conn.acquire(&["CLAIM", "before"]).await;
+    // A follower other than the lowest id (which bootstraps: below).
+    let f = c
+        .followers()
+        .await
+        .into_iter()
+        .find(|&i| c.members[i].id != 1)
+        .unwrap();
+    let initial = c.initial.clone();
+    // A follower loses its disk.
+    c.members[f].kill().await;
+    std::fs::remove_dir_all(&c.members[f].dir.0).unwrap();
+    let args = c.members[f].args(Some(&initial));
+    let text = tokio::task::spawn_blocking(move || refused(&args))
+        .await
+        .unwrap();
+    assert!(text.contains("data was lost"), "{text}");
+    // The lowest id (which bootstraps) loses its disk: it does not
+    // bootstrap a second cluster.
+    let lowest = c.members.iter().position(|m| m.id == 1).unwrap();
+    if c.members[lowest].proc.is_some() {
+        c.members[lowest].kill().await;
+    }
+    let _ = std::fs::remove_dir_all(&c.members[lowest].dir.0);
+    let args = c.members[lowest].args(Some(&initial));
+    let text = tokio::task::spawn_blocking(move || refused(&args))
+        .await
+        .unwrap();
+    assert!(
+        text.contains("already holds a cluster"),
+        "the lowest id bootstrapped again: {text}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_single_node_grows_into_a_cluster_and_shrinks_back() {
+    // A single node with data.
+    let mut one = Member::new("grow", 1);
+    let single = [
+        "--engine",
+        "raft",
+        "--listen",
+        &one.client.to_string(),
+        "--data-dir",
+        one.dir.arg(),
+    ]
+    .map(str::to_owned);
+    let single: Vec<&str> = single.iter().map(String::as_str).collect();
+    let p = Idemd::start_with(&[], &single).await;
+    let mut conn = p.conn().await;
+    let fence = conn.acquire(&["CLAIM", "kept"]).await;
+    assert_eq!(conn.cmd(&["COMPLETE", "kept", &fence.to_string(), "v"]).await, ok());
+    drop(p);
+    // Restarted with a peer address: node 1 of a cluster of one.
+    one.start(None, &[]).await;
+    let mut others: Vec<Member> = (2..=3).map(|id| Member::new("grow", id)).collect();
+    for m in &mut others {
+        m.start(None, &[]).await;
+    }
+    let mut conn = one.conn().await;
+    for m in &others {
+        let id = m.id.to_string();
+        let add = conn
+            .cmd(&["CLUSTER", "ADD", &id, &m.peer.to_string(), &m.client.to_string()])
+            .await;
+        assert_eq!(add, ok(), "{add:?}");
+        // Refused until it caught up? It catches up fast here: wait for it,
+        // then promote.
+        eventually("the learner catches up", async || {
+            (m.info("idem_applied_index").await.parse::<u64>().unwrap_or(0) > 0
+                && m.info("idem_leader_id").await == "1")
+                .then_some(())
+        })
+        .await;
+        let r = eventually("promote", async || {
+            let r = conn.cmd(&["CLUSTER", "PROMOTE", &id]).await;
+            (r == ok()).then_some(r)
+        })
+        .await;
+        assert_eq!(r, ok());
+    }
+    assert_eq!(one.info("idem_voters").await, "3");
+    // Bad changes are refused with a reason.
+    let e = err(&conn.cmd(&["CLUSTER", "ADD", "2", "127.0.0.1:1", "127.0.0.1:2"]).await);
+    assert!(e.contains("already a member"), "{e}");
+    let e = err(&conn.cmd(&["CLUSTER", "PROMOTE", "9"]).await);
+    assert!(e.contains("not a member"), "{e}");
+    // The cluster replicates: node 1 dies, the record is on the others.
+    one.kill().await;
+    let c = Cluster {
+        members: others,
+        initial: String::new(),
+    };
+    let l = c.leader().await;
+    let mut conn = c.members[l].conn().await;
+    assert_eq!(
+        claim(conn.cmd(&["CLAIM", "kept"]).await),
+        ClaimReply::Completed {
+            outcome: Outcome::Ok,
+            value: "v".into()
+        }
+    );
+    // Shrinks back: node 1 is removed for good; two voters remain.
+    assert_eq!(conn.cmd(&["CLUSTER", "REMOVE", "1"]).await, ok());
+    assert_eq!(c.members[l].info("idem_voters").await, "2");
+    assert_eq!(c.members[l].info("cluster_known_nodes").await, "2");
+    tokio::time::sleep(Duration::from_millis(10)).await;
+}
