@@ -855,4 +855,82 @@ mod tests {
         );
         std::fs::remove_dir_all(&dir).ok();
     }
+
+    #[test]
+    fn the_shipped_cluster_example_validates() {
+        for i in 1..=3 {
+            let path = format!("{}/../config/cluster/node{i}.toml", env!("CARGO_MANIFEST_DIR"));
+            let c = RawConfig::from_file(Path::new(&path))
+                .unwrap()
+                .validate()
+                .unwrap();
+            assert_eq!(c.raft.node_id, i);
+            assert_eq!(c.raft.cluster.initial_cluster.len(), 3);
+            assert_eq!(
+                c.raft.cluster.peer_advertise,
+                c.raft.cluster.initial_cluster[i as usize - 1].1
+            );
+        }
+    }
+
+    #[test]
+    fn cluster_keys_are_checked() {
+        let set = |pairs: &[(&str, &str)]| {
+            let mut raw = RawConfig::default();
+            for (k, v) in pairs {
+                raw.set(k, v).unwrap();
+            }
+            raw.validate()
+        };
+        let msg = |r: Result<Config, ConfigError>| r.err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(msg(set(&[("peer_listen", "10.1.2.3:17379")])).contains("cluster_secret"));
+        assert!(msg(set(&[("peer_listen", "nope")])).contains("peer_listen"));
+        assert!(msg(set(&[("initial_cluster", "1=127.0.0.1:1")])).contains("needs peer_listen"));
+        assert!(
+            msg(set(&[
+                ("peer_listen", "127.0.0.1:17379"),
+                ("initial_cluster", "2=127.0.0.1:1,3=127.0.0.1:2")
+            ]))
+            .contains("does not list this node")
+        );
+        assert!(
+            msg(set(&[
+                ("peer_listen", "127.0.0.1:17379"),
+                ("initial_cluster", "1=127.0.0.1:17379,1=127.0.0.1:2")
+            ]))
+            .contains("twice")
+        );
+        assert!(
+            msg(set(&[
+                ("peer_listen", "127.0.0.1:17379"),
+                ("engine", "memory")
+            ]))
+            .contains("raft engine")
+        );
+        assert!(
+            msg(set(&[
+                ("peer_listen", "10.1.2.3:17379"),
+                ("cluster_secret", "short")
+            ]))
+            .contains("at least 16")
+        );
+        assert!(msg(set(&[("node_id", "0")])).contains("node_id"));
+        let ok = set(&[
+            ("peer_listen", "10.1.2.3:17379"),
+            ("cluster_secret", "0123456789abcdef"),
+            ("advertise", "10.1.2.3:7379"),
+            ("node_id", "4"),
+        ])
+        .unwrap();
+        assert_eq!(ok.raft.cluster.client_advertise, "10.1.2.3:7379");
+        assert_eq!(ok.raft.cluster.peer_advertise, "10.1.2.3:17379");
+        // The secret is never shown by CONFIG GET.
+        let mut raw = RawConfig::default();
+        raw.set("cluster_secret", "0123456789abcdef").unwrap();
+        assert!(
+            raw.entries()
+                .iter()
+                .any(|(k, v)| *k == "cluster_secret" && v == "(set)")
+        );
+    }
 }
