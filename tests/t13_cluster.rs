@@ -320,3 +320,173 @@ async fn a_single_node_grows_into_a_cluster_and_shrinks_back() {
     assert_eq!(c.members[l].info("cluster_known_nodes").await, "2");
     tokio::time::sleep(Duration::from_millis(10)).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_cut_off_from_its_peers_stops_serving_and_the_majority_takes_over() {
+    let faults = DataDir::new("isolate");
+    std::fs::create_dir_all(&faults.0).unwrap();
+    let env = [
+        ("IDEMD_TEST_ISOLATE_DIR", faults.arg()),
+        ("IDEM_PROPOSAL_TIMEOUT_MS", "2000"),
+    ];
+    let c = Cluster::start_with("cut", 3, &env).await;
+    let l = c.leader().await;
+    let old = &c.members[l];
+    let mut conn = old.conn().await;
+    let fence = conn.acquire(&["CLAIM", "before-cut", "LEASE", "60000"]).await;
+    assert_eq!(conn.cmd(&["COMPLETE", "before-cut", &fence.to_string(), "v"]).await, ok());
+    // Cut the leader off: no peer traffic in or out.
+    std::fs::write(faults.0.join(format!("isolate-{}", old.id)), b"").unwrap();
+    let cut = std::time::Instant::now();
+    // Within its lease it stops serving reads and taking writes: -TRYAGAIN,
+    // never a stale answer, never a hang past proposal_timeout_ms.
+    let refused_at = eventually("the cut-off leader refuses", async || {
+        let r = conn.cmd(&["INSPECT", "before-cut"]).await;
+        matches!(&r, Frame::Error(_)).then(|| (cut.elapsed(), err(&r)))
+    })
+    .await;
+    assert!(refused_at.1.starts_with("TRYAGAIN"), "{refused_at:?}");
+    assert!(refused_at.0 < Duration::from_millis(1500), "{refused_at:?}");
+    let started = std::time::Instant::now();
+    let w = conn.cmd(&["CLAIM", "during-cut"]).await;
+    assert!(err(&w).starts_with("TRYAGAIN"), "{w:?}");
+    assert!(started.elapsed() < Duration::from_millis(2500));
+    // The majority elects another leader, which has the record and takes
+    // writes.
+    let others: Vec<&Member> = c.members.iter().filter(|m| m.id != old.id).collect();
+    let new_leader = eventually("the majority elects a leader", async || {
+        let a = others[0].info("idem_leader_id").await;
+        let b = others[1].info("idem_leader_id").await;
+        (a == b && !a.is_empty() && a != old.id.to_string()).then_some(a)
+    })
+    .await;
+    let nl = c
+        .members
+        .iter()
+        .find(|m| m.id.to_string() == new_leader)
+        .unwrap();
+    let mut conn2 = eventually("the new leader serves", async || {
+        let mut c2 = nl.conn().await;
+        let r = c2.cmd(&["CLAIM", "before-cut"]).await;
+        matches!(claim(r.clone()), ClaimReply::Completed { .. }).then_some(c2)
+    })
+    .await;
+    let f2 = conn2.acquire(&["CLAIM", "after-cut"]).await;
+    assert!(f2 > fence);
+    // Healed: the old leader follows and redirects to the new one.
+    std::fs::remove_file(faults.0.join(format!("isolate-{}", old.id))).unwrap();
+    let mut conn = old.conn().await;
+    eventually("the old leader follows the new one", async || {
+        let r = conn.cmd(&["INSPECT", "after-cut"]).await;
+        (matches!(&r, Frame::Error(_)) && err(&r).starts_with("MOVED")).then_some(())
+    })
+    .await;
+    assert_eq!(old.info("idem_role").await, "follower");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewing_owners_keep_their_claims_through_a_leader_kill() {
+    use idem_client::{Client, ClaimOutcome, ClientConfig};
+    let mut c = Cluster::start("leases", 3).await;
+    let config = ClientConfig::default()
+        .backoff(Duration::from_millis(20), Duration::from_millis(200))
+        .deadline(Duration::from_secs(20));
+    let owners = Client::connect_with_config(c.seeds(), config.clone())
+        .await
+        .unwrap();
+    let rival = Client::connect_with_config(c.seeds(), config).await.unwrap();
+    let mut guards = Vec::new();
+    for i in 0..100 {
+        match owners
+            .claim(format!("lease-{i}"))
+            .lease(Duration::from_secs(2))
+            .await
+            .unwrap()
+        {
+            ClaimOutcome::Acquired(g) => guards.push(g),
+            other => panic!("{other:?}"),
+        }
+    }
+    // A rival keeps trying to take every key while the leader dies.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let rival_task = {
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            let mut rounds = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                for i in (0..100).step_by(7) {
+                    if let Ok(ClaimOutcome::Acquired(g)) = rival.claim(format!("lease-{i}")).await {
+                        panic!("lease-{i} was handed to a rival (fence {})", g.fence());
+                    }
+                }
+                rounds += 1;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            rounds
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let l = c.leader().await;
+    c.members[l].kill().await;
+    let new = c.leader().await;
+    assert_ne!(new, l);
+    // Two more leases' worth of time on the new leader.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    assert!(rival_task.await.unwrap() > 0);
+    for g in guards {
+        assert!(!g.is_lost(), "{:?} lost its claim in the failover", g.key());
+        let k = g.key().clone();
+        g.complete("done").await.unwrap_or_else(|e| panic!("{k:?}: {e}"));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idem_client_runs_through_repeated_leader_kills() {
+    use idem_client::{Client, ClientConfig, RunOptions};
+    let mut c = Cluster::start("client-failover", 3).await;
+    let client = Client::connect_with_config(
+        c.seeds(),
+        ClientConfig::default()
+            .backoff(Duration::from_millis(20), Duration::from_millis(200))
+            .deadline(Duration::from_secs(20)),
+    )
+    .await
+    .unwrap();
+    let runs = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let worker = {
+        let (client, runs) = (client.clone(), runs.clone());
+        tokio::spawn(async move {
+            for i in 0..300u64 {
+                let runs = runs.clone();
+                let out = client
+                    .run_once(format!("job-{i}"), RunOptions::default(), async move |_ctx| {
+                        runs.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        Ok::<_, std::io::Error>(bytes::Bytes::from(format!("r{i}")))
+                    })
+                    .await
+                    .unwrap_or_else(|e| panic!("job-{i}: {e}"));
+                assert_eq!(&out.value[..], format!("r{i}").as_bytes());
+            }
+        })
+    };
+    for _ in 0..2 {
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        let l = c.leader().await;
+        c.members[l].kill().await;
+        c.leader().await;
+        c.members[l].start(None, &[]).await;
+    }
+    worker.await.unwrap();
+    // Each effect ran once, and every job replays its value.
+    assert_eq!(runs.load(std::sync::atomic::Ordering::Relaxed), 300);
+    for i in [0u64, 150, 299] {
+        let again = client
+            .run_once(format!("job-{i}"), RunOptions::default(), async |_ctx| {
+                Ok::<_, std::io::Error>(bytes::Bytes::from_static(b"never"))
+            })
+            .await
+            .unwrap();
+        assert_eq!(&again.value[..], format!("r{i}").as_bytes());
+    }
+}

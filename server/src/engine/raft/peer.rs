@@ -368,6 +368,26 @@ async fn recv<T: for<'de> Deserialize<'de>>(conn: &mut Conn) -> std::io::Result<
     }
 }
 
+/// Debug builds only, for fault tests: while the file `isolate-<node id>`
+/// exists in the directory named by `IDEMD_TEST_ISOLATE_DIR`, this node
+/// drops all peer traffic, in and out, as if cut off from the network.
+#[cfg(debug_assertions)]
+fn isolated(node: NodeId) -> bool {
+    static DIR: OnceLock<Option<PathBuf>> = OnceLock::new();
+    DIR.get_or_init(|| std::env::var_os("IDEMD_TEST_ISOLATE_DIR").map(PathBuf::from))
+        .as_ref()
+        .is_some_and(|d| d.join(format!("isolate-{node}")).exists())
+}
+
+#[cfg(not(debug_assertions))]
+fn isolated(_node: NodeId) -> bool {
+    false
+}
+
+fn cut_off() -> std::io::Error {
+    std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "isolated (test fault)")
+}
+
 /// Serves peer connections on `listener` until the process ends.
 pub async fn serve(listener: TcpListener, peers: Arc<Peers>) {
     loop {
@@ -477,6 +497,9 @@ async fn serve_conn(stream: TcpStream, peers: &Peers) -> std::io::Result<()> {
             Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
             Err(e) => return Err(e),
         };
+        if isolated(peers.node_id) {
+            return Err(cut_off());
+        }
         // A node that has not joined takes the cluster id of the first
         // member that sends it Raft traffic.
         if !matches!(req, Request::Probe)
@@ -646,6 +669,10 @@ impl PeerClient {
     }
 
     async fn call(&mut self, req: Request, ttl: Duration) -> Result<Response, CallError> {
+        if isolated(self.peers.node_id) {
+            self.conn = None;
+            return Err(CallError::Unreachable(cut_off()));
+        }
         let conn = match self.conn.take() {
             Some(c) => c,
             None => match self.connect().await {
