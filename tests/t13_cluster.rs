@@ -490,3 +490,52 @@ async fn idem_client_runs_through_repeated_leader_kills() {
         assert_eq!(&again.value[..], format!("r{i}").as_bytes());
     }
 }
+
+/// The lease left on `key`, from INSPECT on `conn`.
+async fn lease_left(conn: &mut Conn, key: &str) -> i64 {
+    let r = conn.cmd(&["INSPECT", key]).await;
+    let Frame::Array(fields) = &r else {
+        panic!("INSPECT {key} is a flat map: {r:?}")
+    };
+    let i = fields
+        .iter()
+        .position(|f| matches!(f, Frame::Bulk(b) | Frame::Simple(b) if &b[..] == b"lease_ms"))
+        .unwrap_or_else(|| panic!("no lease_ms in {r:?}"));
+    int(&fields[i + 1])
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_leader_with_a_skewed_wall_clock_neither_lapses_early_nor_turns_time_back() {
+    // Node 1 keeps true time; nodes 2 and 3 are 10 s ahead and behind.
+    let skew = |id: u64| match id {
+        2 => "10000",
+        3 => "-10000",
+        _ => "0",
+    };
+    let mut c = Cluster::start_each("skew", 3, |id| {
+        vec![("IDEMD_TEST_WALL_SKEW_MS".into(), skew(id).into())]
+    })
+    .await;
+    for _ in 0..2 {
+        let l = c.leader().await;
+        let mut conn = c.members[l].conn().await;
+        let k = key("skewed");
+        conn.acquire(&["CLAIM", &k, "LEASE", "30000"]).await;
+        let before = lease_left(&mut conn, &k).await;
+        let t = std::time::Instant::now();
+        c.members[l].kill().await;
+        let l2 = c.leader().await;
+        let mut conn = c.members[l2].conn().await;
+        let after = lease_left(&mut conn, &k).await;
+        let real = t.elapsed().as_millis() as i64;
+        // Time never went back (the lease did not grow), and it did not
+        // run faster than real time (no jump with the new leader's clock).
+        assert!(after <= before, "the clock went back: {before} -> {after} ms left");
+        assert!(
+            after >= before - real - 50,
+            "the lease lost more than the {real} ms that passed: {before} -> {after} ms left"
+        );
+        let s = skew(c.members[l].id);
+        c.members[l].start(None, &[("IDEMD_TEST_WALL_SKEW_MS", s)]).await;
+    }
+}

@@ -22,7 +22,7 @@ impl Clock {
         let epoch_ms = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as u64);
-        Clock::starting_at(epoch_ms)
+        Clock::starting_at(epoch_ms.saturating_add_signed(test_skew_ms()))
     }
 
     /// A clock that reads `epoch_ms` now (for tests).
@@ -43,4 +43,22 @@ impl Default for Clock {
     fn default() -> Self {
         Clock::new()
     }
+}
+
+/// Debug builds only, for fault tests: `IDEMD_TEST_WALL_SKEW_MS` (signed)
+/// shifts this process's wall clock, as a host whose clock is off would.
+#[cfg(debug_assertions)]
+fn test_skew_ms() -> i64 {
+    static SKEW: std::sync::OnceLock<i64> = std::sync::OnceLock::new();
+    *SKEW.get_or_init(|| {
+        std::env::var("IDEMD_TEST_WALL_SKEW_MS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    })
+}
+
+#[cfg(not(debug_assertions))]
+fn test_skew_ms() -> i64 {
+    0
 }

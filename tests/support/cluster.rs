@@ -118,6 +118,19 @@ impl Cluster {
 
     /// [`start`](Self::start) with extra environment variables.
     pub async fn start_with(name: &str, n: u64, env: &[(&str, &str)]) -> Cluster {
+        let env: Vec<(String, String)> = env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        Cluster::start_each(name, n, |_| env.clone()).await
+    }
+
+    /// [`start`](Self::start) with environment variables per node id.
+    pub async fn start_each(
+        name: &str,
+        n: u64,
+        env_of: impl Fn(u64) -> Vec<(String, String)>,
+    ) -> Cluster {
         let members: Vec<Member> = (1..=n).map(|id| Member::new(name, id)).collect();
         let initial = members
             .iter()
@@ -130,7 +143,12 @@ impl Cluster {
         let init = c.initial.clone();
         let futs = c.members.iter_mut().map(|m| {
             let init = init.clone();
-            async move { m.start(Some(&init), env).await }
+            let env = env_of(m.id);
+            async move {
+                let env: Vec<(&str, &str)> =
+                    env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+                m.start(Some(&init), &env).await
+            }
         });
         futures_util::future::join_all(futs).await;
         c.leader().await;
