@@ -539,3 +539,66 @@ async fn a_new_leader_with_a_skewed_wall_clock_neither_lapses_early_nor_turns_ti
         c.members[l].start(None, &[("IDEMD_TEST_WALL_SKEW_MS", s)]).await;
     }
 }
+
+/// Writes `n` completed records `prefix-i` through `conn`, pipelined.
+async fn fill(conn: &mut Conn, prefix: &str, n: usize) {
+    let batch = 1000;
+    for start in (0..n).step_by(batch) {
+        let end = (start + batch).min(n);
+        let mut out = bytes::BytesMut::new();
+        for i in start..end {
+            let k = format!("{prefix}-{i}");
+            idem_protocol::encode(
+                &cmd_frame(&["CLAIM", &k, "LEASE", "60000", "ATTEMPT", "fill"]),
+                idem_protocol::Version::Resp2,
+                &mut out,
+            );
+        }
+        conn.write_raw(&out).await;
+        for _ in start..end {
+            assert!(matches!(claim(conn.reply().await), ClaimReply::Acquired { .. }));
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_down_while_100k_records_are_written_catches_up_by_snapshot() {
+    let mut c = Cluster::start_with("catch-up", 3, &[("IDEM_SNAPSHOT_ENTRIES", "50")]).await;
+    let f = c.followers().await[0];
+    c.members[f].kill().await;
+    let l = c.leader().await;
+    let mut conn = c.members[l].conn().await;
+    fill(&mut conn, "bulk", 100_000).await;
+    let want = int(&conn.cmd(&["DBSIZE"]).await);
+    assert!(want >= 100_000);
+    // The leader snapshotted and purged the log the follower missed.
+    let mut leader_info = c.members[l].conn().await;
+    eventually("the leader snapshots", async || {
+        (info_field(&mut leader_info, "raft_snapshots_built").await >= 1).then_some(())
+    })
+    .await;
+    c.members[f].start(None, &[]).await;
+    let m = &c.members[f];
+    let mut fc = m.conn().await;
+    eventually("the follower catches up", async || {
+        (int(&fc.cmd(&["DBSIZE"]).await) == want).then_some(())
+    })
+    .await;
+    let info = bulk(&fc.cmd(&["INFO", "replication"]).await);
+    let snap: u64 = info
+        .lines()
+        .find_map(|l| l.strip_prefix("raft_snapshot_index:"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(snap > 0, "the follower was not sent a snapshot: {info}");
+    assert_eq!(m.info("idem_role").await, "follower");
+    // Writes made while it was down are there, and the leader kept taking
+    // writes while it caught up.
+    assert!(matches!(
+        claim(conn.cmd(&["CLAIM", "bulk-99999", "ATTEMPT", "fill"]).await),
+        ClaimReply::Acquired { .. }
+    ));
+    conn.acquire(&["CLAIM", "after-catch-up"]).await;
+}
