@@ -109,7 +109,11 @@ async fn kill_9_of_the_leader_loses_no_acknowledged_record() {
         for i in 0..20 {
             let k = format!("r{round}-done-{i}");
             let f = conn.acquire(&["CLAIM", &k, "LEASE", "60000"]).await;
-            assert_eq!(conn.cmd(&["COMPLETE", &k, &f.to_string(), &format!("v{i}")]).await, ok());
+            assert_eq!(
+                conn.cmd(&["COMPLETE", &k, &f.to_string(), &format!("v{i}")])
+                    .await,
+                ok()
+            );
             fences.push(f);
             completed.push((k, format!("v{i}")));
             let k = format!("r{round}-held-{i}");
@@ -139,7 +143,8 @@ async fn kill_9_of_the_leader_loses_no_acknowledged_record() {
                 other => panic!("{k} should still be held, got {other:?}"),
             }
             assert_eq!(
-                conn.cmd(&["RENEW", k, &f.to_string(), "LEASE", "60000"]).await,
+                conn.cmd(&["RENEW", k, &f.to_string(), "LEASE", "60000"])
+                    .await,
                 ok(),
                 "{k}'s owner lost its claim in failover {round}"
             );
@@ -263,7 +268,11 @@ async fn a_single_node_grows_into_a_cluster_and_shrinks_back() {
     let p = Idemd::start_with(&[], &single).await;
     let mut conn = p.conn().await;
     let fence = conn.acquire(&["CLAIM", "kept"]).await;
-    assert_eq!(conn.cmd(&["COMPLETE", "kept", &fence.to_string(), "v"]).await, ok());
+    assert_eq!(
+        conn.cmd(&["COMPLETE", "kept", &fence.to_string(), "v"])
+            .await,
+        ok()
+    );
     drop(p);
     // Restarted with a peer address: node 1 of a cluster of one.
     one.start(None, &[]).await;
@@ -275,13 +284,23 @@ async fn a_single_node_grows_into_a_cluster_and_shrinks_back() {
     for m in &others {
         let id = m.id.to_string();
         let add = conn
-            .cmd(&["CLUSTER", "ADD", &id, &m.peer.to_string(), &m.client.to_string()])
+            .cmd(&[
+                "CLUSTER",
+                "ADD",
+                &id,
+                &m.peer.to_string(),
+                &m.client.to_string(),
+            ])
             .await;
         assert_eq!(add, ok(), "{add:?}");
         // Refused until it caught up? It catches up fast here: wait for it,
         // then promote.
         eventually("the learner catches up", async || {
-            (m.info("idem_applied_index").await.parse::<u64>().unwrap_or(0) > 0
+            (m.info("idem_applied_index")
+                .await
+                .parse::<u64>()
+                .unwrap_or(0)
+                > 0
                 && m.info("idem_leader_id").await == "1")
                 .then_some(())
         })
@@ -295,7 +314,9 @@ async fn a_single_node_grows_into_a_cluster_and_shrinks_back() {
     }
     assert_eq!(one.info("idem_voters").await, "3");
     // Bad changes are refused with a reason.
-    let e = err(&conn.cmd(&["CLUSTER", "ADD", "2", "127.0.0.1:1", "127.0.0.1:2"]).await);
+    let e = err(&conn
+        .cmd(&["CLUSTER", "ADD", "2", "127.0.0.1:1", "127.0.0.1:2"])
+        .await);
     assert!(e.contains("already a member"), "{e}");
     let e = err(&conn.cmd(&["CLUSTER", "PROMOTE", "9"]).await);
     assert!(e.contains("not a member"), "{e}");
@@ -333,8 +354,14 @@ async fn a_leader_cut_off_from_its_peers_stops_serving_and_the_majority_takes_ov
     let l = c.leader().await;
     let old = &c.members[l];
     let mut conn = old.conn().await;
-    let fence = conn.acquire(&["CLAIM", "before-cut", "LEASE", "60000"]).await;
-    assert_eq!(conn.cmd(&["COMPLETE", "before-cut", &fence.to_string(), "v"]).await, ok());
+    let fence = conn
+        .acquire(&["CLAIM", "before-cut", "LEASE", "60000"])
+        .await;
+    assert_eq!(
+        conn.cmd(&["COMPLETE", "before-cut", &fence.to_string(), "v"])
+            .await,
+        ok()
+    );
     // Cut the leader off: no peer traffic in or out.
     std::fs::write(faults.0.join(format!("isolate-{}", old.id)), b"").unwrap();
     let cut = std::time::Instant::now();
@@ -386,7 +413,7 @@ async fn a_leader_cut_off_from_its_peers_stops_serving_and_the_majority_takes_ov
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn renewing_owners_keep_their_claims_through_a_leader_kill() {
-    use idem_client::{Client, ClaimOutcome, ClientConfig};
+    use idem_client::{ClaimOutcome, Client, ClientConfig};
     let mut c = Cluster::start("leases", 3).await;
     let config = ClientConfig::default()
         .backoff(Duration::from_millis(20), Duration::from_millis(200))
@@ -394,7 +421,9 @@ async fn renewing_owners_keep_their_claims_through_a_leader_kill() {
     let owners = Client::connect_with_config(c.seeds(), config.clone())
         .await
         .unwrap();
-    let rival = Client::connect_with_config(c.seeds(), config).await.unwrap();
+    let rival = Client::connect_with_config(c.seeds(), config)
+        .await
+        .unwrap();
     let mut guards = Vec::new();
     for i in 0..100 {
         match owners
@@ -437,7 +466,9 @@ async fn renewing_owners_keep_their_claims_through_a_leader_kill() {
     for g in guards {
         assert!(!g.is_lost(), "{:?} lost its claim in the failover", g.key());
         let k = g.key().clone();
-        g.complete("done").await.unwrap_or_else(|e| panic!("{k:?}: {e}"));
+        g.complete("done")
+            .await
+            .unwrap_or_else(|e| panic!("{k:?}: {e}"));
     }
 }
 
@@ -460,10 +491,14 @@ async fn idem_client_runs_through_repeated_leader_kills() {
             for i in 0..300u64 {
                 let runs = runs.clone();
                 let out = client
-                    .run_once(format!("job-{i}"), RunOptions::default(), async move |_ctx| {
-                        runs.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                        Ok::<_, std::io::Error>(bytes::Bytes::from(format!("r{i}")))
-                    })
+                    .run_once(
+                        format!("job-{i}"),
+                        RunOptions::default(),
+                        async move |_ctx| {
+                            runs.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            Ok::<_, std::io::Error>(bytes::Bytes::from(format!("r{i}")))
+                        },
+                    )
                     .await
                     .unwrap_or_else(|e| panic!("job-{i}: {e}"));
                 assert_eq!(&out.value[..], format!("r{i}").as_bytes());
@@ -530,13 +565,18 @@ async fn a_new_leader_with_a_skewed_wall_clock_neither_lapses_early_nor_turns_ti
         let real = t.elapsed().as_millis() as i64;
         // Time never went back (the lease did not grow), and it did not
         // run faster than real time (no jump with the new leader's clock).
-        assert!(after <= before, "the clock went back: {before} -> {after} ms left");
+        assert!(
+            after <= before,
+            "the clock went back: {before} -> {after} ms left"
+        );
         assert!(
             after >= before - real - 50,
             "the lease lost more than the {real} ms that passed: {before} -> {after} ms left"
         );
         let s = skew(c.members[l].id);
-        c.members[l].start(None, &[("IDEMD_TEST_WALL_SKEW_MS", s)]).await;
+        c.members[l]
+            .start(None, &[("IDEMD_TEST_WALL_SKEW_MS", s)])
+            .await;
     }
 }
 
@@ -556,7 +596,10 @@ async fn fill(conn: &mut Conn, prefix: &str, n: usize) {
         }
         conn.write_raw(&out).await;
         for _ in start..end {
-            assert!(matches!(claim(conn.reply().await), ClaimReply::Acquired { .. }));
+            assert!(matches!(
+                claim(conn.reply().await),
+                ClaimReply::Acquired { .. }
+            ));
         }
     }
 }
@@ -601,4 +644,58 @@ async fn a_follower_down_while_100k_records_are_written_catches_up_by_snapshot()
         ClaimReply::Acquired { .. }
     ));
     conn.acquire(&["CLAIM", "after-catch-up"]).await;
+}
+
+/// A Python with redis-py (Debian's python3-redis), if there is one.
+fn python_with_redis() -> Option<&'static str> {
+    for py in ["/usr/bin/python3", "python3"] {
+        let ok = std::process::Command::new(py)
+            .args(["-c", "import redis.cluster"])
+            .output()
+            .is_ok_and(|o| o.status.success());
+        if ok {
+            return Some(py);
+        }
+    }
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "redis-py is required in CI (apt-get install python3-redis)"
+    );
+    eprintln!("skipping: redis-py is not installed (apt-get install python3-redis)");
+    None
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_py_cluster_client_follows_the_leader_through_a_failover() {
+    let Some(py) = python_with_redis() else {
+        return;
+    };
+    let mut c = Cluster::start("redis-py", 3).await;
+    let f = c.followers().await[0];
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../tests/fixtures/redis_py_cluster.py"
+    );
+    let run = tokio::process::Command::new(py)
+        .args([script, &c.members[f].client.port().to_string(), "3"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let l = c.leader().await;
+    c.members[l].kill().await;
+    let out = tokio::time::timeout(Duration::from_secs(60), run.wait_with_output())
+        .await
+        .expect("the script ends")
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.starts_with("ok "),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let n: usize = stdout.trim()["ok ".len()..].parse().unwrap();
+    assert!(n > 10, "only {n} keys went through");
 }

@@ -144,7 +144,7 @@ pub fn info(node: &Node, sections: &[Bytes]) -> Reply {
 }
 
 /// The sections INFO knows, in order.
-pub const SECTIONS: [&str; 7] = [
+pub const SECTIONS: [&str; 8] = [
     "server",
     "clients",
     "memory",
@@ -152,6 +152,7 @@ pub const SECTIONS: [&str; 7] = [
     "stats",
     "replication",
     "keyspace",
+    "cluster",
 ];
 
 /// The INFO text for the sections asked for (all when `wanted` is empty or
@@ -305,6 +306,15 @@ pub fn info_text(node: &Node, wanted: &[String]) -> String {
             o,
             "records:{}\r\nrecords_in_flight:{}\r\nrecords_abandoned:{}\r\nrecords_completed_now:{}\r\nlast_fence:{}\r\napplied_index:{}\r\n",
             st.records, st.in_flight, st.abandoned, st.completed, st.last_fence, st.applied_index
+        );
+    });
+    // Redis's field: cluster clients (redis-py's RedisCluster) check it
+    // before CLUSTER SLOTS. The raft engine is a cluster, of one or more.
+    section("cluster", &|o| {
+        let _ = write!(
+            o,
+            "cluster_enabled:{}\r\n",
+            u8::from(node.engine().raft_engine().is_some())
         );
     });
     out

@@ -151,6 +151,7 @@ pub fn info_text(v: &ClusterView, commit_index: u64) -> String {
 /// `id ip:port@cport flags master ping-sent pong-recv config-epoch
 /// link-state slot...`.
 pub fn nodes_text(v: &ClusterView) -> String {
+    let shown = v.last_leader;
     let now_ms = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis());
@@ -158,17 +159,21 @@ pub fn nodes_text(v: &ClusterView) -> String {
     for m in &v.members {
         let (ip, port) = host_port(&m.addr.client);
         let (_, cport) = host_port(&m.addr.peer);
-        let leads = Some(m.id) == v.leader;
+        let leads = Some(m.id) == shown;
         let mut flags = String::new();
         if m.id == v.me {
             flags.push_str("myself,");
         }
-        flags.push_str(if leads || v.leader.is_none() {
+        flags.push_str(if leads || shown.is_none() {
             "master"
         } else {
             "slave"
         });
-        let master = match v.leader {
+        if leads && v.leader.is_none() {
+            // The leader that failed, until another is elected.
+            flags.push_str(",fail?");
+        }
+        let master = match shown {
             Some(l) if !leads => hex_id(l),
             _ => "-".into(),
         };
@@ -196,9 +201,14 @@ fn node_entry(m: &MemberView) -> Frame {
 }
 
 /// `CLUSTER SLOTS`: one range, 0-16383, served by the leader, with every
-/// other member as a replica. Empty while no leader is known.
+/// other member as a replica. While an election runs, the last leader
+/// known (as Redis Cluster shows a failed master until its replacement is
+/// elected: clients then retry and refresh). Empty if none was ever known.
 fn slots(v: &ClusterView) -> Frame {
-    let Some(leader) = v.leader.and_then(|l| v.members.iter().find(|m| m.id == l)) else {
+    let Some(leader) = v
+        .last_leader
+        .and_then(|l| v.members.iter().find(|m| m.id == l))
+    else {
         return Frame::Array(vec![]);
     };
     let mut range = vec![Frame::Integer(0), Frame::Integer(16383), node_entry(leader)];
@@ -218,7 +228,7 @@ fn shards(v: &ClusterView) -> Frame {
         .iter()
         .map(|m| {
             let (ip, port) = host_port(&m.addr.client);
-            let leads = Some(m.id) == v.leader;
+            let leads = Some(m.id) == v.last_leader;
             Frame::Map(vec![
                 (bulk("id"), bulk(hex_id(m.id))),
                 (bulk("port"), Frame::Integer(i64::from(port))),
@@ -231,12 +241,16 @@ fn shards(v: &ClusterView) -> Frame {
                 ),
                 (
                     bulk("health"),
-                    bulk(if v.leader.is_some() { "online" } else { "fail" }),
+                    bulk(if leads && v.leader.is_none() {
+                        "fail"
+                    } else {
+                        "online"
+                    }),
                 ),
             ])
         })
         .collect();
-    let slots = if v.leader.is_some() {
+    let slots = if v.last_leader.is_some() {
         vec![Frame::Integer(0), Frame::Integer(16383)]
     } else {
         vec![]

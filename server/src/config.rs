@@ -461,15 +461,18 @@ impl RawConfig {
         }
         let addr = |key: &'static str, v: &str| -> Result<SocketAddr, ConfigError> {
             v.trim().parse().map_err(|_| {
-                invalid(key, format!("'{v}' is not HOST:PORT (an IP address and a port)"))
+                invalid(
+                    key,
+                    format!("'{v}' is not HOST:PORT (an IP address and a port)"),
+                )
             })
         };
         let peer_listen = match self.peer_listen.trim() {
             "" => None,
             v => Some(addr("peer_listen", v)?),
         };
-        let initial_cluster =
-            parse_initial_cluster(&self.initial_cluster).map_err(|e| invalid("initial_cluster", e))?;
+        let initial_cluster = parse_initial_cluster(&self.initial_cluster)
+            .map_err(|e| invalid("initial_cluster", e))?;
         let client_advertise = match self.advertise.trim() {
             "" => listen.to_string(),
             v => {
@@ -487,7 +490,10 @@ impl RawConfig {
         };
         let Some(peer) = peer_listen else {
             if !initial_cluster.is_empty() {
-                return Err(invalid("initial_cluster", "needs peer_listen (--peer-listen)"));
+                return Err(invalid(
+                    "initial_cluster",
+                    "needs peer_listen (--peer-listen)",
+                ));
             }
             return Ok(ClusterConfig {
                 client_advertise,
@@ -513,7 +519,9 @@ impl RawConfig {
         if !peer.ip().is_loopback() && self.cluster_secret.is_empty() {
             return Err(invalid(
                 "cluster_secret",
-                format!("peer_listen {peer} is not a loopback address: set cluster_secret (the same on every node) so that only nodes holding it can join"),
+                format!(
+                    "peer_listen {peer} is not a loopback address: set cluster_secret (the same on every node) so that only nodes holding it can join"
+                ),
             ));
         }
         if !self.cluster_secret.is_empty() && self.cluster_secret.len() < 16 {
@@ -544,7 +552,8 @@ impl RawConfig {
             peer_advertise,
             client_advertise,
             initial_cluster,
-            secret: (!self.cluster_secret.is_empty()).then(|| self.cluster_secret.clone().into_bytes()),
+            secret: (!self.cluster_secret.is_empty())
+                .then(|| self.cluster_secret.clone().into_bytes()),
             promote_max_lag_entries: self.promote_max_lag_entries,
         })
     }
@@ -859,7 +868,10 @@ mod tests {
     #[test]
     fn the_shipped_cluster_example_validates() {
         for i in 1..=3 {
-            let path = format!("{}/../config/cluster/node{i}.toml", env!("CARGO_MANIFEST_DIR"));
+            let path = format!(
+                "{}/../config/cluster/node{i}.toml",
+                env!("CARGO_MANIFEST_DIR")
+            );
             let c = RawConfig::from_file(Path::new(&path))
                 .unwrap()
                 .validate()
@@ -882,7 +894,8 @@ mod tests {
             }
             raw.validate()
         };
-        let msg = |r: Result<Config, ConfigError>| r.err().map(|e| e.to_string()).unwrap_or_default();
+        let msg =
+            |r: Result<Config, ConfigError>| r.err().map(|e| e.to_string()).unwrap_or_default();
         assert!(msg(set(&[("peer_listen", "10.1.2.3:17379")])).contains("cluster_secret"));
         assert!(msg(set(&[("peer_listen", "nope")])).contains("peer_listen"));
         assert!(msg(set(&[("initial_cluster", "1=127.0.0.1:1")])).contains("needs peer_listen"));

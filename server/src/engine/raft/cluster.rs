@@ -102,7 +102,10 @@ pub fn parse_initial_cluster(s: &str) -> Result<Vec<(NodeId, String)>, String> {
             .filter(|&n| n > 0)
             .ok_or_else(|| format!("'{id}' is not a node id (a positive integer)"))?;
         let addr = addr.trim();
-        if addr.rsplit_once(':').is_none_or(|(h, p)| h.is_empty() || p.parse::<u16>().is_err()) {
+        if addr
+            .rsplit_once(':')
+            .is_none_or(|(h, p)| h.is_empty() || p.parse::<u16>().is_err())
+        {
             return Err(format!("'{addr}' (node {id}) is not HOST:PORT"));
         }
         if out.iter().any(|(i, _)| *i == id) {
@@ -142,6 +145,8 @@ struct RoleInner {
     /// The clock entries are stamped with (and reads compare with).
     clock: Clock,
     leader: Option<NodeId>,
+    /// The last leader known (kept while an election runs).
+    last_leader: Option<NodeId>,
     term: u64,
     /// Since when no leader is known.
     leaderless_since: Option<Instant>,
@@ -160,6 +165,7 @@ impl Role {
             inner: RwLock::new(RoleInner {
                 clock,
                 leader: None,
+                last_leader: None,
                 term: 0,
                 leaderless_since: Some(Instant::now()),
             }),
@@ -199,6 +205,11 @@ impl Role {
     pub fn leader(&self) -> (Option<NodeId>, u64) {
         let r = self.inner.read();
         (r.leader, r.term)
+    }
+
+    /// The last leader known, even while an election runs.
+    pub fn last_leader(&self) -> Option<NodeId> {
+        self.inner.read().last_leader
     }
 }
 
@@ -297,6 +308,9 @@ pub async fn watch_role(w: Arc<Watch>) {
                 info!(leader = ?leader, term, "leader changed");
             }
             r.leader = leader;
+            if leader.is_some() {
+                r.last_leader = leader;
+            }
             r.term = term;
             // Any change of term ends the serving of the previous one.
             let keep = leads && r.term == term && w.role.serving();
@@ -486,7 +500,12 @@ pub async fn bootstrap(
     Ok(())
 }
 
-fn check_probe(me: NodeId, peer: NodeId, info: &ProbeInfo, lowest: bool) -> Result<(), super::StartError> {
+fn check_probe(
+    me: NodeId,
+    peer: NodeId,
+    info: &ProbeInfo,
+    lowest: bool,
+) -> Result<(), super::StartError> {
     if let Some(m) = info.your_match {
         return Err(refuse(format!(
             "node {peer} already holds a cluster in which node {me} took part (replicated up to index {m}), but this data directory is empty: node {me}'s data was lost, and its id is never reused. Remove it (CLUSTER REMOVE {me} on the leader) and add this node under a new id (CLUSTER ADD)"
@@ -522,6 +541,10 @@ pub struct ClusterView {
     pub me: NodeId,
     /// The leader it knows.
     pub leader: Option<NodeId>,
+    /// The last leader it knew (while an election runs, the one that
+    /// failed): what the slot map shows, as Redis Cluster keeps showing a
+    /// failed master until its replacement is elected.
+    pub last_leader: Option<NodeId>,
     /// Whether this node serves (leads, log applied).
     pub serving: bool,
     /// Its Raft state.
@@ -573,6 +596,7 @@ impl ClusterView {
         ClusterView {
             me: m.id,
             leader: m.current_leader,
+            last_leader: m.current_leader.or(role.last_leader()),
             serving: role.serving(),
             state: m.state,
             term: m.current_term,
@@ -610,7 +634,9 @@ pub async fn add_member(
         return Err(ChangeError::Refused("node ids start at 1".into()));
     }
     if view.members.iter().any(|m| m.id == id) {
-        return Err(ChangeError::Refused(format!("node {id} is already a member")));
+        return Err(ChangeError::Refused(format!(
+            "node {id} is already a member"
+        )));
     }
     for (what, a) in [("peer", &addr.peer), ("client", &addr.client)] {
         if a.parse::<SocketAddr>().is_err() {
@@ -640,7 +666,9 @@ pub async fn promote_member(
         )));
     };
     if m.voter {
-        return Err(ChangeError::Refused(format!("node {id} is already a voter")));
+        return Err(ChangeError::Refused(format!(
+            "node {id} is already a voter"
+        )));
     }
     let lag = match m.matched {
         Some(i) => view.last_log_index.saturating_sub(i),

@@ -305,15 +305,15 @@ impl RaftEngine {
             ),
             None => None,
         };
-        let lowest = cfg.cluster.initial_cluster.iter().map(|(id, _)| *id).min()
-            == Some(cfg.node_id);
+        let lowest =
+            cfg.cluster.initial_cluster.iter().map(|(id, _)| *id).min() == Some(cfg.node_id);
         // A new node that does not bootstrap asks the others first, before
         // it answers Raft traffic (so what it finds is not its own doing).
         let mut listener = listener;
-        if initialized || lowest {
-            if let Some(l) = listener.take() {
-                tokio::spawn(peer::serve(l, Arc::clone(&peers)));
-            }
+        if (initialized || lowest)
+            && let Some(l) = listener.take()
+        {
+            tokio::spawn(peer::serve(l, Arc::clone(&peers)));
         }
         if !initialized {
             if clustered {
@@ -335,7 +335,11 @@ impl RaftEngine {
         }
         let clock = store.stats().clock;
         let role = cluster::Role::new(
-            Clock::starting_at(if clock == 0 { Clock::new().now_ms() } else { clock }),
+            Clock::starting_at(if clock == 0 {
+                Clock::new().now_ms()
+            } else {
+                clock
+            }),
             Duration::from_millis(ELECTION_TIMEOUT_MAX_MS),
             Duration::from_millis(LEADER_LEASE_MS),
         );
@@ -503,7 +507,12 @@ impl RaftEngine {
         if self.role.serving() && self.role.lease_holds() {
             return Ok(());
         }
-        Err(cluster::not_serving(&self.role, &self.raft, &self.peers, key))
+        Err(cluster::not_serving(
+            &self.role,
+            &self.raft,
+            &self.peers,
+            key,
+        ))
     }
 
     /// The cluster as this node sees it.
@@ -526,13 +535,8 @@ impl RaftEngine {
                 cluster::add_member(&self.raft, &view, id, addr).await
             }
             MembershipChange::Promote(id) => {
-                cluster::promote_member(
-                    &self.raft,
-                    &view,
-                    id,
-                    self.cluster.promote_max_lag_entries,
-                )
-                .await
+                cluster::promote_member(&self.raft, &view, id, self.cluster.promote_max_lag_entries)
+                    .await
             }
             MembershipChange::Remove(id) => cluster::remove_member(&self.raft, &view, id).await,
         }

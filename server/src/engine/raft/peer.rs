@@ -204,13 +204,14 @@ impl Peers {
         data_dir: PathBuf,
     ) -> Result<Arc<Peers>, String> {
         let path = data_dir.join(CLUSTER_FILE);
-        let cluster = match std::fs::read_to_string(&path) {
-            Ok(s) => Some(parse_cluster_hex(&s).ok_or_else(|| {
-                format!("{}: not a cluster id (32 hex digits)", path.display())
-            })?),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-            Err(e) => return Err(format!("{}: {e}", path.display())),
-        };
+        let cluster =
+            match std::fs::read_to_string(&path) {
+                Ok(s) => Some(parse_cluster_hex(&s).ok_or_else(|| {
+                    format!("{}: not a cluster id (32 hex digits)", path.display())
+                })?),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+                Err(e) => return Err(format!("{}: {e}", path.display())),
+            };
         Ok(Arc::new(Peers {
             node_id,
             client_addr,
@@ -385,7 +386,10 @@ fn isolated(_node: NodeId) -> bool {
 }
 
 fn cut_off() -> std::io::Error {
-    std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "isolated (test fault)")
+    std::io::Error::new(
+        std::io::ErrorKind::ConnectionRefused,
+        "isolated (test fault)",
+    )
 }
 
 /// Serves peer connections on `listener` until the process ends.
@@ -604,9 +608,7 @@ impl PeerClient {
                     to: self.target,
                     client_addr: self.peers.client_addr.clone(),
                     nonce: nonce_c,
-                    mac: self
-                        .peers
-                        .mac(&[b"C", &ch.nonce, &nonce_c, &from, &to]),
+                    mac: self.peers.mac(&[b"C", &ch.nonce, &nonce_c, &from, &to]),
                 },
             )
             .await?;
@@ -641,8 +643,14 @@ impl PeerClient {
                 let me = self.peers.node_id.to_le_bytes();
                 let them = node.to_le_bytes();
                 let why = if node != self.target {
-                    Some(format!("node {node} answered at the address of node {}", self.target))
-                } else if !self.peers.check_mac(&[b"S", &nonce_c, &nonce_s, &them, &me], &mac) {
+                    Some(format!(
+                        "node {node} answered at the address of node {}",
+                        self.target
+                    ))
+                } else if !self
+                    .peers
+                    .check_mac(&[b"S", &nonce_c, &nonce_s, &them, &me], &mac)
+                {
                     Some("the peer does not hold cluster_secret".into())
                 } else if let (Some(a), Some(b)) = (self.peers.cluster(), cluster)
                     && a != b
