@@ -516,6 +516,10 @@ async fn serve_conn(stream: TcpStream, peers: &Peers) -> std::io::Result<()> {
             }
             info!(cluster = %cluster_hex(&id), from = asker, "joined a cluster");
         }
+        if let Request::Probe = req {
+            send(&mut conn, &Response::Probe(peers.probe_info(asker))).await?;
+            continue;
+        }
         let Some(raft) = peers.raft.get() else {
             send(&mut conn, &Response::Failed("starting".into())).await?;
             continue;
@@ -794,5 +798,135 @@ impl openraft::RaftNetworkFactory<TypeConfig> for PeerNetwork {
     async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> PeerClient {
         let addr = super::cluster::MemberAddr::parse(&node.addr).peer;
         PeerClient::new(Arc::clone(&self.peers), target, addr)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Dir(PathBuf);
+
+    impl Dir {
+        fn new(name: &str) -> Dir {
+            let p = std::env::temp_dir().join(format!(
+                "idem-peer-{name}-{}-{}",
+                std::process::id(),
+                cluster_hex(&random16())
+            ));
+            std::fs::create_dir_all(&p).unwrap();
+            Dir(p)
+        }
+    }
+
+    impl Drop for Dir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    /// A node `id` serving the peer protocol (no Raft behind it: probes
+    /// only), with `secret` and `cluster`.
+    async fn node(
+        dir: &Dir,
+        id: NodeId,
+        secret: Option<&str>,
+        cluster: Option<ClusterId>,
+    ) -> (Arc<Peers>, String) {
+        let d = dir.0.join(format!("n{id}"));
+        std::fs::create_dir_all(&d).unwrap();
+        let peers = Peers::new(
+            id,
+            format!("127.0.0.1:{}", 7000 + id),
+            secret.map(|s| s.as_bytes().to_vec()),
+            d,
+        )
+        .unwrap();
+        if let Some(c) = cluster {
+            peers.set_cluster(c).unwrap();
+        }
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap().to_string();
+        tokio::spawn(serve(l, Arc::clone(&peers)));
+        (peers, addr)
+    }
+
+    #[tokio::test]
+    async fn the_handshake_checks_secret_cluster_and_node_id() {
+        let dir = Dir::new("handshake");
+        let c1 = random16();
+        let (_, a2) = node(&dir, 2, Some("0123456789abcdef-secret"), Some(c1)).await;
+        let me = |secret: Option<&str>, cluster: Option<ClusterId>| {
+            let d = dir.0.join(format!("me-{}", cluster_hex(&random16())));
+            std::fs::create_dir_all(&d).unwrap();
+            let p = Peers::new(1, "127.0.0.1:7001".into(), secret.map(|s| s.as_bytes().to_vec()), d)
+                .unwrap();
+            if let Some(c) = cluster {
+                p.set_cluster(c).unwrap();
+            }
+            p
+        };
+        // The right secret, the right node, the same cluster: answered,
+        // and the client address learned.
+        let good = me(Some("0123456789abcdef-secret"), Some(c1));
+        let info = PeerClient::new(Arc::clone(&good), 2, a2.clone())
+            .probe()
+            .await
+            .unwrap();
+        assert_eq!(info.client_addr, "127.0.0.1:7002");
+        assert_eq!(info.cluster, Some(c1));
+        assert_eq!(good.advertised(2).as_deref(), Some("127.0.0.1:7002"));
+        // A fresh node (no cluster yet) may probe.
+        let fresh = me(Some("0123456789abcdef-secret"), None);
+        assert!(PeerClient::new(fresh, 2, a2.clone()).probe().await.is_ok());
+        // A wrong or missing secret, another cluster, or the wrong node id
+        // at that address: refused.
+        for (who, peers, target) in [
+            ("wrong secret", me(Some("another-secret-0000"), Some(c1)), 2),
+            ("no secret", me(None, Some(c1)), 2),
+            ("other cluster", me(Some("0123456789abcdef-secret"), Some(random16())), 2),
+            ("wrong node", me(Some("0123456789abcdef-secret"), Some(c1)), 3),
+        ] {
+            let r = PeerClient::new(peers, target, a2.clone()).probe().await;
+            assert!(r.is_err(), "{who}: {r:?}");
+        }
+        // A client that holds the secret refuses a server that does not.
+        let (_, open) = node(&dir, 4, None, Some(c1)).await;
+        let r = PeerClient::new(me(Some("0123456789abcdef-secret"), Some(c1)), 4, open)
+            .probe()
+            .await;
+        assert!(r.is_err(), "a server without the secret was trusted: {r:?}");
+    }
+
+    #[tokio::test]
+    async fn garbage_and_oversized_handshakes_are_dropped() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let dir = Dir::new("garbage");
+        let (peers, addr) = node(&dir, 2, None, None).await;
+        // A frame header announcing 1 GiB before the handshake.
+        let mut s = TcpStream::connect(&addr).await.unwrap();
+        s.write_all(&(1u32 << 30).to_be_bytes()).await.unwrap();
+        let mut buf = vec![0u8; 4096];
+        let mut closed = false;
+        for _ in 0..10 {
+            match tokio::time::timeout(Duration::from_secs(2), s.read(&mut buf)).await {
+                Ok(Ok(0)) | Ok(Err(_)) => {
+                    closed = true;
+                    break;
+                }
+                Ok(Ok(_)) => continue,
+                Err(_) => break,
+            }
+        }
+        assert!(closed, "the oversized frame was not refused");
+        // Junk bytes: the connection ends, the server keeps serving.
+        let mut s = TcpStream::connect(&addr).await.unwrap();
+        s.write_all(&[0, 0, 0, 5, 1, 2, 3, 4, 5]).await.unwrap();
+        drop(s);
+        let d = dir.0.join("prober");
+        std::fs::create_dir_all(&d).unwrap();
+        let me = Peers::new(1, String::new(), None, d).unwrap();
+        assert!(PeerClient::new(me, 2, addr).probe().await.is_ok());
+        drop(peers);
     }
 }
