@@ -339,6 +339,18 @@ async fn a_single_node_grows_into_a_cluster_and_shrinks_back() {
     assert_eq!(conn.cmd(&["CLUSTER", "REMOVE", "1"]).await, ok());
     assert_eq!(c.members[l].info("idem_voters").await, "2");
     assert_eq!(c.members[l].info("cluster_known_nodes").await, "2");
+    // A removed id is never accepted again, and the last voter stays.
+    let e = err(&conn
+        .cmd(&["CLUSTER", "ADD", "1", "127.0.0.1:1", "127.0.0.1:2"])
+        .await);
+    assert!(e.contains("never reused"), "{e}");
+    let other = c.members[1 - l].id.to_string();
+    assert_eq!(conn.cmd(&["CLUSTER", "REMOVE", &other]).await, ok());
+    let me = c.members[l].id.to_string();
+    let e = err(&conn.cmd(&["CLUSTER", "REMOVE", &me]).await);
+    assert!(e.contains("last voter"), "{e}");
+    // Still serving, alone.
+    conn.acquire(&["CLAIM", "alone"]).await;
     tokio::time::sleep(Duration::from_millis(10)).await;
 }
 

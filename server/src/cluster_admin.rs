@@ -75,6 +75,7 @@ pub fn cluster(node: &Node, c: ClusterCmd) -> Action {
             let addr = MemberAddr {
                 client: String::from_utf8_lossy(&client).into_owned(),
                 peer: String::from_utf8_lossy(&peer).into_owned(),
+                retired: Default::default(),
             };
             return change(node, MembershipChange::Add { id, addr });
         }
@@ -124,7 +125,7 @@ pub fn info_text(v: &ClusterView, commit_index: u64) -> String {
         "cluster_state:{}\r\ncluster_slots_assigned:{}\r\ncluster_slots_ok:{}\r\ncluster_slots_pfail:0\r\ncluster_slots_fail:{}\r\n\
          cluster_known_nodes:{}\r\ncluster_size:{}\r\ncluster_current_epoch:{}\r\ncluster_my_epoch:{}\r\n\
          idem_node_id:{}\r\nidem_role:{}\r\nidem_leader_id:{}\r\nidem_leader_addr:{}\r\n\
-         idem_commit_index:{}\r\nidem_applied_index:{}\r\nidem_last_log_index:{}\r\nidem_voters:{}\r\nidem_learners:{}\r\nidem_cluster_id:{}\r\n",
+         idem_commit_index:{}\r\nidem_applied_index:{}\r\nidem_last_log_index:{}\r\nidem_voters:{}\r\nidem_learners:{}\r\nidem_retired:{}\r\nidem_cluster_id:{}\r\n",
         if ok { "ok" } else { "fail" },
         if ok { 16384 } else { 0 },
         if ok { 16384 } else { 0 },
@@ -142,6 +143,11 @@ pub fn info_text(v: &ClusterView, commit_index: u64) -> String {
         v.last_log_index,
         v.members.iter().filter(|m| m.voter).count(),
         v.members.iter().filter(|m| !m.voter).count(),
+        v.retired
+            .iter()
+            .map(u64::to_string)
+            .collect::<Vec<_>>()
+            .join(","),
         v.cluster_id.clone().unwrap_or_default(),
     );
     o

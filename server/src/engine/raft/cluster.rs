@@ -4,7 +4,10 @@
 //!
 //! openraft's `BasicNode { addr }` of each member holds
 //! `CLIENT_ADDR@PEER_ADDR` (Redis's `ip:port@busport` notation, with the
-//! whole peer address). A data directory written by a single-node release
+//! whole peer address), then ` retired=ID,ID...` once members were removed:
+//! every member's entry carries the ids removed so far, so the membership
+//! itself (replicated, in every snapshot) remembers them and an id is never
+//! accepted again. A data directory written by a single-node release
 //! holds an empty `addr`: the node records its addresses once it leads with
 //! a peer address.
 //!
@@ -37,36 +40,55 @@ use crate::clock::Clock;
 use crate::engine::EngineError;
 use crate::store::Store;
 
-/// A member's two addresses.
+/// A member's two addresses (and the ids removed from the cluster, which
+/// every member's entry carries).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct MemberAddr {
     /// Where clients connect (what `-MOVED` names).
     pub client: String,
     /// Where peers connect (Raft traffic).
     pub peer: String,
+    /// Ids removed from the cluster, never accepted again.
+    pub retired: std::collections::BTreeSet<NodeId>,
 }
 
 impl MemberAddr {
-    /// Reads `CLIENT@PEER` (empty parts when absent).
+    /// Reads `CLIENT@PEER[ retired=ID,...]` (empty parts when absent).
     pub fn parse(addr: &str) -> MemberAddr {
-        match addr.split_once('@') {
-            Some((c, p)) => MemberAddr {
-                client: c.to_owned(),
-                peer: p.to_owned(),
-            },
-            None => MemberAddr {
-                client: addr.to_owned(),
-                peer: String::new(),
-            },
+        let mut words = addr.split_whitespace();
+        let first = words.next().unwrap_or("");
+        let retired = words
+            .filter_map(|w| w.strip_prefix("retired="))
+            .flat_map(|ids| ids.split(','))
+            .filter_map(|id| id.parse().ok())
+            .collect();
+        let (client, peer) = first.split_once('@').unwrap_or((first, ""));
+        MemberAddr {
+            client: client.to_owned(),
+            peer: peer.to_owned(),
+            retired,
         }
     }
 
-    /// `CLIENT@PEER`, as kept in the membership.
+    /// `CLIENT@PEER[ retired=ID,...]`, as kept in the membership.
     pub fn node(&self) -> BasicNode {
-        BasicNode {
-            addr: format!("{}@{}", self.client, self.peer),
+        let mut addr = format!("{}@{}", self.client, self.peer);
+        if !self.retired.is_empty() {
+            let ids: Vec<String> = self.retired.iter().map(u64::to_string).collect();
+            addr.push_str(" retired=");
+            addr.push_str(&ids.join(","));
         }
+        BasicNode { addr }
     }
+}
+
+/// Every id the membership records as removed.
+pub fn retired_ids<'a>(
+    nodes: impl Iterator<Item = (&'a NodeId, &'a BasicNode)>,
+) -> std::collections::BTreeSet<NodeId> {
+    nodes
+        .flat_map(|(_, n)| MemberAddr::parse(&n.addr).retired)
+        .collect()
 }
 
 /// The cluster settings of a node.
@@ -387,12 +409,21 @@ async fn record_own_address(w: &Watch) {
     let id = w.peers.node_id();
     let current = {
         let m = w.raft.metrics().borrow().membership_config.clone();
-        m.membership().get_node(&id).map(|n| n.addr.clone())
+        m.membership()
+            .get_node(&id)
+            .map(|n| MemberAddr::parse(&n.addr))
     };
-    let want = w.me.node();
-    if current.as_deref() == Some(want.addr.as_str()) {
+    let Some(current) = current else {
+        return;
+    };
+    if current.client == w.me.client && current.peer == w.me.peer {
         return;
     }
+    let want = MemberAddr {
+        retired: current.retired,
+        ..w.me.clone()
+    }
+    .node();
     let mut nodes = BTreeMap::new();
     nodes.insert(id, want.clone());
     match w
@@ -480,6 +511,7 @@ pub async fn bootstrap(
         MemberAddr {
             client: cfg.client_advertise.clone(),
             peer: cfg.peer_advertise.clone(),
+            retired: Default::default(),
         }
         .node(),
     );
@@ -489,6 +521,7 @@ pub async fn bootstrap(
             MemberAddr {
                 client: clients.get(pid).cloned().unwrap_or_default(),
                 peer: addr.clone(),
+                retired: Default::default(),
             }
             .node(),
         );
@@ -559,6 +592,8 @@ pub struct ClusterView {
     pub applied_index: u64,
     /// Members, by id.
     pub members: Vec<MemberView>,
+    /// Ids removed from the cluster (never accepted again).
+    pub retired: std::collections::BTreeSet<NodeId>,
 }
 
 impl ClusterView {
@@ -567,6 +602,7 @@ impl ClusterView {
         let m = raft.metrics().borrow().clone();
         let membership = m.membership_config.membership();
         let voters: std::collections::BTreeSet<NodeId> = membership.voter_ids().collect();
+        let retired = retired_ids(membership.nodes());
         let mut members: Vec<MemberView> = membership
             .nodes()
             .map(|(id, node)| {
@@ -604,6 +640,7 @@ impl ClusterView {
             last_log_index: m.last_log_index.unwrap_or(0),
             applied_index: m.last_applied.map_or(0, |l| l.index),
             members,
+            retired,
         }
     }
 }
@@ -638,6 +675,16 @@ pub async fn add_member(
             "node {id} is already a member"
         )));
     }
+    if view.retired.contains(&id) {
+        return Err(ChangeError::Refused(format!(
+            "node {id} was removed from this cluster, and ids are never reused: give the node a new id"
+        )));
+    }
+    // Every member's entry carries the retired ids.
+    let addr = MemberAddr {
+        retired: view.retired.clone(),
+        ..addr
+    };
     for (what, a) in [("peer", &addr.peer), ("client", &addr.client)] {
         if a.parse::<SocketAddr>().is_err() {
             return Err(ChangeError::Refused(format!(
@@ -698,12 +745,33 @@ pub async fn remove_member(
         return Err(ChangeError::Refused(format!("node {id} is not a member")));
     };
     let ids: std::collections::BTreeSet<NodeId> = [id].into();
+    if m.voter && view.members.iter().filter(|m| m.voter).count() <= 1 {
+        return Err(ChangeError::Refused(format!(
+            "node {id} is the last voter: a cluster needs at least one"
+        )));
+    }
+    // First every remaining member's entry records the id as retired (so
+    // the membership remembers it whatever happens next), then it goes.
+    let mut retired = view.retired.clone();
+    retired.insert(id);
+    let marked: BTreeMap<NodeId, BasicNode> = {
+        let m = raft.metrics().borrow().membership_config.clone();
+        m.membership()
+            .nodes()
+            .filter(|(n, _)| **n != id)
+            .map(|(n, node)| {
+                let addr = MemberAddr {
+                    retired: retired.clone(),
+                    ..MemberAddr::parse(&node.addr)
+                };
+                (*n, addr.node())
+            })
+            .collect()
+    };
+    raft.change_membership(ChangeMembers::SetNodes(marked), true)
+        .await
+        .map_err(raft_err)?;
     if m.voter {
-        if view.members.iter().filter(|m| m.voter).count() <= 1 {
-            return Err(ChangeError::Refused(format!(
-                "node {id} is the last voter: a cluster needs at least one"
-            )));
-        }
         raft.change_membership(ChangeMembers::RemoveVoters(ids), false)
             .await
             .map_err(raft_err)?;
@@ -714,4 +782,51 @@ pub async fn remove_member(
     }
     info!(node = id, "removed a member");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn member_addresses_round_trip_with_retired_ids() {
+        let a = MemberAddr::parse("10.0.0.1:7379@10.0.0.1:17379");
+        assert_eq!(a.client, "10.0.0.1:7379");
+        assert_eq!(a.peer, "10.0.0.1:17379");
+        assert!(a.retired.is_empty());
+        assert_eq!(a.node().addr, "10.0.0.1:7379@10.0.0.1:17379");
+        let b = MemberAddr {
+            retired: [4, 2].into(),
+            ..a.clone()
+        };
+        assert_eq!(b.node().addr, "10.0.0.1:7379@10.0.0.1:17379 retired=2,4");
+        assert_eq!(MemberAddr::parse(&b.node().addr), b);
+        // A single-node release's empty address.
+        assert_eq!(MemberAddr::parse(""), MemberAddr::default());
+        let nodes = [(1, b.node()), (3, a.node())];
+        assert_eq!(
+            retired_ids(nodes.iter().map(|(i, n)| (i, n))),
+            [2, 4].into()
+        );
+    }
+
+    #[test]
+    fn initial_cluster_is_parsed_strictly() {
+        assert_eq!(
+            parse_initial_cluster("1=10.0.0.1:17379, 2=h2:17379").unwrap(),
+            vec![(1, "10.0.0.1:17379".into()), (2, "h2:17379".into())]
+        );
+        assert_eq!(parse_initial_cluster("").unwrap(), vec![]);
+        for (bad, why) in [
+            ("1", "ID=HOST:PORT"),
+            ("0=h:1", "positive"),
+            ("x=h:1", "node id"),
+            ("1=h", "HOST:PORT"),
+            ("1=:5", "HOST:PORT"),
+            ("1=h:1,1=h:2", "twice"),
+        ] {
+            let e = parse_initial_cluster(bad).unwrap_err();
+            assert!(e.contains(why), "{bad}: {e}");
+        }
+    }
 }

@@ -290,6 +290,7 @@ impl RaftEngine {
         let me = cluster::MemberAddr {
             client: cfg.cluster.client_advertise.clone(),
             peer: cfg.cluster.peer_advertise.clone(),
+            retired: Default::default(),
         };
         if initialized && peers.cluster().is_none() {
             // A directory from before cluster ids: this node's group is

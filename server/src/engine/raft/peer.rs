@@ -310,6 +310,15 @@ impl Peers {
         m.verify_slice(mac).is_ok()
     }
 
+    /// Whether `id` was removed from the cluster (the membership says so).
+    fn is_retired(&self, id: NodeId) -> bool {
+        let Some(raft) = self.raft.get() else {
+            return false;
+        };
+        let m = raft.metrics().borrow().membership_config.clone();
+        super::cluster::retired_ids(m.membership().nodes()).contains(&id)
+    }
+
     /// What this node says of itself to a probe from `asker`.
     pub fn probe_info(&self, asker: NodeId) -> ProbeInfo {
         let Some(raft) = self.raft.get() else {
@@ -455,6 +464,11 @@ async fn serve_conn(stream: TcpStream, peers: &Peers) -> std::io::Result<()> {
         Some(refuse(format!(
             "this is node {}, not node {}: check the peer addresses",
             peers.node_id, hello.to
+        )))
+    } else if peers.is_retired(hello.from) {
+        Some(refuse(format!(
+            "node {} was removed from this cluster; its id is never accepted again",
+            hello.from
         )))
     } else if hello.from == peers.node_id {
         Some(refuse(format!(
