@@ -314,93 +314,6 @@ struct Exercised {
     fenced: usize,
 }
 
-/// A tiny deterministic generator (the seed is printed on failure).
-struct Rng(u64);
-
-impl Rng {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 = self
-            .0
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        (self.0 >> 33) % n
-    }
-}
-
-/// One client's load until its connection breaks: claims of a few keys
-/// shared with the other clients (the set moves on every 50 ms), then as
-/// the owner journals, renews, sometimes overruns its lease (so another
-/// client takes over and this one must be fenced), and completes, abandons,
-/// releases or walks away.
-async fn owner_load(mut rec: history::Recorder, prefix: String, mut rng: Rng) {
-    use history::Call;
-    let start = std::time::Instant::now();
-    loop {
-        let slot = start.elapsed().as_millis() as u64 / 50 + rng.below(4);
-        let key = format!("{prefix}-{slot}");
-        let lease_ms = [150, 250][rng.below(2) as usize];
-        let Some(reply) = rec
-            .call(Call::Claim {
-                key: key.clone(),
-                lease_ms,
-            })
-            .await
-        else {
-            return;
-        };
-        let fence = match claim(reply) {
-            ClaimReply::Acquired { fence } | ClaimReply::Recover { fence, .. } => fence,
-            ClaimReply::InFlight { .. } => {
-                tokio::time::sleep(std::time::Duration::from_millis(rng.below(10))).await;
-                continue;
-            }
-            ClaimReply::Completed { .. } => continue,
-        };
-        let mut seq = 0;
-        let journal = async |rec: &mut history::Recorder, seq: &mut u64| {
-            *seq += 1;
-            rec.call(Call::Journal {
-                key: key.clone(),
-                fence,
-                seq: *seq,
-            })
-            .await
-        };
-        if rng.below(2) == 0 && journal(&mut rec, &mut seq).await.is_none() {
-            return;
-        }
-        let pause = if rng.below(8) == 0 {
-            lease_ms + 40
-        } else {
-            rng.below(20)
-        };
-        tokio::time::sleep(std::time::Duration::from_millis(pause)).await;
-        if rng.below(3) == 0 {
-            let renew = Call::Renew {
-                key: key.clone(),
-                fence,
-                lease_ms,
-            };
-            if rec.call(renew).await.is_none() || journal(&mut rec, &mut seq).await.is_none() {
-                return;
-            }
-        }
-        let end = match rng.below(20) {
-            0..=13 => Call::Complete {
-                key: key.clone(),
-                fence,
-                value: format!("v-{fence}"),
-            },
-            14..=16 => Call::Abandon { key, fence },
-            17 => Call::Release { key, fence },
-            _ => continue,
-        };
-        if rec.call(end).await.is_none() {
-            return;
-        }
-    }
-}
-
 /// Runs the owner load from eight clients against idemd (started with
 /// `env`) on one data directory, killing it (SIGKILL) at a random moment,
 /// `rounds` times. After every restart a prober claims every key used so
@@ -414,7 +327,7 @@ async fn crash_history(env: &[(&str, &str)], rounds: usize) -> Result<Exercised,
     let args = ["--engine", "raft", "--data-dir", dir.arg()];
     let history = History::default();
     let seed = std::process::id() as u64 ^ 0x9e37_79b9;
-    let mut rng = Rng(seed);
+    let mut rng = history::Rng(seed);
     let prefix = key("h");
     for round in 0..=rounds {
         let mut s = Idemd::start_with(env, &args).await;
@@ -440,7 +353,11 @@ async fn crash_history(env: &[(&str, &str)], rounds: usize) -> Result<Exercised,
         let mut tasks = Vec::new();
         for t in 0..8 {
             let rec = Recorder::new(t, s.conn().await, &history);
-            let load = owner_load(rec, format!("{prefix}-r{round}"), Rng(rng.below(u64::MAX)));
+            let load = history::owner_load(
+                rec,
+                format!("{prefix}-r{round}"),
+                history::Rng(rng.below(u64::MAX)),
+            );
             tasks.push(tokio::spawn(load));
         }
         tokio::time::sleep(std::time::Duration::from_millis(100 + rng.below(500))).await;

@@ -711,3 +711,73 @@ async fn redis_py_cluster_client_follows_the_leader_through_a_failover() {
     let n: usize = stdout.trim()["ok ".len()..].parse().unwrap();
     assert!(n > 10, "only {n} keys went through");
 }
+
+/// Owner load from eight clients against a cluster, following `-MOVED`,
+/// while the leader is killed (SIGKILL) at a random moment, `rounds` times;
+/// the killed node restarts on its data each time. After every failover a
+/// prober claims every key used so far through the new leader, and the
+/// whole history is checked (`support::history`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_of_leaders_under_load_keeps_every_promise_over_the_whole_history() {
+    use crate::support::history::{self, Call, History, Recorder};
+    let mut c = Cluster::start("history", 3).await;
+    let history = History::default();
+    let seed = std::process::id() as u64 ^ 0x5eed_c1a5;
+    let mut rng = history::Rng(seed);
+    let prefix = key("ch");
+    let rounds = 6;
+    for round in 0..=rounds {
+        let l = c.leader().await;
+        let mut prober = Recorder::following(usize::MAX, c.members[l].conn().await, &history);
+        for k in history.keys() {
+            loop {
+                let probe = Call::Claim {
+                    key: k.clone(),
+                    lease_ms: 100,
+                };
+                if prober.call(probe).await.is_some() {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+        let bad = history::check(&history.events());
+        assert!(
+            bad.is_empty(),
+            "seed {seed:#x}, after {round} leader kills: {} violations:\n{}",
+            bad.len(),
+            bad.join("\n")
+        );
+        if round == rounds {
+            break;
+        }
+        let mut tasks = Vec::new();
+        for t in 0..8 {
+            // Half start on a follower and follow its redirect.
+            let at = if t % 2 == 0 { l } else { (l + 1) % 3 };
+            let rec = Recorder::following(t, c.members[at].conn().await, &history);
+            let load = history::owner_load(
+                rec,
+                format!("{prefix}-r{round}"),
+                history::Rng(rng.below(u64::MAX)),
+            );
+            tasks.push(tokio::spawn(load));
+        }
+        tokio::time::sleep(Duration::from_millis(400 + rng.below(600))).await;
+        c.members[l].kill().await;
+        for t in tasks {
+            t.await.unwrap();
+        }
+        c.leader().await;
+        c.members[l].start(None, &[]).await;
+    }
+    let events = history.events();
+    let completes = history.completed().len();
+    let unknown = events.iter().filter(|e| e.reply.is_none()).count();
+    eprintln!(
+        "{} calls, {completes} completes, {unknown} unknown",
+        events.len()
+    );
+    assert!(completes > 40, "too little load: {completes} completes");
+    assert!(unknown > 0, "no call was cut by a kill");
+}

@@ -128,6 +128,19 @@ impl Conn {
         }
     }
 
+    /// A connection, or `None` if `addr` refuses it (within 1 s).
+    pub async fn try_connect(addr: SocketAddr) -> Option<Conn> {
+        let stream = tokio::time::timeout(Duration::from_secs(1), TcpStream::connect(addr))
+            .await
+            .ok()?
+            .ok()?;
+        stream.set_nodelay(true).ok();
+        Some(Conn {
+            stream,
+            buf: BytesMut::new(),
+        })
+    }
+
     /// Writes one command (arguments as bulk strings).
     pub async fn write<A: AsRef<[u8]>>(&mut self, args: &[A]) {
         let mut out = BytesMut::new();

@@ -873,8 +873,13 @@ mod tests {
         let me = |secret: Option<&str>, cluster: Option<ClusterId>| {
             let d = dir.0.join(format!("me-{}", cluster_hex(&random16())));
             std::fs::create_dir_all(&d).unwrap();
-            let p = Peers::new(1, "127.0.0.1:7001".into(), secret.map(|s| s.as_bytes().to_vec()), d)
-                .unwrap();
+            let p = Peers::new(
+                1,
+                "127.0.0.1:7001".into(),
+                secret.map(|s| s.as_bytes().to_vec()),
+                d,
+            )
+            .unwrap();
             if let Some(c) = cluster {
                 p.set_cluster(c).unwrap();
             }
@@ -898,8 +903,16 @@ mod tests {
         for (who, peers, target) in [
             ("wrong secret", me(Some("another-secret-0000"), Some(c1)), 2),
             ("no secret", me(None, Some(c1)), 2),
-            ("other cluster", me(Some("0123456789abcdef-secret"), Some(random16())), 2),
-            ("wrong node", me(Some("0123456789abcdef-secret"), Some(c1)), 3),
+            (
+                "other cluster",
+                me(Some("0123456789abcdef-secret"), Some(random16())),
+                2,
+            ),
+            (
+                "wrong node",
+                me(Some("0123456789abcdef-secret"), Some(c1)),
+                3,
+            ),
         ] {
             let r = PeerClient::new(peers, target, a2.clone()).probe().await;
             assert!(r.is_err(), "{who}: {r:?}");
