@@ -559,6 +559,93 @@ fn check_key(key: &str, evs: &[&Event], bad: &mut Vec<String>) {
 
 /// The checker on made-up histories: each rule fires on a violation of it,
 /// and a consistent history passes.
+/// A tiny deterministic generator (the seed is printed on failure).
+pub struct Rng(pub u64);
+
+impl Rng {
+    /// A number below `n`.
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (self.0 >> 33) % n
+    }
+}
+
+/// One client's load until its connection breaks: claims of a few keys
+/// shared with the other clients (the set moves on every 50 ms), then as
+/// the owner journals, renews, sometimes overruns its lease (so another
+/// client takes over and this one must be fenced), and completes, abandons,
+/// releases or walks away.
+pub async fn owner_load(mut rec: Recorder, prefix: String, mut rng: Rng) {
+    let start = std::time::Instant::now();
+    loop {
+        let slot = start.elapsed().as_millis() as u64 / 50 + rng.below(4);
+        let key = format!("{prefix}-{slot}");
+        let lease_ms = [150, 250][rng.below(2) as usize];
+        let Some(reply) = rec
+            .call(Call::Claim {
+                key: key.clone(),
+                lease_ms,
+            })
+            .await
+        else {
+            return;
+        };
+        let fence = match super::claim(reply) {
+            ClaimReply::Acquired { fence } | ClaimReply::Recover { fence, .. } => fence,
+            ClaimReply::InFlight { .. } => {
+                tokio::time::sleep(std::time::Duration::from_millis(rng.below(10))).await;
+                continue;
+            }
+            ClaimReply::Completed { .. } => continue,
+        };
+        let mut seq = 0;
+        let journal = async |rec: &mut Recorder, seq: &mut u64| {
+            *seq += 1;
+            rec.call(Call::Journal {
+                key: key.clone(),
+                fence,
+                seq: *seq,
+            })
+            .await
+        };
+        if rng.below(2) == 0 && journal(&mut rec, &mut seq).await.is_none() {
+            return;
+        }
+        let pause = if rng.below(8) == 0 {
+            lease_ms + 40
+        } else {
+            rng.below(20)
+        };
+        tokio::time::sleep(std::time::Duration::from_millis(pause)).await;
+        if rng.below(3) == 0 {
+            let renew = Call::Renew {
+                key: key.clone(),
+                fence,
+                lease_ms,
+            };
+            if rec.call(renew).await.is_none() || journal(&mut rec, &mut seq).await.is_none() {
+                return;
+            }
+        }
+        let end = match rng.below(20) {
+            0..=13 => Call::Complete {
+                key: key.clone(),
+                fence,
+                value: format!("v-{fence}"),
+            },
+            14..=16 => Call::Abandon { key, fence },
+            17 => Call::Release { key, fence },
+            _ => continue,
+        };
+        if rec.call(end).await.is_none() {
+            return;
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -747,92 +834,5 @@ mod tests {
             .at(160, complete("a", 1), ok());
         let bad = h.check();
         assert!(bad.iter().any(|v| v.contains("not -FENCED")), "{bad:?}");
-    }
-}
-
-/// A tiny deterministic generator (the seed is printed on failure).
-pub struct Rng(pub u64);
-
-impl Rng {
-    /// A number below `n`.
-    pub fn below(&mut self, n: u64) -> u64 {
-        self.0 = self
-            .0
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        (self.0 >> 33) % n
-    }
-}
-
-/// One client's load until its connection breaks: claims of a few keys
-/// shared with the other clients (the set moves on every 50 ms), then as
-/// the owner journals, renews, sometimes overruns its lease (so another
-/// client takes over and this one must be fenced), and completes, abandons,
-/// releases or walks away.
-pub async fn owner_load(mut rec: Recorder, prefix: String, mut rng: Rng) {
-    let start = std::time::Instant::now();
-    loop {
-        let slot = start.elapsed().as_millis() as u64 / 50 + rng.below(4);
-        let key = format!("{prefix}-{slot}");
-        let lease_ms = [150, 250][rng.below(2) as usize];
-        let Some(reply) = rec
-            .call(Call::Claim {
-                key: key.clone(),
-                lease_ms,
-            })
-            .await
-        else {
-            return;
-        };
-        let fence = match super::claim(reply) {
-            ClaimReply::Acquired { fence } | ClaimReply::Recover { fence, .. } => fence,
-            ClaimReply::InFlight { .. } => {
-                tokio::time::sleep(std::time::Duration::from_millis(rng.below(10))).await;
-                continue;
-            }
-            ClaimReply::Completed { .. } => continue,
-        };
-        let mut seq = 0;
-        let journal = async |rec: &mut Recorder, seq: &mut u64| {
-            *seq += 1;
-            rec.call(Call::Journal {
-                key: key.clone(),
-                fence,
-                seq: *seq,
-            })
-            .await
-        };
-        if rng.below(2) == 0 && journal(&mut rec, &mut seq).await.is_none() {
-            return;
-        }
-        let pause = if rng.below(8) == 0 {
-            lease_ms + 40
-        } else {
-            rng.below(20)
-        };
-        tokio::time::sleep(std::time::Duration::from_millis(pause)).await;
-        if rng.below(3) == 0 {
-            let renew = Call::Renew {
-                key: key.clone(),
-                fence,
-                lease_ms,
-            };
-            if rec.call(renew).await.is_none() || journal(&mut rec, &mut seq).await.is_none() {
-                return;
-            }
-        }
-        let end = match rng.below(20) {
-            0..=13 => Call::Complete {
-                key: key.clone(),
-                fence,
-                value: format!("v-{fence}"),
-            },
-            14..=16 => Call::Abandon { key, fence },
-            17 => Call::Release { key, fence },
-            _ => continue,
-        };
-        if rec.call(end).await.is_none() {
-            return;
-        }
     }
 }
