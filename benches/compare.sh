@@ -7,11 +7,14 @@
 # against durable (idemd's default raft engine, Redis with appendonly yes
 # and appendfsync always), claims and claim+complete cycles at 50
 # connections, pipeline 1 and 16; then how fast each side restarts from its
-# log. Prints the tables and cleans up.
+# log; then replicated (a three-node idemd cluster against Redis AOF-always
+# and against a Redis primary and replica with WAIT 1 0), and the failover
+# time. Prints the tables and cleans up.
 #
 #   bash benches/compare.sh [extra idem-bench flags]
 #
-# Environment: DURATION (seconds per measurement, default 5),
+# Environment: ONLY=cluster (run section 5 alone), DURATION (seconds per
+# measurement, default 5),
 # IDEM_THREADS (idemd worker threads, default 1: Redis serves from one
 # thread, and on a small machine the load generator needs the other core),
 # RECORDS (default 1000000), WAITERS (default 1000), JSON (output file).
@@ -31,6 +34,22 @@ fi
 cargo build --release --bin idemd --bin idem-bench
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+until_ping() { # port -> seconds until it answers PING
+  python3 - "$1" <<'PY'
+import socket, sys, time
+t0 = time.monotonic()
+while True:
+    try:
+        with socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=60) as s:
+            s.sendall(b"PING\r\n")
+            if s.recv(64).startswith(b"+PONG"):
+                break
+    except OSError:
+        pass
+    time.sleep(0.005)
+print(f"{time.monotonic() - t0:.3f}")
+PY
+}
 WORK=$(mktemp -d)
 stop_servers() {
   [ -n "${IDEM_PID:-}" ] && kill "$IDEM_PID" 2>/dev/null && wait "$IDEM_PID" 2>/dev/null || true
@@ -62,6 +81,7 @@ echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -
 echo "redis: $(redis-server --version | cut -d' ' -f3) (no persistence); idemd: memory engine (no durability), $IDEM_THREADS worker thread(s)"
 echo
 
+if [ "${ONLY:-}" != cluster ]; then
 # 1. Throughput and latency, then the herd, on fresh servers.
 start_servers
 ./target/release/idem-bench --idem "127.0.0.1:$IDEM_PORT" --redis "127.0.0.1:$REDIS_PORT" \
@@ -109,22 +129,6 @@ start_idem_replay() {
     > "$WORK/idemd.log" 2>&1 &
   IDEM_PID=$!
 }
-until_ping() { # port -> seconds until it answers PING
-  python3 - "$1" <<'PY'
-import socket, sys, time
-t0 = time.monotonic()
-while True:
-    try:
-        with socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=60) as s:
-            s.sendall(b"PING\r\n")
-            if s.recv(64).startswith(b"+PONG"):
-                break
-    except OSError:
-        pass
-    time.sleep(0.005)
-print(f"{time.monotonic() - t0:.3f}")
-PY
-}
 start_idem_replay
 until_ping "$IDEM_PORT" >/dev/null
 ./target/release/idem-bench --idem "127.0.0.1:$IDEM_PORT" --workloads claim --connections 50 --pipeline 16 \
@@ -148,4 +152,101 @@ SECS=$(until_ping "$REDIS_PORT")
 KEYS=$(redis-cli -p "$REDIS_PORT" dbsize)
 stop_servers
 printf 'redis: AOF (%s MiB) loaded in %s s, %s keys\n' "$AOF_MB" "$SECS" "$KEYS"
-echo "JSON: $JSON ${JSON%.json}-memory.json ${JSON%.json}-durable.json"
+fi
+
+# 5. Replicated: a three-node idemd cluster on loopback (every node
+# fsyncs; a write is acknowledged once a majority has it on disk) against
+# Redis with appendfsync always as one node, and against a Redis primary
+# with one replica (both appendfsync always) and WAIT 1 0 after each write.
+# The three nodes, the two Redis and the load generator share this
+# machine's cores.
+echo
+echo "replicated: three idemd nodes (raft, each fsyncs) vs redis AOF-always (one node) and vs redis primary + replica with WAIT 1 0"
+CLUSTER_PIDS=()
+declare -A CPORT
+INITIAL=""
+for i in 1 2 3; do
+  CPORT[$i]=$(free_port); PPORT=$(free_port)
+  eval "PEER_$i=$PPORT"
+  INITIAL="${INITIAL:+$INITIAL,}$i=127.0.0.1:$PPORT"
+done
+start_node() { # id
+  local i=$1 peer_var="PEER_$1"
+  IDEM_WORKER_THREADS=$IDEM_THREADS IDEM_MAX_MEMORY_BYTES=8589934592 RUST_LOG=warn \
+    ./target/release/idemd --node-id "$i" --listen "127.0.0.1:${CPORT[$i]}" \
+    --peer-listen "127.0.0.1:${!peer_var}" --data-dir "$WORK/cluster/n$i" \
+    --initial-cluster "$INITIAL" >> "$WORK/cluster-n$i.log" 2>&1 &
+  CLUSTER_PIDS[$i]=$!
+}
+for i in 1 2 3; do start_node "$i"; done
+leader_port() { # -> the client port of the node that leads, once one serves
+  for _ in $(seq 300); do
+    for i in 1 2 3; do
+      if [ "$(redis-cli -p "${CPORT[$i]}" cluster info 2>/dev/null | tr -d '\r' | sed -n 's/^idem_role://p')" = leader ] \
+         && redis-cli -p "${CPORT[$i]}" inspect probe 2>/dev/null | grep -qv MOVED; then
+        echo "${CPORT[$i]}"; return
+      fi
+    done
+    sleep 0.1
+  done
+  echo "no leader" >&2; exit 1
+}
+LEADER=$(leader_port)
+REDIS_PORT=$(free_port)
+mkdir -p "$WORK/redis-one" "$WORK/redis-primary" "$WORK/redis-replica"
+redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save '' --appendonly yes --appendfsync always \
+  --dir "$WORK/redis-one" --maxclients 10000 --daemonize no > "$WORK/redis.log" 2>&1 &
+REDIS_PID=$!
+until_ping "$REDIS_PORT" > /dev/null
+./target/release/idem-bench --idem "127.0.0.1:$LEADER" --redis "127.0.0.1:$REDIS_PORT" \
+  --workloads claim,cycle --connections 50 --pipeline 1,16 \
+  --duration "$DURATION" --json "${JSON%.json}-cluster.json" "$@"
+kill "$REDIS_PID"; wait "$REDIS_PID" 2>/dev/null || true; REDIS_PID=""
+PRIMARY=$(free_port); REPLICA=$(free_port)
+redis-server --port "$PRIMARY" --bind 127.0.0.1 --save '' --appendonly yes --appendfsync always \
+  --dir "$WORK/redis-primary" --maxclients 10000 --daemonize no > "$WORK/redis-primary.log" 2>&1 &
+REDIS_PID=$!
+redis-server --port "$REPLICA" --bind 127.0.0.1 --save '' --appendonly yes --appendfsync always \
+  --dir "$WORK/redis-replica" --replicaof 127.0.0.1 "$PRIMARY" --daemonize no > "$WORK/redis-replica.log" 2>&1 &
+REPLICA_PID=$!
+until_ping "$PRIMARY" > /dev/null; until_ping "$REPLICA" > /dev/null
+for _ in $(seq 100); do
+  redis-cli -p "$PRIMARY" info replication | grep -q 'connected_slaves:1' && break; sleep 0.1
+done
+./target/release/idem-bench --idem "127.0.0.1:$LEADER" --redis "127.0.0.1:$PRIMARY" --redis-wait 1 \
+  --workloads claim,cycle --connections 50 --pipeline 1,16 \
+  --duration "$DURATION" --json "${JSON%.json}-cluster-wait.json" "$@"
+kill "$REPLICA_PID" 2>/dev/null; wait "$REPLICA_PID" 2>/dev/null || true
+stop_servers
+# Failover: kill -9 the leader, time until a write is acknowledged by the
+# new leader (asked of every surviving node in turn), three times.
+for round in 1 2 3; do
+  LEADER=$(leader_port)
+  for i in 1 2 3; do [ "${CPORT[$i]}" = "$LEADER" ] && DEAD=$i; done
+  SURVIVORS=""
+  for i in 1 2 3; do [ "$i" != "$DEAD" ] && SURVIVORS="$SURVIVORS ${CPORT[$i]}"; done
+  kill -9 "${CLUSTER_PIDS[$DEAD]}"
+  python3 - $SURVIVORS <<'PY'
+import socket, sys, time
+t0 = time.monotonic()
+n = 0
+while True:
+    for port in sys.argv[1:]:
+        n += 1
+        try:
+            with socket.create_connection(("127.0.0.1", int(port)), timeout=1) as s:
+                s.settimeout(2)
+                s.sendall(f"CLAIM failover-{t0}-{n}\r\n".encode())
+                if s.recv(256).startswith(b"*2\r\n+ACQUIRED"):
+                    print(f"failover: leader killed -> first acknowledged write {1000 * (time.monotonic() - t0):.0f} ms")
+                    sys.exit(0)
+        except OSError:
+            pass
+    time.sleep(0.005)
+PY
+  wait "${CLUSTER_PIDS[$DEAD]}" 2>/dev/null || true
+  start_node "$DEAD"
+done
+for i in 1 2 3; do kill "${CLUSTER_PIDS[$i]}" 2>/dev/null || true; done
+for i in 1 2 3; do wait "${CLUSTER_PIDS[$i]}" 2>/dev/null || true; done
+echo "JSON: $JSON ${JSON%.json}-memory.json ${JSON%.json}-durable.json ${JSON%.json}-cluster.json ${JSON%.json}-cluster-wait.json"

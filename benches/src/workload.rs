@@ -89,6 +89,9 @@ pub struct Spec {
     pub round: u64,
     /// Print progress to stderr.
     pub progress: bool,
+    /// Redis only: `WAIT n 0` after every write (acknowledged by `n`
+    /// replicas).
+    pub redis_wait: Option<u32>,
 }
 
 /// What a run measured.
@@ -331,6 +334,7 @@ async fn drive(
     let lease = b"60000";
     let p = spec.pipeline;
     let mut keys: Vec<Vec<u8>> = Vec::with_capacity(p);
+    let wait = spec.redis_wait.map(|n| n.to_string().into_bytes());
     while !shared.stop.load(Ordering::Relaxed) {
         let t0 = Instant::now();
         match spec.workload {
@@ -345,11 +349,13 @@ async fn drive(
                         Flavor::Idem => c.push(&[b"CLAIM", k, b"LEASE", lease]),
                         _ => c.push(&[b"EVALSHA", &prep.claim_sha, b"1", k, lease]),
                     }
+                    push_wait(&mut c, &wait);
                 }
                 c.flush().await?;
                 let mut fences = Vec::with_capacity(p);
                 for _ in 0..p {
                     let f = c.read().await?;
+                    errors += read_wait(&mut c, &wait).await?;
                     fences.push(match &f {
                         Frame::Array(items) => match items.get(1) {
                             Some(Frame::Integer(n)) => Some(*n),
@@ -377,6 +383,7 @@ async fn drive(
                             b"86400000",
                         ]),
                     }
+                    push_wait(&mut c, &wait);
                     sent += 1;
                 }
                 c.flush().await?;
@@ -384,18 +391,27 @@ async fn drive(
                     if is_error(&c.read().await?) {
                         errors += 1;
                     }
+                    errors += read_wait(&mut c, &wait).await?;
                 }
             }
             w => {
+                // Only fresh claims write (replays and reads do not).
+                let wait = if w == Workload::Claim {
+                    wait.clone()
+                } else {
+                    None
+                };
                 for _ in 0..p {
                     seq += 1;
                     push_simple(&mut c, w, spec, prep, idx, seq, &mut rng, lease);
+                    push_wait(&mut c, &wait);
                 }
                 c.flush().await?;
                 for _ in 0..p {
                     if is_error(&c.read().await?) {
                         errors += 1;
                     }
+                    errors += read_wait(&mut c, &wait).await?;
                 }
             }
         }
@@ -405,6 +421,26 @@ async fn drive(
         shared.ops.fetch_add(p as u64, Ordering::Relaxed);
     }
     Ok((hist, errors, ops))
+}
+
+/// Pushes `WAIT n 0` when the run waits for replicas.
+fn push_wait(c: &mut Conn, wait: &Option<Vec<u8>>) {
+    if let Some(n) = wait {
+        c.push(&[b"WAIT", n, b"0"]);
+    }
+}
+
+/// Reads the reply of a pushed `WAIT`: 1 (an error) if fewer replicas
+/// acknowledged than asked for.
+async fn read_wait(c: &mut Conn, wait: &Option<Vec<u8>>) -> anyhow::Result<u64> {
+    let Some(n) = wait else {
+        return Ok(0);
+    };
+    let want: i64 = std::str::from_utf8(n)?.parse()?;
+    Ok(match c.read().await? {
+        Frame::Integer(got) if got >= want => 0,
+        _ => 1,
+    })
 }
 
 #[allow(clippy::too_many_arguments)]

@@ -75,6 +75,8 @@ pub struct RawConfig {
     /// `CLUSTER PROMOTE` refuses a learner further behind than this many
     /// entries.
     pub promote_max_lag_entries: u64,
+    /// The shortest Raft election timeout, ms (the longest is twice it).
+    pub election_timeout_ms: u64,
     /// Ops waiting to be proposed to the log, at most.
     pub max_pending_proposals: usize,
     /// Bytes of ops in one log entry, at most.
@@ -166,6 +168,7 @@ impl Default for RawConfig {
             initial_cluster: String::new(),
             cluster_secret: String::new(),
             promote_max_lag_entries: 1000,
+            election_timeout_ms: 300,
             max_pending_proposals: 65_536,
             max_batch_bytes: 8 << 20,
             proposal_timeout_ms: 10_000,
@@ -324,6 +327,7 @@ macro_rules! numeric_keys {
         $m!(
             node_id,
             promote_max_lag_entries,
+            election_timeout_ms,
             max_pending_proposals,
             max_batch_bytes,
             proposal_timeout_ms,
@@ -588,6 +592,12 @@ impl RawConfig {
         positive("expire_batch", self.expire_batch as u64)?;
         positive("max_pending_proposals", self.max_pending_proposals as u64)?;
         positive("proposal_timeout_ms", self.proposal_timeout_ms)?;
+        if !(50..=60_000).contains(&self.election_timeout_ms) {
+            return Err(invalid(
+                "election_timeout_ms",
+                "must be between 50 and 60000",
+            ));
+        }
         positive("snapshot_entries", self.snapshot_entries)?;
         positive("snapshot_log_bytes", self.snapshot_log_bytes)?;
         if !(4096..=64 << 20).contains(&self.max_batch_bytes) {
@@ -715,6 +725,7 @@ impl RawConfig {
             raft: crate::engine::raft::RaftConfig {
                 data_dir: self.data_dir.clone().into(),
                 node_id: self.node_id,
+                election_timeout_ms: self.election_timeout_ms,
                 cluster,
                 max_pending_proposals: self.max_pending_proposals,
                 max_batch_bytes: self.max_batch_bytes,

@@ -72,6 +72,10 @@ struct Args {
     /// Skip the throughput workloads (herd and memory only).
     #[arg(long)]
     no_throughput: bool,
+    /// After every Redis write, `WAIT N 0`: the write is acknowledged once
+    /// N replicas have it (a replicated Redis, to compare with a cluster).
+    #[arg(long)]
+    redis_wait: Option<u32>,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -123,6 +127,7 @@ async fn bench(args: Args) -> anyhow::Result<()> {
                             run_id,
                             round: report.rows.len() as u64,
                             progress: args.duration >= 10.0,
+                            redis_wait: args.redis_wait.filter(|_| flavor.is_redis()),
                         };
                         let prep = if flavor.is_redis() {
                             &mut prep_redis

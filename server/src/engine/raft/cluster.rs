@@ -144,7 +144,7 @@ pub fn parse_initial_cluster(s: &str) -> Result<Vec<(NodeId, String)>, String> {
 /// recently (within [`Role::lease`] of the time openraft sent the
 /// acknowledged heartbeat or entry): no other node can have been elected
 /// in that time, since followers wait an election timeout (at least
-/// `ELECTION_TIMEOUT_MIN_MS`) after they last heard from it. A leader cut
+/// `election_timeout_ms`) after they last heard from it. A leader cut
 /// off from its peers therefore stops serving reads and taking writes
 /// within the lease, answering `-TRYAGAIN`, while the majority elects
 /// another.

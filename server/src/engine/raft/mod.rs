@@ -52,17 +52,6 @@ use log_store::LogStore;
 use state_machine::StateMachine;
 use types::{Batch, NodeId, TypeConfig};
 
-/// Raft heartbeat interval, ms.
-pub const HEARTBEAT_MS: u64 = 100;
-/// Election timeouts, ms: a follower that hears no leader for a random time
-/// in this range starts an election.
-pub const ELECTION_TIMEOUT_MIN_MS: u64 = 500;
-/// See [`ELECTION_TIMEOUT_MIN_MS`].
-pub const ELECTION_TIMEOUT_MAX_MS: u64 = 1000;
-/// How long after a majority acknowledged it a leader of several voters
-/// serves, ms: below the shortest election timeout, with room for clocks
-/// that run at slightly different rates.
-pub const LEADER_LEASE_MS: u64 = ELECTION_TIMEOUT_MIN_MS * 4 / 5;
 /// Snapshot chunk size on the peer network.
 pub const SNAPSHOT_CHUNK_BYTES: u64 = 1 << 20;
 /// How long one snapshot chunk may take (the last one installs it), ms.
@@ -100,6 +89,11 @@ pub struct RaftConfig {
     /// Below this much free space on the data directory's filesystem,
     /// writes get `-TRYAGAIN` (reads and replays keep working).
     pub min_free_disk_bytes: u64,
+    /// The shortest election timeout, ms: a follower that hears no leader
+    /// for a random time between this and twice this starts an election.
+    /// The leader sends heartbeats every fifth of it, and serves for four
+    /// fifths of it after a majority last acknowledged it.
+    pub election_timeout_ms: u64,
     /// Peers, addresses and bootstrap.
     pub cluster: cluster::ClusterConfig,
 }
@@ -258,9 +252,9 @@ impl RaftEngine {
         })?;
         let raft_config = openraft::Config {
             cluster_name: "idem".into(),
-            heartbeat_interval: HEARTBEAT_MS,
-            election_timeout_min: ELECTION_TIMEOUT_MIN_MS,
-            election_timeout_max: ELECTION_TIMEOUT_MAX_MS,
+            heartbeat_interval: (cfg.election_timeout_ms / 5).max(1),
+            election_timeout_min: cfg.election_timeout_ms,
+            election_timeout_max: cfg.election_timeout_ms * 2,
             snapshot_policy: SnapshotPolicy::LogsSinceLast(cfg.snapshot_entries),
             max_in_snapshot_log_to_keep: 0,
             snapshot_max_chunk_size: SNAPSHOT_CHUNK_BYTES,
@@ -341,8 +335,10 @@ impl RaftEngine {
             } else {
                 clock
             }),
-            Duration::from_millis(ELECTION_TIMEOUT_MAX_MS),
-            Duration::from_millis(LEADER_LEASE_MS),
+            Duration::from_millis(cfg.election_timeout_ms * 2),
+            // Below the shortest election timeout, with room for clocks
+            // that run at slightly different rates.
+            Duration::from_millis(cfg.election_timeout_ms * 4 / 5),
         );
         let on_demoted: Arc<dyn Fn() + Send + Sync> = {
             let (sink, role, raft, peers) = (

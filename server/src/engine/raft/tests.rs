@@ -72,6 +72,7 @@ fn cfg(dir: &TempDir) -> RaftConfig {
         snapshot_log_bytes: 1 << 30,
         segment_bytes: 1 << 16,
         min_free_disk_bytes: 0,
+        election_timeout_ms: 500,
         cluster: Default::default(),
     }
 }
