@@ -577,3 +577,52 @@ async fn connect_checks_that_the_peer_is_an_idem_server() {
     let s = Idemd::start().await;
     client(&s).await.ping().await.unwrap();
 }
+
+#[tokio::test]
+async fn a_redirect_to_itself_or_a_cycle_falls_back_to_the_seeds() {
+    let s = Idemd::start().await;
+    let real = s.addr.to_string();
+    // A node that names itself as the leader (a stale view of the
+    // cluster), and two that name each other.
+    let me = Arc::new(std::sync::Mutex::new(String::new()));
+    let me2 = me.clone();
+    let selfish = fake(move |_| format!("-MOVED 12 {}\r\n", me2.lock().unwrap())).await;
+    *me.lock().unwrap() = selfish.clone();
+    let (a_to, b_to) = (
+        Arc::new(std::sync::Mutex::new(String::new())),
+        Arc::new(std::sync::Mutex::new(String::new())),
+    );
+    let (a2, b2) = (a_to.clone(), b_to.clone());
+    let a = fake(move |_| format!("-MOVED 12 {}\r\n", a2.lock().unwrap())).await;
+    let b = fake(move |_| format!("-MOVED 12 {}\r\n", b2.lock().unwrap())).await;
+    *a_to.lock().unwrap() = b.clone();
+    *b_to.lock().unwrap() = a.clone();
+    let c = Client::connect_with_config(
+        format!("{selfish},{a},{b},{real}"),
+        ClientConfig::default()
+            .backoff(Duration::from_millis(1), Duration::from_millis(10))
+            .retries(0),
+    )
+    .await
+    .unwrap();
+    assert_eq!(c.seeds().len(), 4);
+    let k = key("seeds");
+    assert!(matches!(
+        c.claim(k.as_str()).await.unwrap(),
+        ClaimOutcome::Acquired(_)
+    ));
+    assert_eq!(c.target(), real, "the client ends on the real node");
+    assert!(c.stats().redirects >= 5, "{:?}", c.stats());
+    // A client of one node that redirects to itself gives up within its
+    // retries, with the server's error.
+    let lone = Client::connect_with_config(
+        selfish.clone(),
+        ClientConfig::default()
+            .backoff(Duration::from_millis(1), Duration::from_millis(5))
+            .retries(2),
+    )
+    .await
+    .unwrap();
+    let e = lone.claim(key("lone").as_str()).await.unwrap_err();
+    assert_eq!(e.kind(), idem_client::ErrorKind::Moved, "{e}");
+}

@@ -374,9 +374,25 @@ async fn a_leader_cut_off_from_its_peers_stops_serving_and_the_majority_takes_ov
             .await,
         ok()
     );
+    // A request parked on the leader, waiting for a key in flight.
+    conn.acquire(&["CLAIM", "held", "LEASE", "60000"]).await;
+    let mut parked = old.conn().await;
+    parked.write(&["SETTLE", "held", "WAIT", "30000"]).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
     // Cut the leader off: no peer traffic in or out.
     std::fs::write(faults.0.join(format!("isolate-{}", old.id)), b"").unwrap();
     let cut = std::time::Instant::now();
+    // The parked request is not left waiting in silence: it is answered
+    // -TRYAGAIN once the leader's lease lapses, not after its 30 s.
+    let r = tokio::time::timeout(Duration::from_secs(3), parked.reply())
+        .await
+        .expect("the parked SETTLE was answered when the leader was cut off");
+    assert!(err(&r).starts_with("TRYAGAIN"), "{r:?}");
+    assert!(
+        cut.elapsed() < Duration::from_millis(1500),
+        "{:?}",
+        cut.elapsed()
+    );
     // Within its lease it stops serving reads and taking writes: -TRYAGAIN,
     // never a stale answer, never a hang past proposal_timeout_ms.
     let refused_at = eventually("the cut-off leader refuses", async || {
@@ -780,4 +796,135 @@ async fn kill_9_of_leaders_under_load_keeps_every_promise_over_the_whole_history
     );
     assert!(completes > 40, "too little load: {completes} completes");
     assert!(unknown > 0, "no call was cut by a kill");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_node_is_replaced_step_by_step() {
+    // The README's steps: the dead node is removed, a new machine joins
+    // under a new id as a learner, catches up, and is promoted.
+    let mut c = Cluster::start("replace", 3).await;
+    let l = c.leader().await;
+    let mut conn = c.members[l].conn().await;
+    for i in 0..100 {
+        let k = format!("before-{i}");
+        let f = conn.acquire(&["CLAIM", &k]).await;
+        assert_eq!(conn.cmd(&["COMPLETE", &k, &f.to_string(), "v"]).await, ok());
+    }
+    // A follower's machine is gone for good.
+    let dead = c.followers().await[0];
+    c.members[dead].kill().await;
+    let dead_id = c.members[dead].id.to_string();
+    // 1. Remove it.
+    assert_eq!(conn.cmd(&["CLUSTER", "REMOVE", &dead_id]).await, ok());
+    // 2. Start the replacement: a new id, an empty data directory, no
+    //    --initial-cluster.
+    let mut new = Member::new("replace", 4);
+    new.start(None, &[]).await;
+    // 3. Add it as a learner; 4. wait until it caught up; 5. promote it.
+    let add = conn
+        .cmd(&[
+            "CLUSTER",
+            "ADD",
+            "4",
+            &new.peer.to_string(),
+            &new.client.to_string(),
+        ])
+        .await;
+    assert_eq!(add, ok());
+    let mut nc = new.conn().await;
+    eventually("the replacement catches up", async || {
+        (int(&nc.cmd(&["DBSIZE"]).await) >= 100).then_some(())
+    })
+    .await;
+    // Refused until the leader has reached it and recorded its data
+    // directory (and until it caught up).
+    eventually("the replacement can be promoted", async || {
+        (conn.cmd(&["CLUSTER", "PROMOTE", "4"]).await == ok()).then_some(())
+    })
+    .await;
+    assert_eq!(c.members[l].info("idem_voters").await, "3");
+    // The cluster now survives the loss of another original node: the
+    // leader dies, the survivor and the replacement elect one.
+    c.members[l].kill().await;
+    c.members.push(new);
+    let l2 = c.leader().await;
+    assert_eq!(c.members[l2].info("idem_voters").await, "3");
+    let mut conn = c.members[l2].conn().await;
+    for i in [0, 50, 99] {
+        assert_eq!(
+            claim(conn.cmd(&["CLAIM", &format!("before-{i}")]).await),
+            ClaimReply::Completed {
+                outcome: Outcome::Ok,
+                value: "v".into()
+            }
+        );
+    }
+    conn.acquire(&["CLAIM", "after-replace"]).await;
+}
+
+/// Waits until the leader has recorded every member's data directory.
+async fn incarnations_recorded(conn: &mut Conn, members: usize) {
+    eventually("every member's incarnation is recorded", async || {
+        let Frame::Array(ms) = conn.cmd(&["CLUSTER", "MEMBERS"]).await else {
+            return None;
+        };
+        let recorded = ms
+            .iter()
+            .filter(|m| {
+                let Frame::Array(f) = m else { return false };
+                f.windows(2).any(|w| {
+                    matches!(&w[0], Frame::Bulk(k) if &k[..] == b"incarnation")
+                        && matches!(&w[1], Frame::Bulk(v) if v.len() == 16)
+                })
+            })
+            .count();
+        (recorded == members).then_some(())
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_voter_restarted_on_an_empty_data_dir_is_kept_out() {
+    // Restarted with the command that added it (no --initial-cluster), so
+    // the bootstrap probe does not run: the recorded incarnation of its
+    // data directory is what keeps it out.
+    let mut c = Cluster::start("wiped", 3).await;
+    let l = c.leader().await;
+    let mut conn = c.members[l].conn().await;
+    incarnations_recorded(&mut conn, 3).await;
+    for i in 0..20 {
+        conn.acquire(&["CLAIM", &format!("w-{i}")]).await;
+    }
+    let fs = c.followers().await;
+    let (wiped, other) = (fs[0], fs[1]);
+    c.members[wiped].kill().await;
+    std::fs::remove_dir_all(&c.members[wiped].dir.0).unwrap();
+    c.members[wiped].start(None, &[]).await;
+    // It gets nothing: no leader, no log, no records.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let m = &c.members[wiped];
+    assert_eq!(m.info("idem_applied_index").await, "0");
+    assert_eq!(m.info("idem_leader_id").await, "");
+    assert_eq!(int(&m.conn().await.cmd(&["DBSIZE"]).await), 0);
+    // And it does not count towards a majority: with the other follower
+    // gone, the leader cannot commit.
+    c.members[other].kill().await;
+    let started = std::time::Instant::now();
+    let r = conn.cmd(&["CLAIM", "no-quorum"]).await;
+    // Within proposal_timeout_ms (10 s by default).
+    assert!(started.elapsed() < Duration::from_secs(11));
+    assert!(
+        matches!(&r, Frame::Error(_)),
+        "a write committed without a majority: {r:?}"
+    );
+    // The other follower back: the cluster works again (the wiped node
+    // still outside it), and the wiped id is removed (and never reused).
+    c.members[other].start(None, &[]).await;
+    assert_eq!(c.members[wiped].info("idem_applied_index").await, "0");
+    c.members[wiped].kill().await;
+    let l = c.leader().await;
+    let mut conn = c.members[l].conn().await;
+    conn.acquire(&["CLAIM", "quorum-again"]).await;
+    let id = c.members[wiped].id.to_string();
+    assert_eq!(conn.cmd(&["CLUSTER", "REMOVE", &id]).await, ok());
 }

@@ -635,7 +635,10 @@ impl Client {
                             // seeds again, after a backoff.
                             redirects = 0;
                             self.next_seed(&addr);
-                            failover = true;
+                            failover = cluster;
+                            if !cluster && attempt >= cfg.retries {
+                                return Ok(Frame::Error(text));
+                            }
                             Error::server(err)
                         }
                         ErrorCode::TryAgain | ErrorCode::ClusterDown
@@ -654,9 +657,9 @@ impl Client {
                 }
                 Ok(frame) => return Ok(frame),
                 Err(e) if e.is_retryable() && (attempt < cfg.retries || cluster) => {
-                    if cluster && e.is_connection() {
-                        // The node is gone: another seed leads or knows
-                        // who does.
+                    if cluster && (e.is_connection() || e.is_timeout()) {
+                        // The node is gone (or its host is: no answer at
+                        // all): another seed leads or knows who does.
                         self.next_seed(&addr);
                     }
                     failover = cluster;

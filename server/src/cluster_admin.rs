@@ -76,6 +76,7 @@ pub fn cluster(node: &Node, c: ClusterCmd) -> Action {
                 client: String::from_utf8_lossy(&client).into_owned(),
                 peer: String::from_utf8_lossy(&peer).into_owned(),
                 retired: Default::default(),
+                inc: None,
             };
             return change(node, MembershipChange::Add { id, addr });
         }
@@ -162,7 +163,7 @@ pub fn nodes_text(v: &ClusterView) -> String {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis());
     let mut o = String::new();
-    for m in &v.members {
+    for m in v.members.iter().filter(|m| !m.addr.client.is_empty()) {
         let (ip, port) = host_port(&m.addr.client);
         let (_, cport) = host_port(&m.addr.peer);
         let leads = Some(m.id) == shown;
@@ -221,7 +222,7 @@ fn slots(v: &ClusterView) -> Frame {
     range.extend(
         v.members
             .iter()
-            .filter(|m| m.id != leader.id)
+            .filter(|m| m.id != leader.id && !m.addr.client.is_empty())
             .map(node_entry),
     );
     Frame::Array(vec![Frame::Array(range)])
@@ -232,6 +233,7 @@ fn shards(v: &ClusterView) -> Frame {
     let nodes = v
         .members
         .iter()
+        .filter(|m| !m.addr.client.is_empty())
         .map(|m| {
             let (ip, port) = host_port(&m.addr.client);
             let leads = Some(m.id) == v.last_leader;
@@ -248,7 +250,7 @@ fn shards(v: &ClusterView) -> Frame {
                 (
                     bulk("health"),
                     bulk(if leads && v.leader.is_none() {
-                        "fail"
+                        "failed"
                     } else {
                         "online"
                     }),
@@ -268,7 +270,8 @@ fn shards(v: &ClusterView) -> Frame {
 }
 
 /// `CLUSTER MEMBERS`: one map per member: id, addresses, voter or
-/// learner, its Raft role, match index and lag (known on the leader; -1
+/// learner, its Raft role, the incarnation of its data directory (once the
+/// leader reached it), match index and lag (known on the leader; -1
 /// elsewhere).
 fn members(v: &ClusterView) -> Frame {
     Frame::Array(
@@ -287,6 +290,10 @@ fn members(v: &ClusterView) -> Frame {
                         bulk(if m.voter { "voter" } else { "learner" }),
                     ),
                     (bulk("role"), bulk(role_name(v, m))),
+                    (
+                        bulk("incarnation"),
+                        bulk(m.addr.inc.map_or(String::new(), |i| format!("{i:016x}"))),
+                    ),
                     (
                         bulk("match_index"),
                         Frame::Integer(m.matched.map_or(-1, |i| i as i64)),

@@ -229,6 +229,11 @@ impl Waiters {
     async fn ask_once(&self, ask: &Ask) -> Result<Reply, (Reply, u64)> {
         match ask {
             Ask::Settle(key) => {
+                // A node that stopped serving while this waited answers
+                // with the redirect, never from its own (stale) store.
+                if let Err(e) = self.engine.route(Some(key)) {
+                    return Ok(engine_error(&e));
+                }
                 let seen = self.engine.read(Read::Settle(key));
                 if seen.due {
                     self.engine.expire_soon(key);

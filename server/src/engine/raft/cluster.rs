@@ -50,29 +50,43 @@ pub struct MemberAddr {
     pub peer: String,
     /// Ids removed from the cluster, never accepted again.
     pub retired: std::collections::BTreeSet<NodeId>,
+    /// The incarnation of the member's data directory (a random number
+    /// made when the directory was created), recorded once the leader
+    /// first reaches it: a member that answers with another one lost its
+    /// data and is kept out.
+    pub inc: Option<u64>,
 }
 
 impl MemberAddr {
-    /// Reads `CLIENT@PEER[ retired=ID,...]` (empty parts when absent).
+    /// Reads `CLIENT@PEER[ inc=HEX][ retired=ID,...]` (empty parts when
+    /// absent).
     pub fn parse(addr: &str) -> MemberAddr {
         let mut words = addr.split_whitespace();
         let first = words.next().unwrap_or("");
-        let retired = words
-            .filter_map(|w| w.strip_prefix("retired="))
-            .flat_map(|ids| ids.split(','))
-            .filter_map(|id| id.parse().ok())
-            .collect();
+        let (mut retired, mut inc) = (std::collections::BTreeSet::new(), None);
+        for w in words {
+            if let Some(ids) = w.strip_prefix("retired=") {
+                retired.extend(ids.split(',').filter_map(|id| id.parse::<NodeId>().ok()));
+            } else if let Some(hex) = w.strip_prefix("inc=") {
+                inc = u64::from_str_radix(hex, 16).ok();
+            }
+        }
         let (client, peer) = first.split_once('@').unwrap_or((first, ""));
         MemberAddr {
             client: client.to_owned(),
             peer: peer.to_owned(),
             retired,
+            inc,
         }
     }
 
-    /// `CLIENT@PEER[ retired=ID,...]`, as kept in the membership.
+    /// `CLIENT@PEER[ inc=HEX][ retired=ID,...]`, as kept in the
+    /// membership.
     pub fn node(&self) -> BasicNode {
         let mut addr = format!("{}@{}", self.client, self.peer);
+        if let Some(inc) = self.inc {
+            addr.push_str(&format!(" inc={inc:016x}"));
+        }
         if !self.retired.is_empty() {
             let ids: Vec<String> = self.retired.iter().map(u64::to_string).collect();
             addr.push_str(" retired=");
@@ -170,6 +184,8 @@ struct RoleInner {
     /// The last leader known (kept while an election runs).
     last_leader: Option<NodeId>,
     term: u64,
+    /// The term this node serves as leader, once promoted in it.
+    serving_term: Option<u64>,
     /// Since when no leader is known.
     leaderless_since: Option<Instant>,
 }
@@ -189,6 +205,7 @@ impl Role {
                 leader: None,
                 last_leader: None,
                 term: 0,
+                serving_term: None,
                 leaderless_since: Some(Instant::now()),
             }),
             promoting: Mutex::new(None),
@@ -303,6 +320,7 @@ pub struct Watch {
 /// lead.
 pub async fn watch_role(w: Arc<Watch>) {
     let mut rx = w.raft.metrics();
+    let mut lease_lost = false;
     loop {
         let (state, leader, term) = {
             let m = rx.borrow_and_update();
@@ -334,8 +352,12 @@ pub async fn watch_role(w: Arc<Watch>) {
                 r.last_leader = leader;
             }
             r.term = term;
-            // Any change of term ends the serving of the previous one.
-            let keep = leads && r.term == term && w.role.serving();
+            // Serving holds only in the term it was promoted in: any change
+            // of term (even one the watcher saw only the end of) ends it.
+            let keep = leads && r.serving_term == Some(term);
+            if !keep {
+                r.serving_term = None;
+            }
             !keep && w.role.serving.swap(false, Ordering::AcqRel)
         };
         if demoted {
@@ -349,53 +371,133 @@ pub async fn watch_role(w: Arc<Watch>) {
                 tokio::spawn(promote(Arc::clone(&w), term));
             }
         }
-        if rx.changed().await.is_err() {
-            return;
+        // Besides every change of the metrics, look at the lease a few
+        // times per lease: a leader cut off from the majority hears
+        // nothing, yet its parked requests must not wait in silence.
+        let mut tick = tokio::time::interval(w.role.lease / 4);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        tick.tick().await;
+        loop {
+            tokio::select! {
+                changed = rx.changed() => {
+                    if changed.is_err() {
+                        return;
+                    }
+                    break;
+                }
+                _ = tick.tick() => {
+                    let serving = w.role.serving();
+                    let holds = w.role.lease_holds();
+                    if serving && !holds && !lease_lost {
+                        lease_lost = true;
+                        warn!(
+                            since_ack_ms = ?w.role.since_quorum_ack_ms(),
+                            "no majority has answered this leader within its lease: refusing requests until one does"
+                        );
+                        (w.on_demoted)();
+                    } else if holds && lease_lost {
+                        lease_lost = false;
+                        info!("a majority answers this leader again");
+                    }
+                }
+            }
         }
     }
 }
 
 /// Becomes the serving leader of `term` once everything committed before
-/// is applied.
+/// is applied: once the entry a new leader appends at the start of its
+/// term (openraft's blank entry) is applied, every earlier entry is too.
+/// No round trip of its own: the entry's commit shows that a majority
+/// follows this leader.
 async fn promote(w: Arc<Watch>, term: u64) {
+    let me = w.peers.node_id();
+    let mut rx = w.raft.metrics();
     loop {
-        let still = {
-            let m = w.raft.metrics().borrow().clone();
-            m.state == ServerState::Leader && m.current_term == term
+        let (still, applied_in_term) = {
+            let m = rx.borrow_and_update();
+            (
+                m.state == ServerState::Leader && m.current_term == term,
+                m.last_applied.is_some_and(|l| l.leader_id.term == term),
+            )
         };
         if !still {
             break;
         }
-        match w.raft.ensure_linearizable().await {
-            Ok(_) => {
-                let applied = w.store.stats().clock;
-                let anchor = if applied == 0 {
-                    Clock::new().now_ms()
-                } else {
-                    applied
-                };
-                let m = w.raft.metrics().borrow().clone();
-                if m.state != ServerState::Leader || m.current_term != term {
+        if applied_in_term {
+            let applied = w.store.stats().clock;
+            let anchor = if applied == 0 {
+                Clock::new().now_ms()
+            } else {
+                applied
+            };
+            {
+                // Checked again under the lock the watcher demotes under:
+                // never serve a term the watcher has left.
+                let mut r = w.role.inner.write();
+                if r.leader != Some(me) || r.term != term {
                     break;
                 }
-                {
-                    let mut r = w.role.inner.write();
-                    r.clock = Clock::starting_at(anchor);
-                    w.role.serving.store(true, Ordering::Release);
-                }
-                info!(term, clock_ms = anchor, "leading: serving clients");
-                record_own_address(&w).await;
-                break;
+                r.clock = Clock::starting_at(anchor);
+                r.serving_term = Some(term);
+                w.role.serving.store(true, Ordering::Release);
             }
-            Err(e) => {
-                warn!(term, error = %e, "cannot confirm leadership yet");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
+            info!(term, clock_ms = anchor, "leading: serving clients");
+            record_own_address(&w).await;
+            break;
+        }
+        if rx.changed().await.is_err() {
+            break;
         }
     }
     let mut p = w.role.promoting.lock();
     if *p == Some(term) {
         *p = None;
+    }
+}
+
+/// On the serving leader, records in the membership the incarnation of
+/// every member reached since (and its own), so that a member that comes
+/// back with another data directory is recognised and kept out (see
+/// `Peers::check_incarnation`). Looks every half second.
+pub async fn record_incarnations(w: Arc<Watch>) {
+    let mut tick = tokio::time::interval(Duration::from_millis(500));
+    loop {
+        tick.tick().await;
+        if !w.role.serving() {
+            continue;
+        }
+        let todo = w.peers.to_record();
+        if todo.is_empty() {
+            continue;
+        }
+        let nodes: BTreeMap<NodeId, BasicNode> = {
+            let m = w.raft.metrics().borrow().membership_config.clone();
+            todo.iter()
+                .filter_map(|(id, inc)| {
+                    let node = m.membership().get_node(id)?;
+                    let addr = MemberAddr {
+                        inc: Some(*inc),
+                        ..MemberAddr::parse(&node.addr)
+                    };
+                    Some((*id, addr.node()))
+                })
+                .collect()
+        };
+        if nodes.is_empty() {
+            continue;
+        }
+        match w
+            .raft
+            .change_membership(ChangeMembers::SetNodes(nodes), true)
+            .await
+        {
+            Ok(_) => {
+                info!(nodes = ?todo.iter().map(|(id, _)| id).collect::<Vec<_>>(), "recorded the data directories of members")
+            }
+            // Another change runs, or leadership moved: next time.
+            Err(e) => tracing::debug!(error = %e, "cannot record incarnations yet"),
+        }
     }
 }
 
@@ -420,8 +522,9 @@ async fn record_own_address(w: &Watch) {
         return;
     }
     let want = MemberAddr {
-        retired: current.retired,
-        ..w.me.clone()
+        client: w.me.client.clone(),
+        peer: w.me.peer.clone(),
+        ..current
     }
     .node();
     let mut nodes = BTreeMap::new();
@@ -512,6 +615,7 @@ pub async fn bootstrap(
             client: cfg.client_advertise.clone(),
             peer: cfg.peer_advertise.clone(),
             retired: Default::default(),
+            inc: None,
         }
         .node(),
     );
@@ -522,6 +626,7 @@ pub async fn bootstrap(
                 client: clients.get(pid).cloned().unwrap_or_default(),
                 peer: addr.clone(),
                 retired: Default::default(),
+                inc: None,
             }
             .node(),
         );
@@ -715,6 +820,11 @@ pub async fn promote_member(
     if m.voter {
         return Err(ChangeError::Refused(format!(
             "node {id} is already a voter"
+        )));
+    }
+    if m.addr.inc.is_none() {
+        return Err(ChangeError::Refused(format!(
+            "node {id} has not been reached yet (its data directory is not recorded): start it, and wait until it catches up"
         )));
     }
     let lag = match m.matched {

@@ -90,9 +90,11 @@ pub struct RaftConfig {
     /// writes get `-TRYAGAIN` (reads and replays keep working).
     pub min_free_disk_bytes: u64,
     /// The shortest election timeout, ms: a follower that hears no leader
-    /// for a random time between this and twice this starts an election.
-    /// The leader sends heartbeats every fifth of it, and serves for four
-    /// fifths of it after a majority last acknowledged it.
+    /// for twice this (the old leader's lease on its vote) plus a random
+    /// time between this and twice this starts an election. The leader
+    /// sends heartbeats every third of it (also the deadline of one
+    /// AppendEntries), and serves for four fifths of it after a majority
+    /// last acknowledged it.
     pub election_timeout_ms: u64,
     /// Peers, addresses and bootstrap.
     pub cluster: cluster::ClusterConfig,
@@ -252,14 +254,19 @@ impl RaftEngine {
         })?;
         let raft_config = openraft::Config {
             cluster_name: "idem".into(),
-            heartbeat_interval: (cfg.election_timeout_ms / 5).max(1),
+            // Also openraft's deadline for one AppendEntries (the follower
+            // answers once the entries are on its disk).
+            heartbeat_interval: (cfg.election_timeout_ms / 3).max(1),
             election_timeout_min: cfg.election_timeout_ms,
             election_timeout_max: cfg.election_timeout_ms * 2,
             snapshot_policy: SnapshotPolicy::LogsSinceLast(cfg.snapshot_entries),
             max_in_snapshot_log_to_keep: 0,
             snapshot_max_chunk_size: SNAPSHOT_CHUNK_BYTES,
             install_snapshot_timeout: INSTALL_SNAPSHOT_TIMEOUT_MS,
-            max_payload_entries: MAX_PAYLOAD_ENTRIES,
+            // At most 64 MiB per AppendEntries (entries are up to
+            // max_batch_bytes each), well under the peer frame limit.
+            max_payload_entries: ((64 << 20) / cfg.max_batch_bytes.max(1) as u64)
+                .clamp(1, MAX_PAYLOAD_ENTRIES),
             ..Default::default()
         }
         .validate()
@@ -285,6 +292,7 @@ impl RaftEngine {
             client: cfg.cluster.client_advertise.clone(),
             peer: cfg.cluster.peer_advertise.clone(),
             retired: Default::default(),
+            inc: None,
         };
         if initialized && peers.cluster().is_none() {
             // A directory from before cluster ids: this node's group is
@@ -355,14 +363,18 @@ impl RaftEngine {
                 }
             })
         };
-        tokio::spawn(cluster::watch_role(Arc::new(cluster::Watch {
+        let watch = Arc::new(cluster::Watch {
             raft: raft.clone(),
             role: Arc::clone(&role),
             peers: Arc::clone(&peers),
             store: Arc::clone(&store),
             me,
             on_demoted,
-        })));
+        });
+        tokio::spawn(cluster::watch_role(Arc::clone(&watch)));
+        if clustered {
+            tokio::spawn(cluster::record_incarnations(watch));
+        }
         if !clustered {
             // A single node serves once it leads and has applied its log.
             let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
@@ -433,6 +445,11 @@ impl RaftEngine {
     /// requests in progress, then stops reading), within the proposal
     /// timeout.
     pub fn submit(&self, op: Op) -> super::Submission {
+        // Not the serving leader (or cut off from the majority): answered
+        // at once, never proposed.
+        if let Err(e) = self.route(op.key().map(|k| &k[..])) {
+            return super::Submission::Ready(Some(Err(e)));
+        }
         let (tx, rx) = oneshot::channel();
         let bytes = op_size(&op);
         let state = Arc::new(AtomicU8::new(QUEUED));
@@ -452,6 +469,7 @@ impl RaftEngine {
             }
         };
         let timeout = self.proposal_timeout;
+        let clustered = self.clustered();
         let full = waiting.is_some();
         let fut = Box::pin(async move {
             let deadline = tokio::time::Instant::now() + timeout;
@@ -473,15 +491,23 @@ impl RaftEngine {
                 Err(_) => {}
             }
             // Timed out: withdrawn if the proposer has not taken it yet (so
-            // it is certainly not applied); once taken into an entry its
-            // outcome comes soon (a sync and an apply away), and is the one
-            // to report.
+            // it is certainly not applied). Once taken into an entry, a
+            // single node's outcome comes soon (a sync and an apply away),
+            // and is the one to report; a cluster's may never come (no
+            // majority), so it is reported unknown.
             if state
                 .compare_exchange(QUEUED, WITHDRAWN, Ordering::AcqRel, Ordering::Acquire)
                 .is_ok()
             {
                 return Err(EngineError::TryAgain(
                     "not proposed within proposal_timeout_ms (withdrawn: not applied)",
+                ));
+            }
+            if clustered {
+                // Proposed, but no majority committed it in time (this
+                // node may be cut off): it may still be applied.
+                return Err(EngineError::TryAgain(
+                    "not committed within proposal_timeout_ms: it may have been applied",
                 ));
             }
             rx.await

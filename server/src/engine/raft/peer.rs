@@ -64,7 +64,12 @@ pub const MAX_HANDSHAKE_FRAME: usize = 4096;
 /// Peer connections served at once, at most.
 pub const MAX_PEER_CONNECTIONS: usize = 256;
 /// How long a handshake may take.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(2);
+/// A peer connection with no request for this long is closed (a peer that
+/// crashed or was cut off does not hold a connection slot for ever).
+const PEER_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+/// Idle connections kept per peer for reuse.
+const POOL_PER_PEER: usize = 4;
 /// How long connecting may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -115,6 +120,8 @@ struct Hello {
     from: NodeId,
     to: NodeId,
     client_addr: String,
+    /// The incarnation of the sender's data directory.
+    incarnation: u64,
     nonce: [u8; 16],
     mac: [u8; 32],
 }
@@ -125,6 +132,7 @@ enum Welcome {
         cluster: Option<ClusterId>,
         node: NodeId,
         client_addr: String,
+        incarnation: u64,
         mac: [u8; 32],
     },
     Refused(String),
@@ -178,6 +186,11 @@ pub struct ProbeInfo {
 /// clients and the cluster code.
 pub struct Peers {
     node_id: NodeId,
+    /// A random number made with the data directory: a node that lost its
+    /// data comes back with another one.
+    incarnation: u64,
+    /// Incarnations other nodes gave in handshakes.
+    learned: Mutex<HashMap<NodeId, u64>>,
     client_addr: String,
     secret: Option<Vec<u8>>,
     data_dir: PathBuf,
@@ -190,9 +203,30 @@ pub struct Peers {
     /// Whether each peer answered its last call: changes are logged once
     /// (openraft's own per-call errors are too many to log).
     reachable: Mutex<HashMap<NodeId, bool>>,
+    /// Idle connections by peer and address, for the clients openraft
+    /// makes per election and per leadership check.
+    pool: Mutex<HashMap<PoolKey, Vec<Conn>>>,
 }
 
 const CLUSTER_FILE: &str = "cluster-id";
+const INCARNATION_FILE: &str = "incarnation";
+
+/// The incarnation recorded in `dir`, made (and synced) if there is none.
+fn incarnation(dir: &std::path::Path) -> Result<u64, String> {
+    let path = dir.join(INCARNATION_FILE);
+    match std::fs::read_to_string(&path) {
+        Ok(s) => u64::from_str_radix(s.trim(), 16)
+            .map_err(|_| format!("{}: not an incarnation (16 hex digits)", path.display())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let r = random16();
+            let inc = u64::from_le_bytes([r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7]]).max(1);
+            super::wal::replace_file(dir, INCARNATION_FILE, format!("{inc:016x}\n").as_bytes())
+                .map_err(|e| e.to_string())?;
+            Ok(inc)
+        }
+        Err(e) => Err(format!("{}: {e}", path.display())),
+    }
+}
 
 impl Peers {
     /// The identity of node `node_id`, its cluster id read from `data_dir`
@@ -212,8 +246,11 @@ impl Peers {
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
                 Err(e) => return Err(format!("{}: {e}", path.display())),
             };
+        let incarnation = incarnation(&data_dir)?;
         Ok(Arc::new(Peers {
             node_id,
+            incarnation,
+            learned: Mutex::new(HashMap::new()),
             client_addr,
             secret,
             data_dir,
@@ -222,6 +259,7 @@ impl Peers {
             raft: OnceLock::new(),
             slots: Arc::new(Semaphore::new(MAX_PEER_CONNECTIONS)),
             reachable: Mutex::new(HashMap::new()),
+            pool: Mutex::new(HashMap::new()),
         }))
     }
 
@@ -255,6 +293,55 @@ impl Peers {
         .map_err(|e| e.to_string())?;
         *c = Some(id);
         Ok(())
+    }
+
+    /// This node's incarnation.
+    pub fn incarnation(&self) -> u64 {
+        self.incarnation
+    }
+
+    /// The incarnation the membership records for `id`, if any.
+    fn recorded_incarnation(&self, id: NodeId) -> Option<u64> {
+        let raft = self.raft.get()?;
+        let m = raft.metrics().borrow().membership_config.clone();
+        m.membership()
+            .get_node(&id)
+            .and_then(|n| super::cluster::MemberAddr::parse(&n.addr).inc)
+    }
+
+    /// Checks the incarnation `id` answered with against the membership's
+    /// record, and learns it: an error when the member lost its data.
+    fn check_incarnation(&self, id: NodeId, inc: u64) -> Result<(), String> {
+        if let Some(recorded) = self.recorded_incarnation(id)
+            && recorded != inc
+        {
+            return Err(format!(
+                "node {id} answers with a new data directory (incarnation {inc:016x}, recorded {recorded:016x}): its data was lost or replaced, and it is kept out. Remove it (CLUSTER REMOVE {id}) and add the machine under a new id"
+            ));
+        }
+        self.learned.lock().insert(id, inc);
+        Ok(())
+    }
+
+    /// Members whose incarnation is known here but not recorded in the
+    /// membership yet (this node's own included).
+    pub fn to_record(&self) -> Vec<(NodeId, u64)> {
+        let Some(raft) = self.raft.get() else {
+            return Vec::new();
+        };
+        let m = raft.metrics().borrow().membership_config.clone();
+        let learned = self.learned.lock();
+        m.membership()
+            .nodes()
+            .filter(|(_, n)| super::cluster::MemberAddr::parse(&n.addr).inc.is_none())
+            .filter_map(|(id, _)| {
+                if *id == self.node_id {
+                    Some((*id, self.incarnation))
+                } else {
+                    learned.get(id).map(|inc| (*id, *inc))
+                }
+            })
+            .collect()
     }
 
     /// The client address node `id` gave when it last connected, if any.
@@ -356,6 +443,10 @@ impl Peers {
 
 type Conn = Framed<TcpStream, LengthDelimitedCodec>;
 
+/// Pooled connections are kept by peer, address and the cluster id this
+/// node had when it opened them.
+type PoolKey = (NodeId, String, Option<ClusterId>);
+
 fn codec(max: usize) -> LengthDelimitedCodec {
     LengthDelimitedCodec::builder()
         .max_frame_length(max)
@@ -456,7 +547,19 @@ async fn serve_conn(stream: TcpStream, peers: &Peers) -> std::io::Result<()> {
             "peer protocol {} is not {PEER_PROTOCOL}",
             hello.protocol
         )))
-    } else if !peers.check_mac(&[b"C", &nonce_s, &hello.nonce, &from, &to], &hello.mac) {
+    } else if !peers.check_mac(
+        &[
+            b"C",
+            &nonce_s,
+            &hello.nonce,
+            &from,
+            &to,
+            hello.cluster.as_ref().map_or(&[][..], |c| &c[..]),
+            hello.client_addr.as_bytes(),
+            &hello.incarnation.to_le_bytes(),
+        ],
+        &hello.mac,
+    ) {
         Some(refuse(
             "cluster_secret does not match (or is not set on the connecting node)".into(),
         ))
@@ -465,6 +568,8 @@ async fn serve_conn(stream: TcpStream, peers: &Peers) -> std::io::Result<()> {
             "this is node {}, not node {}: check the peer addresses",
             peers.node_id, hello.to
         )))
+    } else if let Err(why) = peers.check_incarnation(hello.from, hello.incarnation) {
+        Some(refuse(why))
     } else if peers.is_retired(hello.from) {
         Some(refuse(format!(
             "node {} was removed from this cluster; its id is never accepted again",
@@ -497,7 +602,17 @@ async fn serve_conn(stream: TcpStream, peers: &Peers) -> std::io::Result<()> {
             cluster: mine,
             node: peers.node_id,
             client_addr: peers.client_addr.clone(),
-            mac: peers.mac(&[b"S", &hello.nonce, &nonce_s, &me, &from]),
+            incarnation: peers.incarnation,
+            mac: peers.mac(&[
+                b"S",
+                &hello.nonce,
+                &nonce_s,
+                &me,
+                &from,
+                mine.as_ref().map_or(&[][..], |c| &c[..]),
+                peers.client_addr.as_bytes(),
+                &peers.incarnation.to_le_bytes(),
+            ]),
         },
     )
     .await?;
@@ -510,10 +625,11 @@ async fn serve_conn(stream: TcpStream, peers: &Peers) -> std::io::Result<()> {
     conn.codec_mut().set_max_frame_length(MAX_FRAME);
     let asker = hello.from;
     loop {
-        let req: Request = match recv(&mut conn).await {
-            Ok(r) => r,
-            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
-            Err(e) => return Err(e),
+        let req: Request = match tokio::time::timeout(PEER_IDLE_TIMEOUT, recv(&mut conn)).await {
+            Err(_) => return Ok(()),
+            Ok(Ok(r)) => r,
+            Ok(Err(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
+            Ok(Err(e)) => return Err(e),
         };
         if isolated(peers.node_id) {
             return Err(cut_off());
@@ -572,7 +688,8 @@ pub struct PeerClient {
     peers: Arc<Peers>,
     target: NodeId,
     addr: String,
-    conn: Option<Conn>,
+    /// The connection, and the cluster id this node had when it opened it.
+    conn: Option<(Conn, Option<ClusterId>)>,
 }
 
 impl PeerClient {
@@ -617,16 +734,28 @@ impl PeerClient {
             let nonce_c = random16();
             let from = self.peers.node_id.to_le_bytes();
             let to = self.target.to_le_bytes();
+            let cluster = self.peers.cluster();
+            let mac = self.peers.mac(&[
+                b"C",
+                &ch.nonce,
+                &nonce_c,
+                &from,
+                &to,
+                cluster.as_ref().map_or(&[][..], |c| &c[..]),
+                self.peers.client_addr.as_bytes(),
+                &self.peers.incarnation.to_le_bytes(),
+            ]);
             send(
                 &mut conn,
                 &Hello {
                     protocol: PEER_PROTOCOL,
-                    cluster: self.peers.cluster(),
+                    cluster,
                     from: self.peers.node_id,
                     to: self.target,
                     client_addr: self.peers.client_addr.clone(),
+                    incarnation: self.peers.incarnation,
                     nonce: nonce_c,
-                    mac: self.peers.mac(&[b"C", &ch.nonce, &nonce_c, &from, &to]),
+                    mac,
                 },
             )
             .await?;
@@ -653,6 +782,7 @@ impl PeerClient {
                     cluster,
                     node,
                     client_addr,
+                    incarnation,
                     mac,
                 },
                 nonce_s,
@@ -679,7 +809,7 @@ impl PeerClient {
                         cluster_hex(&a)
                     ))
                 } else {
-                    None
+                    self.peers.check_incarnation(node, incarnation).err()
                 };
                 if let Some(why) = why {
                     warn!(target = self.target, addr = %self.addr, reason = %why, "refused a peer");
@@ -699,34 +829,57 @@ impl PeerClient {
             self.conn = None;
             return Err(CallError::Unreachable(cut_off()));
         }
-        let conn = match self.conn.take() {
-            Some(c) => c,
-            None => match self.connect().await {
-                Ok(c) => c,
-                Err(e) => {
-                    let (CallError::Unreachable(io) | CallError::Network(io)) = &e;
-                    self.peers.mark(self.target, &self.addr, Err(io));
-                    return Err(e);
-                }
-            },
+        let bytes = Bytes::from(
+            postcard::to_allocvec(&req)
+                .map_err(|e| CallError::Network(std::io::Error::other(e)))?,
+        );
+        let deadline = tokio::time::Instant::now() + ttl;
+        // A kept connection first; if it fails (the peer closed it while it
+        // was idle), a fresh one.
+        // Connections opened before this node had its cluster id named
+        // none: they are not reused once it has one.
+        let cluster = self.peers.cluster();
+        let kept = self
+            .conn
+            .take()
+            .filter(|(_, c)| *c == cluster)
+            .map(|(conn, _)| conn)
+            .or_else(|| {
+                self.peers
+                    .pool
+                    .lock()
+                    .get_mut(&(self.target, self.addr.clone(), cluster))
+                    .and_then(Vec::pop)
+            });
+        if let Some(conn) = kept
+            && let Ok((conn, resp)) = exchange(conn, bytes.clone(), deadline).await
+        {
+            self.conn = Some((conn, cluster));
+            return Ok(resp);
+        }
+        let conn = match tokio::time::timeout_at(deadline, self.connect()).await {
+            Ok(Ok(c)) => c,
+            Ok(Err(e)) => {
+                let (CallError::Unreachable(io) | CallError::Network(io)) = &e;
+                self.peers.mark(self.target, &self.addr, Err(io));
+                return Err(e);
+            }
+            Err(_) => {
+                let e = std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!("cannot connect within {} ms", ttl.as_millis()),
+                );
+                self.peers.mark(self.target, &self.addr, Err(&e));
+                return Err(CallError::Unreachable(e));
+            }
         };
-        let mut conn = conn;
-        let result = tokio::time::timeout(ttl, async {
-            send(&mut conn, &req).await?;
-            recv::<Response>(&mut conn).await
-        })
-        .await;
-        match result {
-            Ok(Ok(resp)) => {
+        match exchange(conn, bytes, deadline).await {
+            Ok((conn, resp)) => {
                 self.peers.mark(self.target, &self.addr, Ok(()));
-                self.conn = Some(conn);
+                self.conn = Some((conn, cluster));
                 Ok(resp)
             }
-            Ok(Err(e)) => Err(CallError::Network(e)),
-            Err(_) => Err(CallError::Network(std::io::Error::new(
-                std::io::ErrorKind::TimedOut,
-                format!("no answer within {} ms", ttl.as_millis()),
-            ))),
+            Err(e) => Err(CallError::Network(e)),
         }
     }
 
@@ -737,6 +890,43 @@ impl PeerClient {
             Ok(Response::Failed(why)) => Err(why),
             Ok(_) => Err("unexpected answer".into()),
             Err(CallError::Unreachable(e) | CallError::Network(e)) => Err(e.to_string()),
+        }
+    }
+}
+
+/// Sends an encoded request on `conn` and reads the response, by
+/// `deadline`.
+async fn exchange(
+    mut conn: Conn,
+    req: Bytes,
+    deadline: tokio::time::Instant,
+) -> std::io::Result<(Conn, Response)> {
+    let result = tokio::time::timeout_at(deadline, async {
+        conn.send(req).await?;
+        recv::<Response>(&mut conn).await
+    })
+    .await;
+    match result {
+        Ok(Ok(resp)) => Ok((conn, resp)),
+        Ok(Err(e)) => Err(e),
+        Err(_) => Err(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            "no answer in time",
+        )),
+    }
+}
+
+impl Drop for PeerClient {
+    /// Keeps the connection for the next client to this peer.
+    fn drop(&mut self) {
+        if let Some((conn, cluster)) = self.conn.take() {
+            let mut pool = self.peers.pool.lock();
+            let kept = pool
+                .entry((self.target, self.addr.clone(), cluster))
+                .or_default();
+            if kept.len() < POOL_PER_PEER {
+                kept.push(conn);
+            }
         }
     }
 }
