@@ -322,7 +322,7 @@ struct Exercised {
 /// history is checked (see `support::history`). Returns what was
 /// exercised, or the violations found.
 async fn crash_history(env: &[(&str, &str)], rounds: usize) -> Result<Exercised, String> {
-    use history::{Call, History, Recorder};
+    use history::{History, Recorder};
     let dir = DataDir::new("kill-load");
     let args = ["--engine", "raft", "--data-dir", dir.arg()];
     let history = History::default();
@@ -332,21 +332,7 @@ async fn crash_history(env: &[(&str, &str)], rounds: usize) -> Result<Exercised,
     for round in 0..=rounds {
         let mut s = Idemd::start_with(env, &args).await;
         let mut prober = Recorder::new(usize::MAX, s.conn().await, &history);
-        for k in history.keys() {
-            let probe = Call::Claim {
-                key: k,
-                lease_ms: 100,
-            };
-            prober.call(probe).await.expect("idemd is up");
-        }
-        let bad = history::check(&history.events());
-        if !bad.is_empty() {
-            return Err(format!(
-                "seed {seed:#x}, after {round} kills: {} violations:\n{}",
-                bad.len(),
-                bad.join("\n")
-            ));
-        }
+        history::probe_and_check(&mut prober, &history, seed, round).await?;
         if round == rounds {
             break;
         }

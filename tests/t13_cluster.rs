@@ -172,7 +172,13 @@ async fn kill_9_of_the_leader_loses_no_acknowledged_record() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_cli_in_cluster_mode_follows_the_leader() {
-    let c = Cluster::start("redis-cli", 3).await;
+    // Peers prove they hold the secret (HMAC) on every connection.
+    let c = Cluster::start_with(
+        "redis-cli",
+        3,
+        &[("IDEM_CLUSTER_SECRET", "a-secret-of-at-least-16-bytes")],
+    )
+    .await;
     let f = c.followers().await[0];
     let port = c.members[f].client.port().to_string();
     let run = |args: &[&str]| {
@@ -735,7 +741,7 @@ async fn redis_py_cluster_client_follows_the_leader_through_a_failover() {
 /// whole history is checked (`support::history`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_of_leaders_under_load_keeps_every_promise_over_the_whole_history() {
-    use crate::support::history::{self, Call, History, Recorder};
+    use crate::support::history::{self, History, Recorder};
     let mut c = Cluster::start("history", 3).await;
     let history = History::default();
     let seed = std::process::id() as u64 ^ 0x5eed_c1a5;
@@ -745,25 +751,9 @@ async fn kill_9_of_leaders_under_load_keeps_every_promise_over_the_whole_history
     for round in 0..=rounds {
         let l = c.leader().await;
         let mut prober = Recorder::following(usize::MAX, c.members[l].conn().await, &history);
-        for k in history.keys() {
-            loop {
-                let probe = Call::Claim {
-                    key: k.clone(),
-                    lease_ms: 100,
-                };
-                if prober.call(probe).await.is_some() {
-                    break;
-                }
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        }
-        let bad = history::check(&history.events());
-        assert!(
-            bad.is_empty(),
-            "seed {seed:#x}, after {round} leader kills: {} violations:\n{}",
-            bad.len(),
-            bad.join("\n")
-        );
+        history::probe_and_check(&mut prober, &history, seed, round)
+            .await
+            .unwrap_or_else(|violations| panic!("{violations}"));
         if round == rounds {
             break;
         }
@@ -927,4 +917,49 @@ async fn a_voter_restarted_on_an_empty_data_dir_is_kept_out() {
     conn.acquire(&["CLAIM", "quorum-again"]).await;
     let id = c.members[wiped].id.to_string();
     assert_eq!(conn.cmd(&["CLUSTER", "REMOVE", &id]).await, ok());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_whole_cluster_killed_and_restarted_keeps_every_record() {
+    let mut c = Cluster::start("all-down", 3).await;
+    let l = c.leader().await;
+    let mut conn = c.members[l].conn().await;
+    let mut fences = Vec::new();
+    for i in 0..50 {
+        let k = format!("all-{i}");
+        let f = conn.acquire(&["CLAIM", &k, "LEASE", "60000"]).await;
+        if i % 2 == 0 {
+            assert_eq!(conn.cmd(&["COMPLETE", &k, &f.to_string(), "v"]).await, ok());
+        }
+        fences.push(f);
+    }
+    // kill -9 every node, then start them all again on their data (the
+    // same command: --initial-cluster is ignored now).
+    for m in &mut c.members {
+        m.kill().await;
+    }
+    let init = c.initial.clone();
+    let futs = c.members.iter_mut().map(|m| {
+        let init = init.clone();
+        async move { m.start(Some(&init), &[]).await }
+    });
+    futures_util::future::join_all(futs).await;
+    let l = c.leader().await;
+    let mut conn = c.members[l].conn().await;
+    for (i, f) in fences.iter().enumerate() {
+        let k = format!("all-{i}");
+        match claim(conn.cmd(&["CLAIM", &k]).await) {
+            ClaimReply::Completed { value, .. } if i % 2 == 0 => assert_eq!(&value[..], b"v"),
+            ClaimReply::InFlight { .. } if i % 2 == 1 => {
+                // Its owner still holds it, and can renew.
+                let r = conn
+                    .cmd(&["RENEW", &k, &f.to_string(), "LEASE", "60000"])
+                    .await;
+                assert_eq!(r, ok(), "{k}");
+            }
+            other => panic!("{k}: {other:?}"),
+        }
+    }
+    let f = conn.acquire(&["CLAIM", "after-restart"]).await;
+    assert!(fences.iter().all(|&x| x < f));
 }

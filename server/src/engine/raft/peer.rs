@@ -795,10 +795,19 @@ impl PeerClient {
                         "node {node} answered at the address of node {}",
                         self.target
                     ))
-                } else if !self
-                    .peers
-                    .check_mac(&[b"S", &nonce_c, &nonce_s, &them, &me], &mac)
-                {
+                } else if !self.peers.check_mac(
+                    &[
+                        b"S",
+                        &nonce_c,
+                        &nonce_s,
+                        &them,
+                        &me,
+                        cluster.as_ref().map_or(&[][..], |c| &c[..]),
+                        client_addr.as_bytes(),
+                        &incarnation.to_le_bytes(),
+                    ],
+                    &mac,
+                ) {
                     Some("the peer does not hold cluster_secret".into())
                 } else if let (Some(a), Some(b)) = (self.peers.cluster(), cluster)
                     && a != b
