@@ -940,28 +940,47 @@ impl Drop for PeerClient {
     }
 }
 
-fn unexpected<E: std::error::Error>(resp: Response) -> RPCError<NodeId, BasicNode, E> {
-    let why = match resp {
-        Response::Failed(why) => why,
-        _ => "unexpected answer".into(),
-    };
-    RPCError::Network(NetworkError::new(&std::io::Error::other(why)))
+/// What a response carries for one kind of RPC: its result, or the
+/// response itself when it is another kind.
+type Picked<T, E> = Result<Result<T, RaftError<NodeId, E>>, Response>;
+
+/// The typed answer to one RPC: `pick` takes the variant that answers it
+/// (any other response, or `Failed`, is a network error). openraft's error
+/// types are what its traits return: large, and not ours to shrink.
+#[allow(clippy::result_large_err)]
+fn answer<T, E: std::error::Error>(
+    target: NodeId,
+    got: Result<Response, CallError>,
+    pick: fn(Response) -> Picked<T, E>,
+) -> Result<T, RPCError<NodeId, BasicNode, RaftError<NodeId, E>>> {
+    match got.map(pick) {
+        Ok(Ok(Ok(r))) => Ok(r),
+        Ok(Ok(Err(e))) => Err(RPCError::RemoteError(RemoteError::new(target, e))),
+        Ok(Err(other)) => {
+            let why = match other {
+                Response::Failed(why) => why,
+                _ => "unexpected answer".into(),
+            };
+            Err(RPCError::Network(NetworkError::new(
+                &std::io::Error::other(why),
+            )))
+        }
+        Err(e) => Err(e.into_rpc()),
+    }
 }
 
+#[allow(clippy::result_large_err)]
 impl openraft::RaftNetwork<TypeConfig> for PeerClient {
     async fn append_entries(
         &mut self,
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
-        match self.call(Request::Append(rpc), option.hard_ttl()).await {
-            Ok(Response::Append(Ok(r))) => Ok(r),
-            Ok(Response::Append(Err(e))) => {
-                Err(RPCError::RemoteError(RemoteError::new(self.target, e)))
-            }
-            Ok(other) => Err(unexpected(other)),
-            Err(e) => Err(e.into_rpc()),
-        }
+        let got = self.call(Request::Append(rpc), option.hard_ttl()).await;
+        answer(self.target, got, |r| match r {
+            Response::Append(a) => Ok(a),
+            other => Err(other),
+        })
     }
 
     async fn install_snapshot(
@@ -972,14 +991,11 @@ impl openraft::RaftNetwork<TypeConfig> for PeerClient {
         InstallSnapshotResponse<NodeId>,
         RPCError<NodeId, BasicNode, RaftError<NodeId, InstallSnapshotError>>,
     > {
-        match self.call(Request::Snapshot(rpc), option.hard_ttl()).await {
-            Ok(Response::Snapshot(Ok(r))) => Ok(r),
-            Ok(Response::Snapshot(Err(e))) => {
-                Err(RPCError::RemoteError(RemoteError::new(self.target, e)))
-            }
-            Ok(other) => Err(unexpected(other)),
-            Err(e) => Err(e.into_rpc()),
-        }
+        let got = self.call(Request::Snapshot(rpc), option.hard_ttl()).await;
+        answer(self.target, got, |r| match r {
+            Response::Snapshot(a) => Ok(a),
+            other => Err(other),
+        })
     }
 
     async fn vote(
@@ -987,14 +1003,11 @@ impl openraft::RaftNetwork<TypeConfig> for PeerClient {
         rpc: VoteRequest<NodeId>,
         option: RPCOption,
     ) -> Result<VoteResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
-        match self.call(Request::Vote(rpc), option.hard_ttl()).await {
-            Ok(Response::Vote(Ok(r))) => Ok(r),
-            Ok(Response::Vote(Err(e))) => {
-                Err(RPCError::RemoteError(RemoteError::new(self.target, e)))
-            }
-            Ok(other) => Err(unexpected(other)),
-            Err(e) => Err(e.into_rpc()),
-        }
+        let got = self.call(Request::Vote(rpc), option.hard_ttl()).await;
+        answer(self.target, got, |r| match r {
+            Response::Vote(a) => Ok(a),
+            other => Err(other),
+        })
     }
 }
 
