@@ -590,7 +590,16 @@ async fn a_new_leader_with_a_skewed_wall_clock_neither_lapses_early_nor_turns_ti
         let mut conn = c.members[l].conn().await;
         let k = key("skewed");
         conn.acquire(&["CLAIM", &k, "LEASE", "30000"]).await;
+        // An idle while: the leader's reads see the lease run down, and the
+        // next leader must not give that time back.
+        tokio::time::sleep(Duration::from_millis(1500)).await;
         let before = lease_left(&mut conn, &k).await;
+        // Reads follow the replicated clock, which the leader keeps within
+        // a tick (100 ms, plus a commit) of its own.
+        assert!(
+            before <= 28_850,
+            "the lease did not run down while idle: {before}"
+        );
         let t = std::time::Instant::now();
         c.members[l].kill().await;
         let l2 = c.leader().await;

@@ -276,9 +276,19 @@ impl Engine {
         }
     }
 
-    /// Answers a read from the local store, now.
+    /// Answers a read from the local store, now. In a cluster "now" is the
+    /// replicated clock as last applied (the leader keeps it within
+    /// [`raft::TICK_MS`] of its own while leases are live): a read never
+    /// sees time that a next leader, which continues from the clock
+    /// applied, could give back. A lease may so look live to reads up to
+    /// that long after it ran out; writes are stamped with the leader's
+    /// clock.
     pub fn read(&self, read: Read<'_>) -> Observed {
-        self.store().read(read, self.now_ms())
+        let now = match &self.inner {
+            Inner::Raft { engine, store } if engine.clustered() => store.clock_ms(),
+            _ => self.now_ms(),
+        };
+        self.store().read(read, now)
     }
 
     /// Submits `op` without waiting for its reply (it is still carried out
@@ -368,6 +378,9 @@ impl Engine {
             }
             while self.expire_round(scan_per_shard, batch).await {
                 tokio::task::yield_now().await;
+            }
+            if let Inner::Raft { engine, store } = &self.inner {
+                engine.tick_if_idle(store.stats().in_flight > 0);
             }
         }
     }

@@ -183,6 +183,11 @@ impl Store {
         &self.shards[self.shard_index(hash)]
     }
 
+    /// The store clock: the latest stamp applied, ms.
+    pub fn clock_ms(&self) -> u64 {
+        self.clock.load(Ordering::Acquire)
+    }
+
     fn tick(&self, now_ms: u64) -> u64 {
         self.clock.fetch_max(now_ms, Ordering::AcqRel).max(now_ms)
     }

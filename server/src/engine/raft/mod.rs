@@ -173,7 +173,13 @@ pub struct RaftStats {
     pub entries: AtomicU64,
     /// Ops proposed in them.
     pub ops: AtomicU64,
+    /// The stamp of the latest entry proposed, ms.
+    pub last_stamp_ms: AtomicU64,
 }
+
+/// How long a cluster's leader lets the replicated clock stand still while
+/// leases are live: past it, it proposes an empty entry (a tick).
+pub const TICK_MS: u64 = 100;
 
 /// A running raft engine.
 pub struct RaftEngine {
@@ -565,6 +571,27 @@ impl RaftEngine {
         }
     }
 
+    /// In a cluster, while leases are live (`in_flight`) and nothing was
+    /// stamped for [`TICK_MS`], proposes an empty entry, so the replicated
+    /// clock follows the leader's: a lease that reads on this leader saw
+    /// run out is not in flight again on the next leader (which continues
+    /// from the clock last applied). Returns whether it proposed one.
+    pub fn tick_if_idle(&self, in_flight: bool) -> bool {
+        if !in_flight || !self.clustered() || !self.role.serving() {
+            return false;
+        }
+        let last = self.stats.last_stamp_ms.load(Ordering::Relaxed);
+        if self.now_ms().saturating_sub(last) < TICK_MS {
+            return false;
+        }
+        if let super::Submission::Pending(f) | super::Submission::Waiting(f) =
+            self.submit(Op::Expire { keys: Vec::new() })
+        {
+            tokio::spawn(f);
+        }
+        true
+    }
+
     /// The data directory (absolute).
     pub fn data_dir(&self) -> &Path {
         &self.data_dir
@@ -830,6 +857,7 @@ async fn propose(
             stamp_ms: p.role.clock().now_ms(),
             ops,
         };
+        stats.last_stamp_ms.store(entry.stamp_ms, Ordering::Relaxed);
         let rx = match raft.client_write_ff(Batch(entry)).await {
             Ok(rx) => rx,
             Err(e) => {
