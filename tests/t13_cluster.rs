@@ -972,3 +972,46 @@ async fn the_whole_cluster_killed_and_restarted_keeps_every_record() {
     let f = conn.acquire(&["CLAIM", "after-restart"]).await;
     assert!(fences.iter().all(|&x| x < f));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_claim_is_parked_again_on_the_new_leader() {
+    use idem_client::{ClaimOutcome, Client, ClientConfig};
+    let mut c = Cluster::start("re-park", 3).await;
+    let l = c.leader().await;
+    // An owner that never renews: its 2 s lease runs out after the
+    // failover.
+    let mut owner = c.members[l].conn().await;
+    let k = key("parked");
+    owner.acquire(&["CLAIM", &k, "LEASE", "2000"]).await;
+    let client = Client::connect_with_config(
+        c.seeds(),
+        ClientConfig::default().backoff(Duration::from_millis(20), Duration::from_millis(200)),
+    )
+    .await
+    .unwrap();
+    let started = std::time::Instant::now();
+    let waiter = {
+        let (client, k) = (client.clone(), k.clone());
+        tokio::spawn(async move { client.claim(k.as_str()).wait(Duration::from_secs(20)).await })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    c.members[l].kill().await;
+    // The waiter's connection broke: the client finds the new leader,
+    // parks there again, and is handed the key when the lease runs out.
+    let got = tokio::time::timeout(Duration::from_secs(15), waiter)
+        .await
+        .expect("the waiter was answered")
+        .unwrap()
+        .unwrap();
+    assert!(
+        matches!(
+            got,
+            ClaimOutcome::Acquired(_) | ClaimOutcome::Recover { .. }
+        ),
+        "{got:?}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(15));
+    if let ClaimOutcome::Acquired(g) | ClaimOutcome::Recover { claim: g, .. } = got {
+        g.complete("after-failover").await.unwrap();
+    }
+}

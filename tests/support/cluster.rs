@@ -8,12 +8,21 @@ use idem_protocol::Frame;
 
 use super::{Conn, DataDir, Idemd, bulk};
 
-/// A free loopback port (bound, then released).
+/// A free loopback port (bound, then released), never one this test
+/// process handed out before: the kernel may give a released port again.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
+    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    loop {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("a free port");
+        let mut given = GIVEN.lock().unwrap();
+        if !given.contains(&port) {
+            given.push(port);
+            return port;
+        }
+    }
 }
 
 /// One member: its addresses, data directory and process (if running).
