@@ -174,6 +174,9 @@ pub struct Role {
     inner: RwLock<RoleInner>,
     /// The term a promotion runs for.
     promoting: Mutex<Option<u64>>,
+    /// Held through every membership change this node makes (each reads
+    /// the membership, then writes it back changed): one at a time.
+    changes: tokio::sync::Mutex<()>,
     election_timeout: Duration,
 }
 
@@ -209,6 +212,7 @@ impl Role {
                 leaderless_since: Some(Instant::now()),
             }),
             promoting: Mutex::new(None),
+            changes: tokio::sync::Mutex::new(()),
             election_timeout,
         })
     }
@@ -244,6 +248,12 @@ impl Role {
     pub fn leader(&self) -> (Option<NodeId>, u64) {
         let r = self.inner.read();
         (r.leader, r.term)
+    }
+
+    /// Serializes this node's membership changes: hold the guard while
+    /// reading the membership and writing the change.
+    pub async fn membership_changes(&self) -> tokio::sync::MutexGuard<'_, ()> {
+        self.changes.lock().await
     }
 
     /// The last leader known, even while an election runs.
@@ -321,6 +331,11 @@ pub struct Watch {
 pub async fn watch_role(w: Arc<Watch>) {
     let mut rx = w.raft.metrics();
     let mut lease_lost = false;
+    // One timer for the life of the watcher: metrics change often (every
+    // pass of the Raft core), and must not keep pushing the lease check
+    // back.
+    let mut tick = tokio::time::interval(w.role.lease / 4);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         let (state, leader, term) = {
             let m = rx.borrow_and_update();
@@ -371,12 +386,10 @@ pub async fn watch_role(w: Arc<Watch>) {
                 tokio::spawn(promote(Arc::clone(&w), term));
             }
         }
-        // Besides every change of the metrics, look at the lease a few
-        // times per lease: a leader cut off from the majority hears
-        // nothing, yet its parked requests must not wait in silence.
-        let mut tick = tokio::time::interval(w.role.lease / 4);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        tick.tick().await;
+        // On every change of the metrics and a few times per lease: a
+        // leader cut off from the majority hears nothing, yet its parked
+        // requests must not wait in silence.
+        check_lease(&w, &mut lease_lost);
         loop {
             tokio::select! {
                 changed = rx.changed() => {
@@ -385,23 +398,27 @@ pub async fn watch_role(w: Arc<Watch>) {
                     }
                     break;
                 }
-                _ = tick.tick() => {
-                    let serving = w.role.serving();
-                    let holds = w.role.lease_holds();
-                    if serving && !holds && !lease_lost {
-                        lease_lost = true;
-                        warn!(
-                            since_ack_ms = ?w.role.since_quorum_ack_ms(),
-                            "no majority has answered this leader within its lease: refusing requests until one does"
-                        );
-                        (w.on_demoted)();
-                    } else if holds && lease_lost {
-                        lease_lost = false;
-                        info!("a majority answers this leader again");
-                    }
-                }
+                _ = tick.tick() => check_lease(&w, &mut lease_lost),
             }
         }
+    }
+}
+
+/// Answers the parked requests of a leader whose lease ran out (once per
+/// loss), and notes when a majority answers again.
+fn check_lease(w: &Watch, lost: &mut bool) {
+    let serving = w.role.serving();
+    let holds = w.role.lease_holds();
+    if serving && !holds && !*lost {
+        *lost = true;
+        warn!(
+            since_ack_ms = ?w.role.since_quorum_ack_ms(),
+            "no majority has answered this leader within its lease: refusing requests until one does"
+        );
+        (w.on_demoted)();
+    } else if holds && *lost {
+        *lost = false;
+        info!("a majority answers this leader again");
     }
 }
 
@@ -467,6 +484,7 @@ pub async fn record_incarnations(w: Arc<Watch>) {
         if !w.role.serving() {
             continue;
         }
+        let _one_at_a_time = w.role.membership_changes().await;
         let todo = w.peers.to_record();
         if todo.is_empty() {
             continue;
@@ -509,6 +527,7 @@ async fn record_own_address(w: &Watch) {
         return;
     }
     let id = w.peers.node_id();
+    let _one_at_a_time = w.role.membership_changes().await;
     let current = {
         let m = w.raft.metrics().borrow().membership_config.clone();
         m.membership()
@@ -579,6 +598,16 @@ pub async fn bootstrap(
                 Ok(info) => {
                     check_probe(me, *id, &info, lowest)?;
                     clients.insert(*id, info.client_addr);
+                }
+                Err(e)
+                    if e.contains("data was lost")
+                        || e.contains("was removed from this cluster") =>
+                {
+                    // The peers know this id, and this data directory is
+                    // not the one they knew.
+                    return Err(refuse(format!(
+                        "node {id} refused this node: {e}. This data directory is empty or new: node {me}'s data was lost, and its id is never reused"
+                    )));
                 }
                 Err(e) if !lowest => {
                     // Only the bootstrapping node needs every answer.

@@ -510,6 +510,11 @@ impl RaftEngine {
                 ));
             }
             if clustered {
+                // An outcome that arrived right at the deadline is the one
+                // to report.
+                if let Ok(r) = rx.try_recv() {
+                    return r;
+                }
                 // Proposed, but no majority committed it in time (this
                 // node may be cut off): it may still be applied.
                 return Err(EngineError::TryAgain(
@@ -558,6 +563,9 @@ impl RaftEngine {
     /// Runs a membership change on the leader.
     pub async fn change(&self, change: MembershipChange) -> Result<(), cluster::ChangeError> {
         self.route(None).map_err(cluster::ChangeError::NotLeader)?;
+        // One change at a time on this node, each on the membership as it
+        // is once the previous one is done.
+        let _one_at_a_time = self.role.membership_changes().await;
         let view = self.cluster_view();
         match change {
             MembershipChange::Add { id, addr } => {
@@ -581,7 +589,10 @@ impl RaftEngine {
             return false;
         }
         let last = self.stats.last_stamp_ms.load(Ordering::Relaxed);
-        if self.now_ms().saturating_sub(last) < TICK_MS {
+        let now = self.now_ms();
+        // A stamp ahead of the clock is from an earlier term's entry that
+        // may never commit: it does not count.
+        if last <= now && now - last < TICK_MS {
             return false;
         }
         if let super::Submission::Pending(f) | super::Submission::Waiting(f) =

@@ -55,7 +55,7 @@ use tracing::{debug, info, warn};
 use super::types::{NodeId, TypeConfig};
 
 /// The peer protocol version.
-pub const PEER_PROTOCOL: u32 = 1;
+pub const PEER_PROTOCOL: u32 = 2;
 /// The largest frame after the handshake (an AppendEntries of
 /// `max_payload_entries` entries, or a snapshot chunk).
 pub const MAX_FRAME: usize = 512 << 20;
@@ -319,8 +319,14 @@ impl Peers {
                 "node {id} answers with a new data directory (incarnation {inc:016x}, recorded {recorded:016x}): its data was lost or replaced, and it is kept out. Remove it (CLUSTER REMOVE {id}) and add the machine under a new id"
             ));
         }
-        self.learned.lock().insert(id, inc);
         Ok(())
+    }
+
+    /// Learns the incarnation of `id`: only from a node this one reached
+    /// at the member's recorded peer address, once every check of the
+    /// handshake passed (a refused or stray connection teaches nothing).
+    fn learn_incarnation(&self, id: NodeId, inc: u64) {
+        self.learned.lock().insert(id, inc);
     }
 
     /// Members whose incarnation is known here but not recorded in the
@@ -824,6 +830,7 @@ impl PeerClient {
                     warn!(target = self.target, addr = %self.addr, reason = %why, "refused a peer");
                     return Err(unreachable(std::io::Error::other(why)));
                 }
+                self.peers.learn_incarnation(node, incarnation);
                 if !client_addr.is_empty() {
                     self.peers.advertised.lock().insert(node, client_addr);
                 }
