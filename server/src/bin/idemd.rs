@@ -153,29 +153,21 @@ fn main() -> anyhow::Result<()> {
         None => RawConfig::default(),
     };
     let ignored = raw.apply_env(std::env::vars().filter(|(k, _)| k != "IDEM_CONFIG"))?;
-    if let Some(l) = args.listen {
-        raw.listen = l;
-    }
-    if let Some(d) = args.data_dir {
-        raw.data_dir = d;
-    }
-    if let Some(e) = args.engine {
-        raw.engine = e;
-    }
-    if let Some(n) = args.node_id {
-        raw.node_id = n;
-    }
-    if let Some(v) = args.peer_listen {
-        raw.peer_listen = v;
-    }
-    if let Some(v) = args.advertise {
-        raw.advertise = v;
-    }
-    if let Some(v) = args.peer_advertise {
-        raw.peer_advertise = v;
-    }
-    if let Some(v) = args.initial_cluster {
-        raw.initial_cluster = v;
+    // Flags override the file and the environment, key by key.
+    let flags = [
+        ("listen", args.listen),
+        ("engine", args.engine),
+        ("data_dir", args.data_dir),
+        ("node_id", args.node_id.map(|n| n.to_string())),
+        ("peer_listen", args.peer_listen),
+        ("advertise", args.advertise),
+        ("peer_advertise", args.peer_advertise),
+        ("initial_cluster", args.initial_cluster),
+    ];
+    for (key, value) in flags {
+        if let Some(v) = value {
+            raw.set(key, &v)?;
+        }
     }
     let config = raw.validate()?;
     let filter = EnvFilter::try_from_default_env()

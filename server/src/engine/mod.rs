@@ -380,7 +380,7 @@ impl Engine {
                 tokio::task::yield_now().await;
             }
             if let Inner::Raft { engine, store } = &self.inner {
-                engine.tick_if_idle(store.stats().in_flight > 0);
+                engine.tick_if_idle(|| store.stats().in_flight > 0);
             }
         }
     }

@@ -244,12 +244,6 @@ impl Role {
         self.inner.read().clock
     }
 
-    /// The leader known, and the term.
-    pub fn leader(&self) -> (Option<NodeId>, u64) {
-        let r = self.inner.read();
-        (r.leader, r.term)
-    }
-
     /// Serializes this node's membership changes: hold the guard while
     /// reading the membership and writing the change.
     pub async fn membership_changes(&self) -> tokio::sync::MutexGuard<'_, ()> {

@@ -579,20 +579,21 @@ impl RaftEngine {
         }
     }
 
-    /// In a cluster, while leases are live (`in_flight`) and nothing was
+    /// In a cluster, while leases are live (`in_flight()`) and nothing was
     /// stamped for [`TICK_MS`], proposes an empty entry, so the replicated
     /// clock follows the leader's: a lease that reads on this leader saw
     /// run out is not in flight again on the next leader (which continues
     /// from the clock last applied). Returns whether it proposed one.
-    pub fn tick_if_idle(&self, in_flight: bool) -> bool {
-        if !in_flight || !self.clustered() || !self.role.serving() {
+    pub fn tick_if_idle(&self, in_flight: impl FnOnce() -> bool) -> bool {
+        if !self.clustered() || !self.role.serving() {
             return false;
         }
         let last = self.stats.last_stamp_ms.load(Ordering::Relaxed);
         let now = self.now_ms();
         // A stamp ahead of the clock is from an earlier term's entry that
         // may never commit: it does not count.
-        if last <= now && now - last < TICK_MS {
+        // Whether leases are live is asked last: it looks at every shard.
+        if (last <= now && now - last < TICK_MS) || !in_flight() {
             return false;
         }
         if let super::Submission::Pending(f) | super::Submission::Waiting(f) =

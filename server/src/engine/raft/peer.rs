@@ -182,6 +182,20 @@ pub struct ProbeInfo {
     pub last_log_index: u64,
 }
 
+/// What one side of a handshake signs: both nonces (the other side's
+/// first, so a recorded handshake cannot be replayed), who sends to whom,
+/// and what the sender says of itself.
+struct Signed<'a> {
+    /// `C` for the connecting side's Hello, `S` for the server's Welcome.
+    side: &'a [u8],
+    nonces: [&'a [u8; 16]; 2],
+    sender: NodeId,
+    receiver: NodeId,
+    cluster: Option<ClusterId>,
+    client_addr: &'a str,
+    incarnation: u64,
+}
+
 /// This node's identity on the peer network, shared by the server, the
 /// clients and the cluster code.
 pub struct Peers {
@@ -295,11 +309,6 @@ impl Peers {
         Ok(())
     }
 
-    /// This node's incarnation.
-    pub fn incarnation(&self) -> u64 {
-        self.incarnation
-    }
-
     /// The incarnation the membership records for `id`, if any.
     fn recorded_incarnation(&self, id: NodeId) -> Option<u64> {
         let raft = self.raft.get()?;
@@ -373,34 +382,40 @@ impl Peers {
         let _ = self.raft.set(raft);
     }
 
-    fn mac(&self, parts: &[&[u8]]) -> [u8; 32] {
-        let Some(secret) = &self.secret else {
-            return [0; 32];
-        };
-        let Ok(mut m) = Hmac::<Sha256>::new_from_slice(secret) else {
-            return [0; 32];
-        };
+    /// The HMAC of `what` keyed with `cluster_secret` (None without one).
+    fn hmac(&self, what: &Signed<'_>) -> Option<Hmac<Sha256>> {
+        let mut m = Hmac::<Sha256>::new_from_slice(self.secret.as_ref()?).ok()?;
         m.update(b"idem-peer-1");
-        for p in parts {
-            m.update(&(p.len() as u32).to_le_bytes());
-            m.update(p);
+        let cluster = what.cluster.as_ref().map_or(&[][..], |c| &c[..]);
+        for part in [
+            what.side,
+            &what.nonces[0][..],
+            &what.nonces[1][..],
+            &what.sender.to_le_bytes(),
+            &what.receiver.to_le_bytes(),
+            cluster,
+            what.client_addr.as_bytes(),
+            &what.incarnation.to_le_bytes(),
+        ] {
+            m.update(&(part.len() as u32).to_le_bytes());
+            m.update(part);
         }
-        m.finalize().into_bytes().into()
+        Some(m)
     }
 
-    fn check_mac(&self, parts: &[&[u8]], mac: &[u8; 32]) -> bool {
-        let Some(secret) = &self.secret else {
+    /// The MAC this node puts on `what` (zeros without a secret).
+    fn mac(&self, what: &Signed<'_>) -> [u8; 32] {
+        self.hmac(what)
+            .map_or([0; 32], |m| m.finalize().into_bytes().into())
+    }
+
+    /// Whether `mac` proves the sender of `what` holds the secret (always,
+    /// without one).
+    fn check_mac(&self, what: &Signed<'_>, mac: &[u8; 32]) -> bool {
+        if self.secret.is_none() {
             return true;
-        };
-        let Ok(mut m) = Hmac::<Sha256>::new_from_slice(secret) else {
-            return false;
-        };
-        m.update(b"idem-peer-1");
-        for p in parts {
-            m.update(&(p.len() as u32).to_le_bytes());
-            m.update(p);
         }
-        m.verify_slice(mac).is_ok()
+        self.hmac(what).is_some_and(|m| m.verify_slice(mac).is_ok())
     }
 
     /// Whether `id` was removed from the cluster (the membership says so).
@@ -541,8 +556,6 @@ async fn serve_conn(stream: TcpStream, peers: &Peers) -> std::io::Result<()> {
     })
     .await
     .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "handshake timed out"))??;
-    let from = hello.from.to_le_bytes();
-    let to = hello.to.to_le_bytes();
     let refuse = |why: String| {
         warn!(%addr, from = hello.from, reason = %why, "refused a peer connection");
         why
@@ -554,16 +567,15 @@ async fn serve_conn(stream: TcpStream, peers: &Peers) -> std::io::Result<()> {
             hello.protocol
         )))
     } else if !peers.check_mac(
-        &[
-            b"C",
-            &nonce_s,
-            &hello.nonce,
-            &from,
-            &to,
-            hello.cluster.as_ref().map_or(&[][..], |c| &c[..]),
-            hello.client_addr.as_bytes(),
-            &hello.incarnation.to_le_bytes(),
-        ],
+        &Signed {
+            side: b"C",
+            nonces: [&nonce_s, &hello.nonce],
+            sender: hello.from,
+            receiver: hello.to,
+            cluster: hello.cluster,
+            client_addr: &hello.client_addr,
+            incarnation: hello.incarnation,
+        },
         &hello.mac,
     ) {
         Some(refuse(
@@ -601,7 +613,6 @@ async fn serve_conn(stream: TcpStream, peers: &Peers) -> std::io::Result<()> {
         let _ = send(&mut conn, &Welcome::Refused(why)).await;
         return Ok(());
     }
-    let me = peers.node_id.to_le_bytes();
     send(
         &mut conn,
         &Welcome::Ok {
@@ -609,16 +620,15 @@ async fn serve_conn(stream: TcpStream, peers: &Peers) -> std::io::Result<()> {
             node: peers.node_id,
             client_addr: peers.client_addr.clone(),
             incarnation: peers.incarnation,
-            mac: peers.mac(&[
-                b"S",
-                &hello.nonce,
-                &nonce_s,
-                &me,
-                &from,
-                mine.as_ref().map_or(&[][..], |c| &c[..]),
-                peers.client_addr.as_bytes(),
-                &peers.incarnation.to_le_bytes(),
-            ]),
+            mac: peers.mac(&Signed {
+                side: b"S",
+                nonces: [&hello.nonce, &nonce_s],
+                sender: peers.node_id,
+                receiver: hello.from,
+                cluster: mine,
+                client_addr: &peers.client_addr,
+                incarnation: peers.incarnation,
+            }),
         },
     )
     .await?;
@@ -738,19 +748,16 @@ impl PeerClient {
                 )));
             }
             let nonce_c = random16();
-            let from = self.peers.node_id.to_le_bytes();
-            let to = self.target.to_le_bytes();
             let cluster = self.peers.cluster();
-            let mac = self.peers.mac(&[
-                b"C",
-                &ch.nonce,
-                &nonce_c,
-                &from,
-                &to,
-                cluster.as_ref().map_or(&[][..], |c| &c[..]),
-                self.peers.client_addr.as_bytes(),
-                &self.peers.incarnation.to_le_bytes(),
-            ]);
+            let mac = self.peers.mac(&Signed {
+                side: b"C",
+                nonces: [&ch.nonce, &nonce_c],
+                sender: self.peers.node_id,
+                receiver: self.target,
+                cluster,
+                client_addr: &self.peers.client_addr,
+                incarnation: self.peers.incarnation,
+            });
             send(
                 &mut conn,
                 &Hello {
@@ -794,24 +801,21 @@ impl PeerClient {
                 nonce_s,
                 nonce_c,
             ) => {
-                let me = self.peers.node_id.to_le_bytes();
-                let them = node.to_le_bytes();
                 let why = if node != self.target {
                     Some(format!(
                         "node {node} answered at the address of node {}",
                         self.target
                     ))
                 } else if !self.peers.check_mac(
-                    &[
-                        b"S",
-                        &nonce_c,
-                        &nonce_s,
-                        &them,
-                        &me,
-                        cluster.as_ref().map_or(&[][..], |c| &c[..]),
-                        client_addr.as_bytes(),
-                        &incarnation.to_le_bytes(),
-                    ],
+                    &Signed {
+                        side: b"S",
+                        nonces: [&nonce_c, &nonce_s],
+                        sender: node,
+                        receiver: self.peers.node_id,
+                        cluster,
+                        client_addr: &client_addr,
+                        incarnation,
+                    },
                     &mac,
                 ) {
                     Some("the peer does not hold cluster_secret".into())
