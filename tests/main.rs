@@ -18,3 +18,4 @@ mod t10_durability;
 mod t11_hardening;
 mod t12_client_safety;
 mod t13_cluster;
+mod t14_sim;

@@ -770,12 +770,10 @@ async fn kill_9_of_leaders_under_load_keeps_every_promise_over_the_whole_history
         for t in 0..8 {
             // Half start on a follower and follow its redirect.
             let at = if t % 2 == 0 { l } else { (l + 1) % 3 };
-            let rec = Recorder::following(t, c.members[at].conn().await, &history);
-            let load = history::owner_load(
-                rec,
-                format!("{prefix}-r{round}"),
-                history::Rng(rng.below(u64::MAX)),
-            );
+            let mut rec = Recorder::following(t, c.members[at].conn().await, &history);
+            let prefix = format!("{prefix}-r{round}");
+            let mut load_rng = history::Rng(rng.below(u64::MAX));
+            let load = async move { history::owner_load(&mut rec, &prefix, &mut load_rng).await };
             tasks.push(tokio::spawn(load));
         }
         tokio::time::sleep(Duration::from_millis(400 + rng.below(600))).await;

@@ -10,7 +10,7 @@ use crate::clients::Clients;
 use crate::clock::Clock;
 use crate::config::{Config, EngineKind};
 use crate::engine::Engine;
-use crate::engine::raft::StartError;
+use crate::engine::raft::{EngineIo, StartError};
 use crate::metrics::Metrics;
 use crate::store::Op;
 use crate::waiters::Waiters;
@@ -39,9 +39,23 @@ impl Node {
     ///
     /// When the raft engine cannot start (its data directory).
     pub async fn start(config: Config, local_addr: SocketAddr) -> Result<Node, StartError> {
+        Node::start_with(config, local_addr, EngineIo::default()).await
+    }
+
+    /// [`Node::start`], the raft engine reaching its peers and writing its
+    /// log as `io` says (a simulation's network; see [`EngineIo`]).
+    ///
+    /// # Errors
+    ///
+    /// When the raft engine cannot start (its data directory).
+    pub async fn start_with(
+        config: Config,
+        local_addr: SocketAddr,
+        io: EngineIo,
+    ) -> Result<Node, StartError> {
         let engine = match config.engine {
             EngineKind::Memory => Engine::memory(config.store.clone(), Clock::new()),
-            EngineKind::Raft => Engine::raft(config.raft.clone(), config.store.clone()).await?,
+            EngineKind::Raft => Engine::raft(config.raft.clone(), config.store.clone(), io).await?,
         };
         Ok(Node::with_engine(config, local_addr, engine))
     }

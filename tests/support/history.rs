@@ -27,8 +27,11 @@
 //! Used by the crash tests on one node, and meant for the cluster's.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use idem_protocol::{ClaimReply, Frame, Outcome};
 
@@ -103,7 +106,8 @@ impl Call {
         }
     }
 
-    fn args(&self) -> Vec<String> {
+    /// The command's words.
+    pub fn args(&self) -> Vec<String> {
         match self {
             Call::Claim { key, lease_ms } => vec![
                 "CLAIM".into(),
@@ -176,6 +180,11 @@ pub struct Event {
 pub struct History(Arc<Mutex<Vec<Event>>>);
 
 impl History {
+    /// Appends `event`.
+    pub fn record(&self, event: Event) {
+        self.0.lock().unwrap().push(event);
+    }
+
     /// A copy of the events so far.
     pub fn events(&self) -> Vec<Event> {
         self.0.lock().unwrap().clone()
@@ -288,6 +297,18 @@ impl Recorder {
         };
         self.history.0.lock().unwrap().push(event);
         reply
+    }
+}
+
+/// Something that makes calls and records them in a history.
+pub trait Caller {
+    /// Makes `call` and records it; `None` when its outcome is unknown.
+    fn call(&mut self, call: Call) -> impl Future<Output = Option<Frame>> + Send;
+}
+
+impl Caller for Recorder {
+    fn call(&mut self, call: Call) -> impl Future<Output = Option<Frame>> + Send {
+        Recorder::call(self, call)
     }
 }
 
@@ -557,15 +578,13 @@ fn check_key(key: &str, evs: &[&Event], bad: &mut Vec<String>) {
     }
 }
 
-/// The checker on made-up histories: each rule fires on a violation of it,
-/// and a consistent history passes.
 /// Claims every key `history` used so far through `prober` (a recovering
 /// client: acknowledged COMPLETEs must replay, leases cut by a crash must
 /// still hold, abandoned keys hand over their journals), asking again
 /// while the outcome is unknown; then checks the whole history. The error
 /// names the seed and the round, and lists every violation.
-pub async fn probe_and_check(
-    prober: &mut Recorder,
+pub async fn probe_and_check<C: Caller>(
+    prober: &mut C,
     history: &History,
     seed: u64,
     round: usize,
@@ -615,8 +634,8 @@ impl Rng {
 /// the owner journals, renews, sometimes overruns its lease (so another
 /// client takes over and this one must be fenced), and completes, abandons,
 /// releases or walks away.
-pub async fn owner_load(mut rec: Recorder, prefix: String, mut rng: Rng) {
-    let start = std::time::Instant::now();
+pub async fn owner_load<C: Caller>(rec: &mut C, prefix: &str, rng: &mut Rng) {
+    let start = Instant::now();
     loop {
         let slot = start.elapsed().as_millis() as u64 / 50 + rng.below(4);
         let key = format!("{prefix}-{slot}");
@@ -639,7 +658,7 @@ pub async fn owner_load(mut rec: Recorder, prefix: String, mut rng: Rng) {
             ClaimReply::Completed { .. } => continue,
         };
         let mut seq = 0;
-        let journal = async |rec: &mut Recorder, seq: &mut u64| {
+        let journal = async |rec: &mut C, seq: &mut u64| {
             *seq += 1;
             rec.call(Call::Journal {
                 key: key.clone(),
@@ -648,7 +667,7 @@ pub async fn owner_load(mut rec: Recorder, prefix: String, mut rng: Rng) {
             })
             .await
         };
-        if rng.below(2) == 0 && journal(&mut rec, &mut seq).await.is_none() {
+        if rng.below(2) == 0 && journal(rec, &mut seq).await.is_none() {
             return;
         }
         let pause = if rng.below(8) == 0 {
@@ -663,7 +682,7 @@ pub async fn owner_load(mut rec: Recorder, prefix: String, mut rng: Rng) {
                 fence,
                 lease_ms,
             };
-            if rec.call(renew).await.is_none() || journal(&mut rec, &mut seq).await.is_none() {
+            if rec.call(renew).await.is_none() || journal(rec, &mut seq).await.is_none() {
                 return;
             }
         }
@@ -683,6 +702,8 @@ pub async fn owner_load(mut rec: Recorder, prefix: String, mut rng: Rng) {
     }
 }
 
+/// The checker on made-up histories: each rule fires on a violation of it,
+/// and a consistent history passes.
 #[cfg(test)]
 mod tests {
     use super::*;

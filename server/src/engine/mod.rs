@@ -144,8 +144,9 @@ impl Engine {
         }
     }
 
-    /// A raft engine over the data directory of `cfg`: the log is replayed
-    /// over the latest snapshot before this returns. Its clock continues
+    /// A raft engine over the data directory of `cfg`, reaching its peers
+    /// and writing its log as `io` says: the log is replayed over the
+    /// latest snapshot before this returns. Its clock continues
     /// the replicated one (see [`raft`]).
     ///
     /// # Errors
@@ -154,9 +155,10 @@ impl Engine {
     pub async fn raft(
         cfg: raft::RaftConfig,
         store_cfg: StoreConfig,
+        io: raft::EngineIo,
     ) -> Result<Self, raft::StartError> {
         let store = Arc::new(crate::store::Store::new(store_cfg));
-        let engine = raft::RaftEngine::start(cfg, Arc::clone(&store)).await?;
+        let engine = raft::RaftEngine::start(cfg, Arc::clone(&store), io).await?;
         Ok(Engine {
             inner: Inner::Raft {
                 engine: Box::new(engine),
@@ -324,6 +326,12 @@ impl Engine {
                 self.expiring.lock().remove(key);
             }
         }
+    }
+
+    /// The store in its canonical snapshot encoding: replicas that applied
+    /// the same log give the same bytes (simulations compare them).
+    pub fn state_bytes(&self) -> Vec<u8> {
+        self.store().snapshot()
     }
 
     /// Records stored.

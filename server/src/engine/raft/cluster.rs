@@ -28,7 +28,9 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use openraft::{BasicNode, ChangeMembers, Raft, ServerState};
 use parking_lot::{Mutex, RwLock};

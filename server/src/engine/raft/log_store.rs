@@ -107,11 +107,44 @@ enum Job {
     },
 }
 
+/// Where the log's jobs go.
+#[derive(Clone)]
+enum Jobs {
+    /// To the writer thread.
+    Thread(mpsc::Sender<Job>),
+    /// Done by the caller, at once (simulations: no thread runs outside
+    /// the simulated time).
+    Inline(Arc<Mutex<Writer>>),
+}
+
+impl Jobs {
+    fn send(&self, job: Job) -> Result<(), ()> {
+        match self {
+            Jobs::Thread(tx) => tx.send(job).map_err(|_| ()),
+            Jobs::Inline(w) => {
+                w.lock().handle(&mut vec![job]);
+                Ok(())
+            }
+        }
+    }
+}
+
+/// How the log is written.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Writing {
+    /// By a dedicated writer thread, which syncs back to back (idemd).
+    #[default]
+    Thread,
+    /// By whoever appends, before `append` returns: for simulations, where
+    /// nothing may run outside the simulated runtime.
+    Inline,
+}
+
 /// The log store (a cheap handle; clones share the log).
 #[derive(Clone)]
 pub struct LogStore {
     state: Arc<Mutex<State>>,
-    jobs: mpsc::Sender<Job>,
+    jobs: Jobs,
     /// Sync count and percentiles, copied after each sync by the writer.
     sync_stats: Arc<Mutex<(u64, u64, u64)>>,
 }
@@ -139,9 +172,10 @@ pub enum OpenError {
 }
 
 impl LogStore {
-    /// Opens the log in `dir` (created if missing) and starts its writer
-    /// thread (which ends once every handle is dropped).
-    pub fn open(dir: &Path, segment_bytes: u64) -> Result<LogStore, OpenError> {
+    /// Opens the log in `dir` (created if missing) and, when `writing` is
+    /// [`Writing::Thread`], starts its writer thread (which ends once every
+    /// handle is dropped).
+    pub fn open(dir: &Path, segment_bytes: u64, writing: Writing) -> Result<LogStore, OpenError> {
         let meta: Meta = match read_meta(dir)? {
             Some(bytes) => postcard::from_bytes(&bytes).map_err(|e| OpenError::Entry {
                 path: dir.join("meta"),
@@ -180,16 +214,22 @@ impl LogStore {
             );
         }
         let sync_stats = Arc::new(Mutex::new((0, 0, 0)));
-        let (jobs, rx) = mpsc::channel();
         let writer = Writer {
             wal,
             dir: dir.to_owned(),
             sync_stats: Arc::clone(&sync_stats),
         };
-        std::thread::Builder::new()
-            .name("idem-log".into())
-            .spawn(move || writer.run(&rx))
-            .map_err(OpenError::Thread)?;
+        let jobs = match writing {
+            Writing::Thread => {
+                let (jobs, rx) = mpsc::channel();
+                std::thread::Builder::new()
+                    .name("idem-log".into())
+                    .spawn(move || writer.run(&rx))
+                    .map_err(OpenError::Thread)?;
+                Jobs::Thread(jobs)
+            }
+            Writing::Inline => Jobs::Inline(Arc::new(Mutex::new(writer))),
+        };
         Ok(LogStore {
             state: Arc::new(Mutex::new(State {
                 entries,
@@ -271,23 +311,28 @@ impl Writer {
                     Err(_) => break,
                 }
             }
-            let mut appends = Vec::new();
-            for job in jobs.drain(..) {
-                match job {
-                    Job::Append {
-                        records,
-                        reset,
-                        callback,
-                    } => appends.push((records, reset, callback)),
-                    other => {
-                        // Appends before it are written first.
-                        self.append(std::mem::take(&mut appends));
-                        self.other(other);
-                    }
+            self.handle(&mut jobs);
+        }
+    }
+
+    /// Does `jobs` in order, the appends among them with one sync.
+    fn handle(&mut self, jobs: &mut Vec<Job>) {
+        let mut appends = Vec::new();
+        for job in jobs.drain(..) {
+            match job {
+                Job::Append {
+                    records,
+                    reset,
+                    callback,
+                } => appends.push((records, reset, callback)),
+                other => {
+                    // Appends before it are written first.
+                    self.append(std::mem::take(&mut appends));
+                    self.other(other);
                 }
             }
-            self.append(appends);
         }
+        self.append(appends);
     }
 
     /// Writes every record of `appends` with one sync and reports each

@@ -143,6 +143,20 @@ pub enum StartError {
     },
 }
 
+/// How a raft engine reaches its peers and writes its log. The default is
+/// idemd's: TCP (listening on `peer_listen`) and a log writer thread. A
+/// simulation gives its own network and writes the log inline.
+#[derive(Default)]
+pub struct EngineIo {
+    /// Opens connections to peers (default: [`peer::TcpDialer`]).
+    pub dialer: Option<Arc<dyn peer::Dialer>>,
+    /// Peer connections the caller accepts; when given, the engine does
+    /// not listen on `peer_listen` itself.
+    pub incoming: Option<peer::Incoming>,
+    /// How the log is written.
+    pub writing: log_store::Writing,
+}
+
 struct Proposal {
     op: Op,
     /// Approximate encoded size, for the batch cap.
@@ -197,6 +211,21 @@ pub struct RaftEngine {
     _lock: File,
 }
 
+/// Starts serving peer connections (from the listener, or those accepted
+/// by the caller), once.
+fn serve_peers(
+    listener: &mut Option<tokio::net::TcpListener>,
+    incoming: &mut Option<peer::Incoming>,
+    peers: &Arc<peer::Peers>,
+) {
+    if let Some(l) = listener.take() {
+        tokio::spawn(peer::serve(l, Arc::clone(peers)));
+    }
+    if let Some(rx) = incoming.take() {
+        tokio::spawn(peer::serve_incoming(rx, Arc::clone(peers)));
+    }
+}
+
 /// Takes the advisory lock of `dir` (released by the kernel when the
 /// process ends, however it ends).
 fn lock_dir(dir: &Path) -> Result<File, StartError> {
@@ -226,7 +255,11 @@ impl RaftEngine {
     /// once it leads and has applied its log; a cluster node returns once
     /// it listens for peers (and, if its data directory is new, has
     /// bootstrapped or may be added), whether or not a leader is known.
-    pub async fn start(cfg: RaftConfig, store: Arc<Store>) -> Result<RaftEngine, StartError> {
+    pub async fn start(
+        cfg: RaftConfig,
+        store: Arc<Store>,
+        io: EngineIo,
+    ) -> Result<RaftEngine, StartError> {
         fs::create_dir_all(&cfg.data_dir).map_err(|e| StartError::DataDir {
             path: cfg.data_dir.clone(),
             reason: e.to_string(),
@@ -246,13 +279,14 @@ impl RaftEngine {
             );
         }
         let log_dir = data_dir.join("log");
-        let log = LogStore::open(&log_dir, cfg.segment_bytes)?;
+        let log = LogStore::open(&log_dir, cfg.segment_bytes, io.writing)?;
         let sm = StateMachine::open(Arc::clone(&store), &data_dir)?;
         let peers = peer::Peers::new(
             cfg.node_id,
             cfg.cluster.client_advertise.clone(),
             cfg.cluster.secret.clone(),
             data_dir.clone(),
+            io.dialer.unwrap_or_else(|| Arc::new(peer::TcpDialer)),
         )
         .map_err(|reason| StartError::DataDir {
             path: data_dir.clone(),
@@ -307,7 +341,9 @@ impl RaftEngine {
                 .set_cluster(peer::random16())
                 .map_err(|e| cluster::refuse(format!("cannot record the cluster id: {e}")))?;
         }
+        let mut incoming = io.incoming;
         let listener = match cfg.cluster.peer_listen {
+            _ if incoming.is_some() => None,
             Some(addr) => Some(
                 crate::server::bind_listener(addr, 511)
                     .map_err(|source| StartError::PeerListen { addr, source })?,
@@ -319,10 +355,8 @@ impl RaftEngine {
         // A new node that does not bootstrap asks the others first, before
         // it answers Raft traffic (so what it finds is not its own doing).
         let mut listener = listener;
-        if (initialized || lowest)
-            && let Some(l) = listener.take()
-        {
-            tokio::spawn(peer::serve(l, Arc::clone(&peers)));
+        if initialized || lowest {
+            serve_peers(&mut listener, &mut incoming, &peers);
         }
         if !initialized {
             if clustered {
@@ -339,9 +373,7 @@ impl RaftEngine {
                 info!(dir = %data_dir.display(), "initialized a new single-node raft group");
             }
         }
-        if let Some(l) = listener.take() {
-            tokio::spawn(peer::serve(l, Arc::clone(&peers)));
-        }
+        serve_peers(&mut listener, &mut incoming, &peers);
         let clock = store.stats().clock;
         let role = cluster::Role::new(
             Clock::starting_at(if clock == 0 {

@@ -28,7 +28,10 @@
 //!   large snapshot neither fills a buffer nor holds up the leader.
 
 use std::collections::HashMap;
+use std::future::Future;
+use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::pin::Pin;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -47,8 +50,9 @@ use openraft::{BasicNode, Raft};
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use sha2::Sha256;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::Semaphore;
+use tokio::sync::{Semaphore, mpsc};
 use tokio_util::codec::{Framed, LengthDelimitedCodec};
 use tracing::{debug, info, warn};
 
@@ -75,6 +79,40 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// A cluster id: 16 random bytes made at bootstrap.
 pub type ClusterId = [u8; 16];
+
+/// A byte stream to or from a peer: a TCP connection, or any other
+/// transport (a simulated network).
+pub trait PeerStream: AsyncRead + AsyncWrite + Send + Sync + Unpin + 'static {}
+
+impl<T: AsyncRead + AsyncWrite + Send + Sync + Unpin + 'static> PeerStream for T {}
+
+/// A connection being made to a peer.
+pub type Dialing = Pin<Box<dyn Future<Output = std::io::Result<Box<dyn PeerStream>>> + Send>>;
+
+/// How this node opens connections to peer addresses.
+pub trait Dialer: Send + Sync + 'static {
+    /// Connects to `addr` (a peer address as the membership records it).
+    fn dial(&self, addr: &str) -> Dialing;
+}
+
+/// Dials over TCP (with `TCP_NODELAY`): the dialer idemd uses.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct TcpDialer;
+
+impl Dialer for TcpDialer {
+    fn dial(&self, addr: &str) -> Dialing {
+        let addr = addr.to_owned();
+        Box::pin(async move {
+            let stream = TcpStream::connect(&addr).await?;
+            let _ = stream.set_nodelay(true);
+            Ok(Box::new(stream) as Box<dyn PeerStream>)
+        })
+    }
+}
+
+/// Peer connections accepted elsewhere (by a simulated network's listener),
+/// with the address each came from.
+pub type Incoming = mpsc::Receiver<(Box<dyn PeerStream>, SocketAddr)>;
 
 /// The cluster id in hex.
 pub fn cluster_hex(id: &ClusterId) -> String {
@@ -220,6 +258,8 @@ pub struct Peers {
     /// Idle connections by peer and address, for the clients openraft
     /// makes per election and per leadership check.
     pool: Mutex<HashMap<PoolKey, Vec<Conn>>>,
+    /// How connections to peers are opened.
+    dialer: Arc<dyn Dialer>,
 }
 
 const CLUSTER_FILE: &str = "cluster-id";
@@ -250,6 +290,7 @@ impl Peers {
         client_addr: String,
         secret: Option<Vec<u8>>,
         data_dir: PathBuf,
+        dialer: Arc<dyn Dialer>,
     ) -> Result<Arc<Peers>, String> {
         let path = data_dir.join(CLUSTER_FILE);
         let cluster =
@@ -274,6 +315,7 @@ impl Peers {
             slots: Arc::new(Semaphore::new(MAX_PEER_CONNECTIONS)),
             reachable: Mutex::new(HashMap::new()),
             pool: Mutex::new(HashMap::new()),
+            dialer,
         }))
     }
 
@@ -462,7 +504,7 @@ impl Peers {
     }
 }
 
-type Conn = Framed<TcpStream, LengthDelimitedCodec>;
+type Conn = Framed<Box<dyn PeerStream>, LengthDelimitedCodec>;
 
 /// Pooled connections are kept by peer, address and the cluster id this
 /// node had when it opened them.
@@ -524,23 +566,40 @@ pub async fn serve(listener: TcpListener, peers: Arc<Peers>) {
                 continue;
             }
         };
-        let Ok(permit) = Arc::clone(&peers.slots).try_acquire_owned() else {
-            warn!(%addr, max = MAX_PEER_CONNECTIONS, "too many peer connections: refusing one");
-            continue;
-        };
         let _ = stream.set_nodelay(true);
-        let peers = Arc::clone(&peers);
-        tokio::spawn(async move {
-            if let Err(e) = serve_conn(stream, &peers).await {
-                debug!(%addr, error = %e, "peer connection ended");
-            }
-            drop(permit);
-        });
+        serve_stream(Box::new(stream), addr, &peers);
     }
 }
 
-async fn serve_conn(stream: TcpStream, peers: &Peers) -> std::io::Result<()> {
-    let addr = stream.peer_addr()?;
+/// Serves peer connections accepted elsewhere (see [`Incoming`]) until
+/// their sender is dropped.
+pub async fn serve_incoming(mut incoming: Incoming, peers: Arc<Peers>) {
+    while let Some((stream, addr)) = incoming.recv().await {
+        serve_stream(stream, addr, &peers);
+    }
+}
+
+/// Serves one accepted peer connection in its own task, if a connection
+/// slot is free.
+fn serve_stream(stream: Box<dyn PeerStream>, addr: SocketAddr, peers: &Arc<Peers>) {
+    let Ok(permit) = Arc::clone(&peers.slots).try_acquire_owned() else {
+        warn!(%addr, max = MAX_PEER_CONNECTIONS, "too many peer connections: refusing one");
+        return;
+    };
+    let peers = Arc::clone(peers);
+    tokio::spawn(async move {
+        if let Err(e) = serve_conn(stream, addr, &peers).await {
+            debug!(%addr, error = %e, "peer connection ended");
+        }
+        drop(permit);
+    });
+}
+
+async fn serve_conn(
+    stream: Box<dyn PeerStream>,
+    addr: SocketAddr,
+    peers: &Peers,
+) -> std::io::Result<()> {
     let mut conn = Framed::new(stream, codec(MAX_HANDSHAKE_FRAME));
     let nonce_s = random16();
     let hello: Hello = tokio::time::timeout(HANDSHAKE_TIMEOUT, async {
@@ -728,7 +787,7 @@ impl PeerClient {
                 self.target
             ))));
         }
-        let stream = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(&self.addr))
+        let stream = tokio::time::timeout(CONNECT_TIMEOUT, self.peers.dialer.dial(&self.addr))
             .await
             .map_err(|_| {
                 unreachable(std::io::Error::new(
@@ -737,7 +796,6 @@ impl PeerClient {
                 ))
             })?
             .map_err(unreachable)?;
-        let _ = stream.set_nodelay(true);
         let mut conn = Framed::new(stream, codec(MAX_HANDSHAKE_FRAME));
         let welcome = tokio::time::timeout(HANDSHAKE_TIMEOUT, async {
             let ch: Challenge = recv(&mut conn).await?;
@@ -1077,6 +1135,7 @@ mod tests {
             format!("127.0.0.1:{}", 7000 + id),
             secret.map(|s| s.as_bytes().to_vec()),
             d,
+            Arc::new(TcpDialer),
         )
         .unwrap();
         if let Some(c) = cluster {
@@ -1101,6 +1160,7 @@ mod tests {
                 "127.0.0.1:7001".into(),
                 secret.map(|s| s.as_bytes().to_vec()),
                 d,
+                Arc::new(TcpDialer),
             )
             .unwrap();
             if let Some(c) = cluster {
@@ -1175,7 +1235,7 @@ mod tests {
         drop(s);
         let d = dir.0.join("prober");
         std::fs::create_dir_all(&d).unwrap();
-        let me = Peers::new(1, String::new(), None, d).unwrap();
+        let me = Peers::new(1, String::new(), None, d, Arc::new(TcpDialer)).unwrap();
         assert!(PeerClient::new(me, 2, addr).probe().await.is_ok());
         drop(peers);
     }

@@ -12,7 +12,7 @@ use openraft::testing::{StoreBuilder, Suite};
 use super::log_store::LogStore;
 use super::state_machine::StateMachine;
 use super::types::{StorageError, TypeConfig};
-use super::{RaftConfig, StartError};
+use super::{EngineIo, RaftConfig, StartError, log_store};
 use crate::engine::Engine;
 use crate::store::{Defaults, Op, Store, StoreConfig};
 
@@ -40,7 +40,7 @@ struct Builder;
 impl StoreBuilder<TypeConfig, LogStore, StateMachine, TempDir> for Builder {
     async fn build(&self) -> Result<(TempDir, LogStore, StateMachine), StorageError> {
         let dir = TempDir::new("suite");
-        let log = LogStore::open(&dir.0.join("log"), 1 << 16).unwrap();
+        let log = LogStore::open(&dir.0.join("log"), 1 << 16, log_store::Writing::Thread).unwrap();
         let store = Arc::new(Store::new(StoreConfig::default()));
         let sm = StateMachine::open(store, &dir.0).unwrap();
         Ok((dir, log, sm))
@@ -87,7 +87,7 @@ async fn records_survive_a_restart_and_fences_keep_increasing() {
     let dir = TempDir::new("restart");
     let mut last_fence = 0;
     for round in 0..3u64 {
-        let e = Engine::raft(cfg(&dir), StoreConfig::default())
+        let e = Engine::raft(cfg(&dir), StoreConfig::default(), EngineIo::default())
             .await
             .unwrap();
         // Everything completed before is replayed.
@@ -133,10 +133,10 @@ async fn records_survive_a_restart_and_fences_keep_increasing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_engine_on_one_data_dir_is_refused() {
     let dir = TempDir::new("lock");
-    let first = Engine::raft(cfg(&dir), StoreConfig::default())
+    let first = Engine::raft(cfg(&dir), StoreConfig::default(), EngineIo::default())
         .await
         .unwrap();
-    let second = Engine::raft(cfg(&dir), StoreConfig::default()).await;
+    let second = Engine::raft(cfg(&dir), StoreConfig::default(), EngineIo::default()).await;
     assert!(
         matches!(second, Err(StartError::Locked(_))),
         "second engine started"
@@ -149,7 +149,7 @@ async fn a_second_engine_on_one_data_dir_is_refused() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hot_lapsed_key_is_proposed_for_expiry_once_at_a_time() {
     let dir = TempDir::new("expire-once");
-    let e = Engine::raft(cfg(&dir), StoreConfig::default())
+    let e = Engine::raft(cfg(&dir), StoreConfig::default(), EngineIo::default())
         .await
         .unwrap();
     let before = e.raft_info().unwrap().0.ops;
