@@ -341,7 +341,9 @@ async fn crash_history(env: &[(&str, &str)], rounds: usize) -> Result<Exercised,
             let mut rec = Recorder::new(t, s.conn().await, &history);
             let prefix = format!("{prefix}-r{round}");
             let mut load_rng = history::Rng(rng.below(u64::MAX));
-            let load = async move { history::owner_load(&mut rec, &prefix, &mut load_rng).await };
+            let load = async move {
+                history::owner_load(&mut rec, &prefix, &[150, 250], &mut load_rng).await
+            };
             tasks.push(tokio::spawn(load));
         }
         tokio::time::sleep(std::time::Duration::from_millis(100 + rng.below(500))).await;

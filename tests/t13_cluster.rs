@@ -773,7 +773,9 @@ async fn kill_9_of_leaders_under_load_keeps_every_promise_over_the_whole_history
             let mut rec = Recorder::following(t, c.members[at].conn().await, &history);
             let prefix = format!("{prefix}-r{round}");
             let mut load_rng = history::Rng(rng.below(u64::MAX));
-            let load = async move { history::owner_load(&mut rec, &prefix, &mut load_rng).await };
+            let load = async move {
+                history::owner_load(&mut rec, &prefix, &[150, 250], &mut load_rng).await
+            };
             tasks.push(tokio::spawn(load));
         }
         tokio::time::sleep(Duration::from_millis(400 + rng.below(600))).await;

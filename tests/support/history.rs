@@ -609,7 +609,7 @@ pub async fn probe_and_check<C: Caller>(
         return Ok(());
     }
     Err(format!(
-        "seed {seed:#x}, after {round} kills: {} violations:\n{}",
+        "seed {seed:#x}, round {round}: {} violations:\n{}",
         bad.len(),
         bad.join("\n")
     ))
@@ -629,17 +629,18 @@ impl Rng {
     }
 }
 
-/// One client's load until its connection breaks: claims of a few keys
-/// shared with the other clients (the set moves on every 50 ms), then as
+/// One client's load until a call's outcome is unknown (its connection
+/// broke): claims of a few keys shared with the other clients (the set
+/// moves on every 50 ms), leases drawn from `leases` (ms), then as
 /// the owner journals, renews, sometimes overruns its lease (so another
 /// client takes over and this one must be fenced), and completes, abandons,
 /// releases or walks away.
-pub async fn owner_load<C: Caller>(rec: &mut C, prefix: &str, rng: &mut Rng) {
+pub async fn owner_load<C: Caller>(rec: &mut C, prefix: &str, leases: &[u64], rng: &mut Rng) {
     let start = Instant::now();
     loop {
         let slot = start.elapsed().as_millis() as u64 / 50 + rng.below(4);
         let key = format!("{prefix}-{slot}");
-        let lease_ms = [150, 250][rng.below(2) as usize];
+        let lease_ms = leases[rng.below(leases.len() as u64) as usize];
         let Some(reply) = rec
             .call(Call::Claim {
                 key: key.clone(),
