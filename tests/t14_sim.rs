@@ -64,6 +64,23 @@ const WORKERS: usize = 6;
 thread_local! {
     /// Panics on this thread (a simulation runs on one thread).
     static PANICS: Cell<u64> = const { Cell::new(0) };
+    /// The run's trace (calls, faults, role changes), written to a file
+    /// when the run fails.
+    static TRACE: std::cell::RefCell<Vec<String>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+fn trace(line: String) {
+    TRACE.with(|t| t.borrow_mut().push(line));
+}
+
+/// Writes the trace of a failed run; returns where.
+fn save_trace(seed: u64, nodes: u64) -> String {
+    let path = std::env::temp_dir().join(format!("idem-sim-{nodes}-{seed:x}.trace"));
+    let text = TRACE.with(|t| t.borrow_mut().join("\n"));
+    match std::fs::write(&path, text) {
+        Ok(()) => format!("trace in {}", path.display()),
+        Err(e) => format!("(trace not written: {e})"),
+    }
 }
 
 /// Counts panics per thread, then reports them as before.
@@ -337,6 +354,12 @@ impl Caller for SimClient {
             return None;
         }
         let reply = self.exchange(&call).await;
+        trace(format!(
+            "{:.3}s c{} n{} {call:?} -> {reply:?}",
+            turmoil::elapsed().as_secs_f64(),
+            self.client,
+            self.at + 1,
+        ));
         self.history.record(Event {
             client: self.client,
             call,
@@ -464,13 +487,17 @@ fn run(seed: u64, nodes: u64) -> Result<String, String> {
     let mut faults = Vec::new();
     let mut healed = false;
     let mut probe_done_at = None;
+    let mut last_roles = String::new();
+    TRACE.with(|t| t.borrow_mut().clear());
     loop {
         let finished = sim
             .step()
             .map_err(|e| format!("seed {seed:#x}: the simulation failed: {e}"))?;
         let now = sim.elapsed();
-        if std::env::var_os("IDEM_SIM_VERBOSE").is_some() && now.as_millis() % 250 == 0 {
-            eprintln!("{:.3}s {}", now.as_secs_f64(), describe(&registry));
+        let roles = roles(&registry);
+        if roles != last_roles {
+            trace(format!("{:.3}s roles {roles}", now.as_secs_f64()));
+            last_roles = roles;
         }
         let Some(start) = started else {
             if leader_of(&registry, n).is_some() {
@@ -535,6 +562,7 @@ fn run(seed: u64, nodes: u64) -> Result<String, String> {
                 Fault::Heal => heal(&sim, n, &mut held, latency),
             }
             faults.push(format!("{:.3}s {fault:?}", now.as_secs_f64()));
+            trace(format!("{:.3}s fault {fault:?}", now.as_secs_f64()));
             next_fault = now + Duration::from_millis(100 + plan.below(500));
         }
         if !healed && elapsed >= FAULT_PHASE {
@@ -558,18 +586,6 @@ fn run(seed: u64, nodes: u64) -> Result<String, String> {
                     ));
                 }
                 let events = history.events();
-                if std::env::var_os("IDEM_SIM_VERBOSE").is_some() {
-                    let t0 = events.iter().map(|e| e.invoke).min();
-                    for e in &events {
-                        let t = t0.map_or(0.0, |t0| (e.invoke - t0).as_secs_f64());
-                        eprintln!(
-                            "{t:.3} c{} {:?} -> {:?}",
-                            e.client,
-                            e.call,
-                            e.reply.as_ref().map(|r| &r.1)
-                        );
-                    }
-                }
                 let answered = events.iter().filter(|e| e.reply.is_some()).count();
                 return match probed {
                     Some(Ok(())) => Ok(format!(
@@ -655,6 +671,24 @@ fn converged(registry: &Registry, n: u64) -> Option<u64> {
     seen.map(|(i, _)| i)
 }
 
+/// Who runs, who leads, in which term.
+fn roles(registry: &Registry) -> String {
+    let r = registry.lock().unwrap();
+    let mut ids: Vec<&u64> = r.keys().collect();
+    ids.sort();
+    ids.iter()
+        .map(|id| {
+            let i = r[*id]
+                .engine()
+                .raft_info()
+                .map(|(i, _)| i)
+                .unwrap_or_default();
+            format!("n{id}:t{}{}", i.term, if i.leader { "L" } else { "" })
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 fn describe(registry: &Registry) -> String {
     let r = registry.lock().unwrap();
     let mut ids: Vec<&u64> = r.keys().collect();
@@ -706,6 +740,7 @@ fn run_all(nodes: u64, salt: u64) {
         match run(seed, nodes) {
             Ok(summary) => eprintln!("sim {nodes} nodes: {summary}"),
             Err(e) => {
+                let e = format!("{e}\n{}", save_trace(seed, nodes));
                 eprintln!("sim {nodes} nodes: FAILED {e}");
                 failed.push(e);
             }

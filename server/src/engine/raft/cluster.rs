@@ -418,20 +418,26 @@ fn check_lease(w: &Watch, lost: &mut bool) {
     }
 }
 
-/// Becomes the serving leader of `term` once everything committed before
-/// is applied: once the entry a new leader appends at the start of its
-/// term (openraft's blank entry) is applied, every earlier entry is too.
-/// No round trip of its own: the entry's commit shows that a majority
-/// follows this leader.
+/// Becomes the serving leader of `term` once every entry of its log is
+/// applied, the last of them of `term`. After an election that last entry
+/// is the blank one a new leader appends (its commit also shows that a
+/// majority follows this leader). It matters when a leader restarts
+/// quickly: openraft then resumes its leadership in the same term, with
+/// entries of that term applied before the crash already, and the entries
+/// after them (acknowledged to clients before the crash) known committed
+/// again only once a majority has answered the resumed leader; its log
+/// holds them all, so waiting for its whole log to be applied is enough.
 async fn promote(w: Arc<Watch>, term: u64) {
     let me = w.peers.node_id();
     let mut rx = w.raft.metrics();
     loop {
         let (still, applied_in_term) = {
             let m = rx.borrow_and_update();
+            let last = m.last_log_index.unwrap_or(0);
             (
                 m.state == ServerState::Leader && m.current_term == term,
-                m.last_applied.is_some_and(|l| l.leader_id.term == term),
+                m.last_applied
+                    .is_some_and(|l| l.leader_id.term == term && l.index >= last),
             )
         };
         if !still {
