@@ -19,3 +19,4 @@ mod t11_hardening;
 mod t12_client_safety;
 mod t13_cluster;
 mod t14_sim;
+mod t15_http;

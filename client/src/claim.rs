@@ -185,6 +185,17 @@ impl Claim {
             .await
     }
 
+    /// Completes with a permanent error kept for `retain`.
+    pub async fn complete_error_retain(
+        self,
+        value: impl Into<Bytes>,
+        retain: Duration,
+    ) -> Result<()> {
+        let (client, key, fence) = self.target();
+        self.end(client.finish(key, fence, value.into(), Some(retain), true))
+            .await
+    }
+
     /// Completes with a JSON value.
     #[cfg(feature = "serde")]
     pub async fn complete_json<T: serde::Serialize>(self, value: &T) -> Result<()> {

@@ -1,0 +1,58 @@
+//! A "payments" service behind the idempotency layer.
+//!
+//! ```sh
+//! cargo run --release --bin idemd &
+//! cargo run -p idem-http --example payments
+//! curl -i -X POST localhost:3000/payments -H 'Idempotency-Key: order-1' -d '{"amount":42}'
+//! curl -i -X POST localhost:3000/payments -H 'Idempotency-Key: order-1' -d '{"amount":42}'   # replayed
+//! ```
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use axum::extract::{Extension, State};
+use axum::http::StatusCode;
+use axum::routing::post;
+use axum::{Json, Router};
+use idem_http::{Idempotency, IdempotencyLayer};
+
+#[derive(Clone, Default)]
+struct Ledger {
+    next: Arc<AtomicU64>,
+}
+
+async fn pay(
+    State(ledger): State<Ledger>,
+    Extension(idem): Extension<Idempotency>,
+    Json(req): Json<serde_json::Value>,
+) -> (StatusCode, Json<serde_json::Value>) {
+    let amount = req["amount"].as_u64().unwrap_or(0);
+    if amount == 0 {
+        return (
+            StatusCode::BAD_REQUEST,
+            Json(serde_json::json!({"error": "amount must be positive"})),
+        );
+    }
+    let id = ledger.next.fetch_add(1, Ordering::Relaxed) + 1;
+    // The fence orders this run after every earlier one: a downstream
+    // ledger can refuse writes from a smaller fence.
+    let _ = idem.journal(format!("charging payment {id}")).await;
+    (
+        StatusCode::CREATED,
+        Json(serde_json::json!({"id": id, "amount": amount, "fence": idem.fence()})),
+    )
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let idem_addr = std::env::var("IDEM_ADDR").unwrap_or_else(|_| "127.0.0.1:7379".into());
+    let idem = idem_client::Client::connect(idem_addr).await?;
+    let app = Router::new()
+        .route("/payments", post(pay))
+        .with_state(Ledger::default())
+        .layer(IdempotencyLayer::new(idem));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:3000").await?;
+    println!("payments on http://{}", listener.local_addr()?);
+    axum::serve(listener, app).await?;
+    Ok(())
+}

@@ -1,0 +1,831 @@
+//! idem-http: an `Idempotency-Key` layer for tower and axum services, on
+//! the Idem idempotency server.
+//!
+//! ```no_run
+//! # async fn app() -> Result<(), Box<dyn std::error::Error>> {
+//! use axum::{Router, routing::post};
+//! use idem_http::IdempotencyLayer;
+//!
+//! let idem = idem_client::Client::connect("127.0.0.1:7379").await?;
+//! let app: Router = Router::new()
+//!     .route("/payments", post(|| async { "paid" }))
+//!     .layer(IdempotencyLayer::new(idem));
+//! # Ok(()) }
+//! ```
+//!
+//! For each POST or PATCH (by default) carrying an `Idempotency-Key`, the
+//! layer claims the key in Idem before the handler runs, so of any number
+//! of concurrent duplicates exactly one runs the handler; the others wait
+//! (server-side, up to [`wait`](IdempotencyLayer::wait)) and replay its
+//! response, or get `409` with `Retry-After` if it is still running. The
+//! handler's response is stored (status, an allow-list of headers, body)
+//! and replayed to every later request with the key, marked
+//! `Idempotent-Replayed: true`. A key reused with another request gets
+//! `422`. What the handler's status means is a policy table
+//! ([`default_policy`], replaceable with [`policy`](IdempotencyLayer::policy)):
+//!
+//! | the handler answers | the key is | a retry |
+//! |---|---|---|
+//! | 1xx, 2xx, 3xx | completed | replays the response |
+//! | 4xx but 408, 425, 429 | completed as an error | replays the response |
+//! | 408, 425, 429, 503 | released | runs the handler again |
+//! | other 5xx, a panic, a timeout, a dropped request | abandoned (outcome unknown) | gets `500 outcome-unknown`, or runs with [`Recovering`] under [`OnRecover::RunWithRecovery`] |
+//!
+//! The layer's own errors are RFC 9457 problem details ([`Problem`]).
+//! Nothing is buffered without a bound: request bodies up to
+//! [`max_request_bytes`](IdempotencyLayer::max_request_bytes) (`413`
+//! beyond), responses up to
+//! [`max_response_bytes`](IdempotencyLayer::max_response_bytes) (a larger
+//! one streams to its caller and replays answer `410
+//! response-not-stored`).
+
+#![cfg_attr(test, allow(clippy::unwrap_used))]
+
+mod header;
+mod problem;
+mod stored;
+
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_util::{FutureExt, StreamExt};
+use http::header::{HeaderName, HeaderValue};
+use http::{Method, Request, Response, StatusCode, request};
+use http_body::Frame;
+use http_body_util::combinators::UnsyncBoxBody;
+use http_body_util::{BodyExt, BodyStream, Full, LengthLimitError, Limited, StreamBody};
+use idem_client::{ClaimCtx, ClaimOutcome, Client, Completed, Key, OnExpire};
+use sha2::{Digest, Sha256};
+use tower_layer::Layer;
+use tower_service::Service;
+use tracing::warn;
+
+pub use problem::Problem;
+use stored::Stored;
+
+/// The request header.
+pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
+/// The header on replayed responses (`true`).
+pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
+
+/// A boxed error.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+/// The body of the layer's responses: the handler's, a replayed one, or a
+/// problem.
+pub type ResponseBody = UnsyncBoxBody<Bytes, BoxError>;
+
+/// What a handler's response does to the key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decision {
+    /// Store the response as the outcome; replay it to every later request.
+    Complete,
+    /// Store it as a permanent error outcome; replay it likewise.
+    CompleteError,
+    /// Nothing happened: drop the claim, so a retry runs the handler again.
+    Release,
+    /// The outcome is unknown: a retry must recover (see [`OnRecover`]).
+    Abandon,
+}
+
+/// The default policy: 1xx, 2xx and 3xx complete; 408 (timeout), 425 (too
+/// early), 429 (too many requests) and 503 (unavailable) release; other 4xx
+/// complete as errors; other 5xx abandon (the handler may have had an
+/// effect before failing).
+pub fn default_policy(status: StatusCode) -> Decision {
+    match status.as_u16() {
+        408 | 425 | 429 | 503 => Decision::Release,
+        500..=599 => Decision::Abandon,
+        400..=499 => Decision::CompleteError,
+        _ => Decision::Complete,
+    }
+}
+
+/// What a request does when it finds its key abandoned (an earlier request
+/// ended without a known outcome).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OnRecover {
+    /// Answer `500 outcome-unknown` and leave the key abandoned, until an
+    /// operator resolves it (`FORGET`, or a `COMPLETE` after checking).
+    #[default]
+    Refuse,
+    /// Run the handler with a [`Recovering`] extension carrying the
+    /// earlier request's journal: it finds out what happened and finishes.
+    RunWithRecovery,
+}
+
+/// A request extension while the handler runs: the key's fence (a fencing
+/// token for downstream systems) and its journal.
+#[derive(Debug, Clone)]
+pub struct Idempotency {
+    ctx: ClaimCtx,
+    key: String,
+}
+
+impl Idempotency {
+    /// The `Idempotency-Key` as the client sent it (unquoted).
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// The fence of this run: larger than every earlier run's.
+    pub fn fence(&self) -> u64 {
+        self.ctx.fence()
+    }
+
+    /// Records progress (replacing the earlier journal): a recovery after a
+    /// crash is handed the last one.
+    ///
+    /// # Errors
+    ///
+    /// When Idem refuses it (`-FENCED`: the lease was lost) or cannot be
+    /// reached.
+    pub async fn journal(&self, journal: impl Into<Bytes>) -> idem_client::Result<()> {
+        self.ctx.journal(journal).await
+    }
+
+    /// Whether ownership of the key was lost (the lease lapsed and another
+    /// request may run): do not commit anything that depends on it.
+    pub fn is_lost(&self) -> bool {
+        self.ctx.is_lost()
+    }
+}
+
+/// A request extension on a recovery run ([`OnRecover::RunWithRecovery`]):
+/// the journal the abandoned request left (empty if none).
+#[derive(Debug, Clone)]
+pub struct Recovering {
+    /// The last journal of the request that was abandoned.
+    pub journal: Bytes,
+}
+
+type ScopeFn = dyn Fn(&request::Parts) -> String + Send + Sync;
+type FingerprintFn = dyn Fn(&request::Parts, &Bytes) -> Bytes + Send + Sync;
+type PolicyFn = dyn Fn(StatusCode) -> Decision + Send + Sync;
+
+#[derive(Clone)]
+struct Settings {
+    client: Client,
+    methods: Vec<Method>,
+    required: bool,
+    scope: Option<Arc<ScopeFn>>,
+    lease: Duration,
+    retention: Duration,
+    wait: Duration,
+    max_request_bytes: usize,
+    max_response_bytes: usize,
+    max_key_len: usize,
+    policy: Arc<PolicyFn>,
+    fingerprint: Option<Arc<FingerprintFn>>,
+    ignore_query: Vec<String>,
+    replay_headers: Vec<HeaderName>,
+    handler_timeout: Option<Duration>,
+    on_recover: OnRecover,
+    namespace: String,
+}
+
+/// The layer; see the crate docs. Cheap to clone.
+#[derive(Clone)]
+pub struct IdempotencyLayer {
+    settings: Arc<Settings>,
+}
+
+impl std::fmt::Debug for IdempotencyLayer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let s = &self.settings;
+        f.debug_struct("IdempotencyLayer")
+            .field("methods", &s.methods)
+            .field("required", &s.required)
+            .field("lease", &s.lease)
+            .field("retention", &s.retention)
+            .field("wait", &s.wait)
+            .field("max_request_bytes", &s.max_request_bytes)
+            .field("max_response_bytes", &s.max_response_bytes)
+            .field("on_recover", &s.on_recover)
+            .finish_non_exhaustive()
+    }
+}
+
+impl IdempotencyLayer {
+    /// A layer storing outcomes through `client`, with the defaults: POST
+    /// and PATCH, key required, no scope, lease 30 s (renewed while the
+    /// handler runs), retention 24 h, wait 5 s, request bodies up to 1 MiB,
+    /// stored responses up to 1 MiB (Idem's default `max_value_bytes`),
+    /// keys up to 255 characters, [`default_policy`], replayed headers
+    /// `content-type` and `location`, no handler timeout,
+    /// [`OnRecover::Refuse`], keys under the namespace `http`.
+    pub fn new(client: Client) -> Self {
+        IdempotencyLayer {
+            settings: Arc::new(Settings {
+                client,
+                methods: vec![Method::POST, Method::PATCH],
+                required: true,
+                scope: None,
+                lease: Duration::from_secs(30),
+                retention: Duration::from_secs(24 * 3600),
+                wait: Duration::from_secs(5),
+                max_request_bytes: 1 << 20,
+                max_response_bytes: 1 << 20,
+                max_key_len: 255,
+                policy: Arc::new(default_policy),
+                fingerprint: None,
+                ignore_query: Vec::new(),
+                replay_headers: vec![http::header::CONTENT_TYPE, http::header::LOCATION],
+                handler_timeout: None,
+                on_recover: OnRecover::Refuse,
+                namespace: "http".into(),
+            }),
+        }
+    }
+
+    fn with(mut self, f: impl FnOnce(&mut Settings)) -> Self {
+        f(Arc::make_mut(&mut self.settings));
+        self
+    }
+
+    /// The methods the layer applies to (others pass through).
+    pub fn methods(self, methods: impl IntoIterator<Item = Method>) -> Self {
+        let methods = methods.into_iter().collect();
+        self.with(|s| s.methods = methods)
+    }
+
+    /// Whether a request without the header is refused with `400
+    /// missing-key` (default) or passed through unprotected.
+    pub fn require_key(self, required: bool) -> Self {
+        self.with(|s| s.required = required)
+    }
+
+    /// The scope of keys: a tenant or principal taken from the request
+    /// (an auth header, an extension set by an auth layer). Two scopes
+    /// never share a key, so one tenant cannot read another's responses.
+    pub fn scope(self, f: impl Fn(&request::Parts) -> String + Send + Sync + 'static) -> Self {
+        self.with(|s| s.scope = Some(Arc::new(f)))
+    }
+
+    /// The lease of a running handler (renewed in the background while it
+    /// runs); if the service dies, the key is abandoned once it lapses.
+    pub fn lease(self, lease: Duration) -> Self {
+        self.with(|s| s.lease = lease)
+    }
+
+    /// How long an outcome is kept and replayed.
+    pub fn retention(self, retention: Duration) -> Self {
+        self.with(|s| s.retention = retention)
+    }
+
+    /// How long a duplicate waits (server-side) for the first request to
+    /// finish before it gets `409`.
+    pub fn wait(self, wait: Duration) -> Self {
+        self.with(|s| s.wait = wait)
+    }
+
+    /// The largest request body read (`413 body-too-large` beyond).
+    pub fn max_request_bytes(self, n: usize) -> Self {
+        self.with(|s| s.max_request_bytes = n)
+    }
+
+    /// The largest stored response (status, replayed headers and body);
+    /// keep it at most Idem's `max_value_bytes`. A larger response goes to
+    /// its caller unchanged, and replays answer `410 response-not-stored`.
+    pub fn max_response_bytes(self, n: usize) -> Self {
+        self.with(|s| s.max_response_bytes = n)
+    }
+
+    /// The longest `Idempotency-Key` accepted (`400 invalid-key` beyond).
+    pub fn max_key_len(self, n: usize) -> Self {
+        self.with(|s| s.max_key_len = n)
+    }
+
+    /// Replaces the outcome policy ([`default_policy`]).
+    pub fn policy(self, f: impl Fn(StatusCode) -> Decision + Send + Sync + 'static) -> Self {
+        self.with(|s| s.policy = Arc::new(f))
+    }
+
+    /// Replaces the request fingerprint (default: SHA-256 over the method,
+    /// the path, the query with its parameters sorted, and the body), e.g.
+    /// to leave out a field of a JSON body that changes on every retry.
+    pub fn fingerprint_with(
+        self,
+        f: impl Fn(&request::Parts, &Bytes) -> Bytes + Send + Sync + 'static,
+    ) -> Self {
+        self.with(|s| s.fingerprint = Some(Arc::new(f)))
+    }
+
+    /// Query parameters the default fingerprint leaves out.
+    pub fn fingerprint_ignore_query(
+        self,
+        names: impl IntoIterator<Item = impl Into<String>>,
+    ) -> Self {
+        let names = names.into_iter().map(Into::into).collect();
+        self.with(|s| s.ignore_query = names)
+    }
+
+    /// The response headers stored and replayed (default `content-type`
+    /// and `location`); others go only to the first caller.
+    pub fn replay_headers(self, names: impl IntoIterator<Item = HeaderName>) -> Self {
+        let names = names.into_iter().collect();
+        self.with(|s| s.replay_headers = names)
+    }
+
+    /// Abandons the key and answers `504 handler-timed-out` when the
+    /// handler has not answered within `timeout`.
+    pub fn handler_timeout(self, timeout: Duration) -> Self {
+        self.with(|s| s.handler_timeout = Some(timeout))
+    }
+
+    /// What a request that finds its key abandoned does.
+    pub fn on_recover(self, on_recover: OnRecover) -> Self {
+        self.with(|s| s.on_recover = on_recover)
+    }
+
+    /// The namespace of the layer's keys in Idem (default `http`).
+    pub fn namespace(self, ns: impl Into<String>) -> Self {
+        let ns = ns.into();
+        self.with(|s| s.namespace = ns)
+    }
+}
+
+impl<S> Layer<S> for IdempotencyLayer {
+    type Service = IdempotencyService<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        IdempotencyService {
+            inner,
+            settings: Arc::clone(&self.settings),
+        }
+    }
+}
+
+/// The service the layer wraps around another.
+#[derive(Clone)]
+pub struct IdempotencyService<S> {
+    inner: S,
+    settings: Arc<Settings>,
+}
+
+impl<S> std::fmt::Debug for IdempotencyService<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IdempotencyService").finish_non_exhaustive()
+    }
+}
+
+impl<S, ReqB, ResB> Service<Request<ReqB>> for IdempotencyService<S>
+where
+    S: Service<Request<ReqB>, Response = Response<ResB>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    ReqB: http_body::Body + From<Bytes> + Send + 'static,
+    ReqB::Data: Send,
+    ReqB::Error: Into<BoxError>,
+    ResB: http_body::Body<Data = Bytes> + Send + 'static,
+    ResB::Error: Into<BoxError>,
+{
+    type Response = Response<ResponseBody>;
+    type Error = S::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, S::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<ReqB>) -> Self::Future {
+        // The clone that was made ready is the one called.
+        let clone = self.inner.clone();
+        let inner = std::mem::replace(&mut self.inner, clone);
+        Box::pin(handle(Arc::clone(&self.settings), inner, req))
+    }
+}
+
+fn boxed<B>(r: Response<B>) -> Response<ResponseBody>
+where
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    r.map(|b| b.map_err(Into::into).boxed_unsync())
+}
+
+fn full(b: Bytes) -> ResponseBody {
+    Full::new(b).map_err(|never| match never {}).boxed_unsync()
+}
+
+fn retry_after(mut r: Response<ResponseBody>, secs: u64) -> Response<ResponseBody> {
+    r.headers_mut()
+        .insert(http::header::RETRY_AFTER, HeaderValue::from(secs.max(1)));
+    r
+}
+
+async fn handle<S, ReqB, ResB>(
+    s: Arc<Settings>,
+    mut inner: S,
+    req: Request<ReqB>,
+) -> Result<Response<ResponseBody>, S::Error>
+where
+    S: Service<Request<ReqB>, Response = Response<ResB>>,
+    ReqB: http_body::Body + From<Bytes>,
+    ReqB::Error: Into<BoxError>,
+    ResB: http_body::Body<Data = Bytes> + Send + 'static,
+    ResB::Error: Into<BoxError>,
+{
+    if !s.methods.contains(req.method()) {
+        return inner.call(req).await.map(boxed);
+    }
+    let mut values = req.headers().get_all(IDEMPOTENCY_KEY).iter();
+    let key = match (values.next(), values.next()) {
+        (None, _) if s.required => {
+            return Ok(Problem::MissingKey.response(&format!(
+                "{} requests to this resource need an Idempotency-Key header",
+                req.method()
+            )));
+        }
+        (None, _) => return inner.call(req).await.map(boxed),
+        (Some(_), Some(_)) => {
+            return Ok(Problem::InvalidKey.response(&header::BadKey::Repeated.to_string()));
+        }
+        (Some(v), None) => match header::parse(v, s.max_key_len) {
+            Ok(k) => k,
+            Err(e) => return Ok(Problem::InvalidKey.response(&e.to_string())),
+        },
+    };
+    let (parts, body) = req.into_parts();
+    let body = match Limited::new(body, s.max_request_bytes).collect().await {
+        Ok(c) => c.to_bytes(),
+        Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => {
+            return Ok(Problem::BodyTooLarge.response(&format!(
+                "the request body is larger than {} bytes",
+                s.max_request_bytes
+            )));
+        }
+        Err(e) => return Ok(Problem::UnreadableBody.response(&e.to_string())),
+    };
+    let fingerprint = match &s.fingerprint {
+        Some(f) => f(&parts, &body),
+        None => default_fingerprint(&parts, &body, &s.ignore_query),
+    };
+    let scope = s.scope.as_ref().map(|f| f(&parts)).unwrap_or_default();
+    let store_key = store_key(&s.namespace, &scope, &parts.method, &route_of(&parts), &key);
+    let claimed = s
+        .client
+        .claim(Key::raw(store_key))
+        .fingerprint(fingerprint)
+        .lease(s.lease)
+        .retain(s.retention)
+        .wait(s.wait)
+        // A service that dies mid-request leaves the key abandoned: its
+        // effect may have happened.
+        .on_expire(OnExpire::Recover)
+        .send()
+        .await;
+    match claimed {
+        Err(e) if e.is_mismatch() => Ok(Problem::KeyReused.response(
+            "this Idempotency-Key was used with a different request (method, path, query or body)",
+        )),
+        Err(e) => {
+            warn!(error = %e, "idempotency store unavailable: request refused");
+            Ok(retry_after(
+                Problem::StoreUnavailable
+                    .response("the idempotency store cannot be reached; nothing was run"),
+                1,
+            ))
+        }
+        Ok(ClaimOutcome::Completed(c)) => Ok(replay(c)),
+        Ok(ClaimOutcome::InFlight { remaining }) => Ok(retry_after(
+            Problem::InFlight.response(
+                "a request with this Idempotency-Key is still being processed; retry it unchanged",
+            ),
+            remaining.as_secs_f64().ceil() as u64,
+        )),
+        Ok(ClaimOutcome::Acquired(claim)) => run(&s, inner, parts, body, key, claim, None).await,
+        Ok(ClaimOutcome::Recover { claim, journal }) => match s.on_recover {
+            OnRecover::RunWithRecovery => {
+                run(&s, inner, parts, body, key, claim, Some(journal)).await
+            }
+            OnRecover::Refuse => {
+                if let Err(e) = claim.abandon().await {
+                    warn!(error = %e, "could not leave the key abandoned; its lease will lapse");
+                }
+                Ok(Problem::OutcomeUnknown.response(
+                    "an earlier request with this Idempotency-Key ended without a known outcome; it must be resolved before the key can be used",
+                ))
+            }
+        },
+        Ok(_) => Ok(retry_after(
+            Problem::StoreUnavailable
+                .response("the idempotency store gave an answer this layer does not know"),
+            1,
+        )),
+    }
+}
+
+/// Runs the handler as the key's owner, then settles the key by the
+/// policy.
+async fn run<S, ReqB, ResB>(
+    s: &Settings,
+    mut inner: S,
+    mut parts: request::Parts,
+    body: Bytes,
+    key: String,
+    claim: idem_client::Claim,
+    journal: Option<Bytes>,
+) -> Result<Response<ResponseBody>, S::Error>
+where
+    S: Service<Request<ReqB>, Response = Response<ResB>>,
+    ReqB: From<Bytes>,
+    ResB: http_body::Body<Data = Bytes> + Send + 'static,
+    ResB::Error: Into<BoxError>,
+{
+    parts.extensions.insert(Idempotency {
+        ctx: claim.ctx(),
+        key,
+    });
+    if let Some(journal) = journal {
+        parts.extensions.insert(Recovering { journal });
+    }
+    let called =
+        AssertUnwindSafe(inner.call(Request::from_parts(parts, ReqB::from(body)))).catch_unwind();
+    let answered = match s.handler_timeout {
+        Some(t) => tokio::time::timeout(t, called).await.ok(),
+        None => Some(called.await),
+    };
+    let abandon = |claim: idem_client::Claim| async move {
+        if let Err(e) = claim.abandon().await {
+            warn!(error = %e, "could not abandon the key; its lease will lapse instead");
+        }
+    };
+    let resp = match answered {
+        None => {
+            abandon(claim).await;
+            return Ok(Problem::HandlerTimedOut
+                .response("the request did not finish in time; its outcome is unknown"));
+        }
+        Some(Err(_panic)) => {
+            abandon(claim).await;
+            return Ok(
+                Problem::HandlerPanicked.response("the request failed; its outcome is unknown")
+            );
+        }
+        Some(Ok(Err(e))) => {
+            abandon(claim).await;
+            return Err(e);
+        }
+        Some(Ok(Ok(resp))) => resp,
+    };
+    let decision = (s.policy)(resp.status());
+    let error = match decision {
+        Decision::Complete => false,
+        Decision::CompleteError => true,
+        Decision::Release => {
+            if let Err(e) = claim.release().await {
+                warn!(error = %e, "could not release the key; its lease will lapse instead");
+            }
+            return Ok(boxed(resp));
+        }
+        Decision::Abandon => {
+            abandon(claim).await;
+            return Ok(boxed(resp));
+        }
+    };
+    let (rparts, rbody) = resp.into_parts();
+    let mut rbody: ResponseBody = rbody.map_err(Into::into).boxed_unsync();
+    let headers = Stored::pick(&rparts.headers, &s.replay_headers);
+    let budget = s
+        .max_response_bytes
+        .saturating_sub(Stored::header_bytes(&headers));
+    let mut chunks: Vec<Bytes> = Vec::new();
+    let mut size = 0usize;
+    let mut trailers = None;
+    let overflow = loop {
+        match rbody.frame().await {
+            None => break false,
+            Some(Err(e)) => {
+                abandon(claim).await;
+                warn!(error = %e, "the response body failed; the key is abandoned");
+                return Ok(Problem::HandlerPanicked
+                    .response("the response failed midway; the outcome is unknown"));
+            }
+            Some(Ok(frame)) => match frame.into_data() {
+                Ok(d) => {
+                    size += d.len();
+                    chunks.push(d);
+                    if size > budget {
+                        break true;
+                    }
+                }
+                Err(frame) => {
+                    if let Ok(t) = frame.into_trailers() {
+                        trailers = Some(t);
+                    }
+                }
+            },
+        }
+    };
+    let body = (!overflow).then(|| concat(&chunks, size));
+    let stored = Stored {
+        status: rparts.status,
+        headers,
+        body: body.clone(),
+    }
+    .encode();
+    let done = if error {
+        claim.complete_error_retain(stored, s.retention).await
+    } else {
+        claim.complete_retain(stored, s.retention).await
+    };
+    if let Err(e) = done {
+        warn!(error = %e, "could not store the outcome: a retry may run the request again or recover");
+    }
+    let body = match body {
+        Some(b) => match trailers {
+            None => full(b),
+            Some(t) => StreamBody::new(futures_util::stream::iter([
+                Ok::<_, BoxError>(Frame::data(b)),
+                Ok(Frame::trailers(t)),
+            ]))
+            .boxed_unsync(),
+        },
+        None => {
+            let prefix = futures_util::stream::iter(chunks.into_iter().map(|d| Ok(Frame::data(d))));
+            StreamBody::new(prefix.chain(BodyStream::new(rbody))).boxed_unsync()
+        }
+    };
+    Ok(Response::from_parts(rparts, body))
+}
+
+fn concat(chunks: &[Bytes], size: usize) -> Bytes {
+    match chunks {
+        [] => Bytes::new(),
+        [one] => one.clone(),
+        many => {
+            let mut b = Vec::with_capacity(size);
+            for c in many {
+                b.extend_from_slice(c);
+            }
+            Bytes::from(b)
+        }
+    }
+}
+
+/// The response a completed key replays.
+fn replay(c: Completed) -> Response<ResponseBody> {
+    let mut r = match Stored::decode(&c.value) {
+        Some(Stored {
+            status,
+            headers,
+            body: Some(body),
+        }) => {
+            let mut r = Response::new(full(body));
+            *r.status_mut() = status;
+            for (n, v) in headers {
+                r.headers_mut().append(n, v);
+            }
+            r
+        }
+        Some(Stored { status, .. }) => Problem::ResponseNotStored.response(&format!(
+            "the original request completed with status {}, but its response was too large to store",
+            status.as_u16()
+        )),
+        None => Problem::ResponseNotStored
+            .response("the key holds an outcome that is not an HTTP response"),
+    };
+    r.headers_mut()
+        .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+    r
+}
+
+/// The route: axum's matched route template when present (feature `axum`),
+/// else the path.
+fn route_of(parts: &request::Parts) -> String {
+    #[cfg(feature = "axum")]
+    if let Some(m) = parts.extensions.get::<axum::extract::MatchedPath>() {
+        return m.as_str().to_owned();
+    }
+    parts.uri.path().to_owned()
+}
+
+fn escape(part: &str, out: &mut String) {
+    for c in part.chars() {
+        if c == '\\' || c == ':' {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+}
+
+/// `namespace:scope:method:route:key`, each part escaped (`\` and `:`), so
+/// two different requests never share a key. A long scope and route are
+/// hashed, so the key stays within Idem's key limit.
+fn store_key(ns: &str, scope: &str, method: &Method, route: &str, key: &str) -> String {
+    let mut prefix = String::new();
+    escape(scope, &mut prefix);
+    prefix.push(':');
+    escape(method.as_str(), &mut prefix);
+    prefix.push(':');
+    escape(route, &mut prefix);
+    if prefix.len() > 256 {
+        let digest = Sha256::digest(prefix.as_bytes());
+        prefix = String::from("#");
+        for b in digest {
+            prefix.push_str(&format!("{b:02x}"));
+        }
+    }
+    let mut out = String::new();
+    escape(ns, &mut out);
+    out.push(':');
+    out.push_str(&prefix);
+    out.push(':');
+    escape(key, &mut out);
+    out
+}
+
+/// SHA-256 over the method, the path, the query (its parameters sorted,
+/// those in `ignore` left out) and the body.
+fn default_fingerprint(parts: &request::Parts, body: &Bytes, ignore: &[String]) -> Bytes {
+    let mut h = Sha256::new();
+    h.update(parts.method.as_str().as_bytes());
+    h.update([0]);
+    h.update(parts.uri.path().as_bytes());
+    h.update([0]);
+    let mut params: Vec<&str> = parts
+        .uri
+        .query()
+        .unwrap_or("")
+        .split('&')
+        .filter(|p| !p.is_empty())
+        .filter(|p| {
+            let name = p.split('=').next().unwrap_or("");
+            !ignore.iter().any(|i| i == name)
+        })
+        .collect();
+    params.sort_unstable();
+    for p in params {
+        h.update(p.as_bytes());
+        h.update([b'&']);
+    }
+    h.update([0]);
+    h.update(body);
+    Bytes::copy_from_slice(&h.finalize())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parts(uri: &str) -> request::Parts {
+        Request::post(uri).body(()).unwrap().into_parts().0
+    }
+
+    #[test]
+    fn the_policy_table() {
+        let d = |s: u16| default_policy(StatusCode::from_u16(s).unwrap());
+        assert_eq!(d(200), Decision::Complete);
+        assert_eq!(d(201), Decision::Complete);
+        assert_eq!(d(303), Decision::Complete);
+        assert_eq!(d(400), Decision::CompleteError);
+        assert_eq!(d(404), Decision::CompleteError);
+        assert_eq!(d(409), Decision::CompleteError);
+        for s in [408, 425, 429, 503] {
+            assert_eq!(d(s), Decision::Release, "{s}");
+        }
+        for s in [500, 502, 504] {
+            assert_eq!(d(s), Decision::Abandon, "{s}");
+        }
+    }
+
+    #[test]
+    fn keys_do_not_collide_across_scopes_routes_and_methods() {
+        let k = |scope, m: Method, route, key| store_key("http", scope, &m, route, key);
+        let a = k("tenant-a", Method::POST, "/pay", "k1");
+        assert_eq!(a, "http:tenant-a:POST:/pay:k1");
+        assert_ne!(a, k("tenant-b", Method::POST, "/pay", "k1"));
+        assert_ne!(a, k("tenant-a", Method::PATCH, "/pay", "k1"));
+        assert_ne!(a, k("tenant-a", Method::POST, "/refund", "k1"));
+        // ':' in a part cannot shift the boundaries.
+        assert_ne!(
+            k("a:POST", Method::POST, "/x", "k"),
+            k("a", Method::POST, "POST:/x", "k")
+        );
+        let long = "/x".repeat(300);
+        let hashed = k("t", Method::POST, &long, "k1");
+        assert!(hashed.len() < 100, "{hashed}");
+        assert_ne!(hashed, k("t", Method::POST, &"/y".repeat(300), "k1"));
+    }
+
+    #[test]
+    fn the_fingerprint_sorts_the_query_and_covers_the_body() {
+        let fp = |uri: &str, body: &'static str, ignore: &[String]| {
+            default_fingerprint(&parts(uri), &Bytes::from_static(body.as_bytes()), ignore)
+        };
+        assert_eq!(fp("/p?a=1&b=2", "x", &[]), fp("/p?b=2&a=1", "x", &[]));
+        assert_ne!(fp("/p?a=1", "x", &[]), fp("/p?a=2", "x", &[]));
+        assert_ne!(fp("/p", "x", &[]), fp("/p", "y", &[]));
+        assert_ne!(fp("/p", "x", &[]), fp("/q", "x", &[]));
+        let ignore = ["ts".to_owned()];
+        assert_eq!(
+            fp("/p?a=1&ts=5", "x", &ignore),
+            fp("/p?a=1&ts=9", "x", &ignore)
+        );
+    }
+}

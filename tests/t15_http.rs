@@ -1,0 +1,454 @@
+//! idem-http: a real axum server with the layer, a real HTTP client
+//! (hyper) and a real idemd.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::{Extension, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::routing::{get, post};
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::rt::TokioIo;
+use idem_http::{Idempotency, IdempotencyLayer, OnRecover, Recovering};
+
+use crate::support::Idemd;
+
+/// Handler runs, by route.
+#[derive(Clone, Default)]
+struct Runs {
+    pay: Arc<AtomicU64>,
+    flaky: Arc<AtomicU64>,
+    boom: Arc<AtomicU64>,
+    slow: Arc<AtomicU64>,
+    any: Arc<AtomicU64>,
+}
+
+async fn pay(
+    State(runs): State<Runs>,
+    Extension(idem): Extension<Idempotency>,
+    body: Bytes,
+) -> (StatusCode, String) {
+    let n = runs.pay.fetch_add(1, Ordering::SeqCst) + 1;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    (
+        StatusCode::CREATED,
+        format!(
+            "run {n} fence {} key {} body {}",
+            idem.fence(),
+            idem.key(),
+            String::from_utf8_lossy(&body)
+        ),
+    )
+}
+
+/// 503 on its first run, 200 after.
+async fn flaky(State(runs): State<Runs>) -> (StatusCode, String) {
+    match runs.flaky.fetch_add(1, Ordering::SeqCst) {
+        0 => (StatusCode::SERVICE_UNAVAILABLE, "try later".into()),
+        n => (StatusCode::OK, format!("flaky run {}", n + 1)),
+    }
+}
+
+/// Journals, then fails with 500 (first run) or panics (`?panic`); a
+/// recovery run answers what the journal said.
+async fn boom(
+    State(runs): State<Runs>,
+    Extension(idem): Extension<Idempotency>,
+    recovering: Option<Extension<Recovering>>,
+    uri: axum::http::Uri,
+) -> (StatusCode, String) {
+    runs.boom.fetch_add(1, Ordering::SeqCst);
+    if let Some(Extension(r)) = recovering {
+        return (
+            StatusCode::OK,
+            format!("recovered from {}", String::from_utf8_lossy(&r.journal)),
+        );
+    }
+    idem.journal(format!("charged by fence {}", idem.fence()))
+        .await
+        .unwrap();
+    if uri.query() == Some("panic") {
+        panic!("the handler fails");
+    }
+    (
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "downstream failed".into(),
+    )
+}
+
+async fn slow(State(runs): State<Runs>) -> &'static str {
+    runs.slow.fetch_add(1, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    "slow done"
+}
+
+async fn big() -> String {
+    "x".repeat(300_000)
+}
+
+async fn any(State(runs): State<Runs>) -> String {
+    format!("any run {}", runs.any.fetch_add(1, Ordering::SeqCst) + 1)
+}
+
+struct App {
+    addr: SocketAddr,
+    runs: Runs,
+    idemd: Idemd,
+}
+
+/// An axum app on 127.0.0.1:0 with the layer as `configure` sets it up.
+async fn app(configure: impl FnOnce(IdempotencyLayer) -> IdempotencyLayer) -> App {
+    let idemd = Idemd::start().await;
+    let client = idem_client::Client::connect(idemd.addr.to_string())
+        .await
+        .unwrap();
+    let runs = Runs::default();
+    let layer = configure(IdempotencyLayer::new(client).max_response_bytes(100_000));
+    let router = Router::new()
+        .route("/pay", post(pay))
+        .route("/flaky", post(flaky))
+        .route("/boom", post(boom))
+        .route("/slow", post(slow))
+        .route("/big", post(big))
+        .route("/any", get(any).post(any))
+        .with_state(runs.clone())
+        .layer(layer);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
+    App { addr, runs, idemd }
+}
+
+struct Answer {
+    status: StatusCode,
+    headers: HeaderMap,
+    body: String,
+}
+
+impl Answer {
+    fn replayed(&self) -> bool {
+        self.headers
+            .get("idempotent-replayed")
+            .is_some_and(|v| v == "true")
+    }
+
+    fn problem(&self) -> String {
+        assert_eq!(
+            self.headers.get("content-type").unwrap(),
+            "application/problem+json",
+            "{}",
+            self.body
+        );
+        let v: serde_json::Value = serde_json::from_str(&self.body).unwrap();
+        assert_eq!(v["status"], self.status.as_u16(), "{}", self.body);
+        v["type"].as_str().unwrap().to_owned()
+    }
+}
+
+/// One request on a fresh connection.
+async fn send(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> Answer {
+    let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let mut req = hyper::Request::builder()
+        .method(method)
+        .uri(path)
+        .header("host", "test");
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let req = req.body(Full::new(Bytes::from(body.to_owned()))).unwrap();
+    let resp = sender.send_request(req).await.unwrap();
+    let (parts, body) = resp.into_parts();
+    let body = body.collect().await.unwrap().to_bytes();
+    Answer {
+        status: parts.status,
+        headers: parts.headers,
+        body: String::from_utf8_lossy(&body).into_owned(),
+    }
+}
+
+async fn post_key(addr: SocketAddr, path: &str, key: &str, body: &str) -> Answer {
+    send(addr, "POST", path, &[("idempotency-key", key)], body).await
+}
+
+#[tokio::test]
+async fn a_hundred_concurrent_duplicates_run_the_handler_once() {
+    let a = app(|l| l).await;
+    let mut tasks = Vec::new();
+    for _ in 0..100 {
+        let addr = a.addr;
+        tasks.push(tokio::spawn(async move {
+            post_key(addr, "/pay", "order-1", "42").await
+        }));
+    }
+    let mut answers = Vec::new();
+    for t in tasks {
+        answers.push(t.await.unwrap());
+    }
+    assert_eq!(a.runs.pay.load(Ordering::SeqCst), 1, "the handler ran once");
+    let originals = answers.iter().filter(|x| !x.replayed()).count();
+    assert_eq!(originals, 1, "one original answer, 99 replays");
+    for x in &answers {
+        assert_eq!(x.status, StatusCode::CREATED);
+        assert_eq!(x.body, answers[0].body);
+        assert!(x.body.starts_with("run 1 fence "), "{}", x.body);
+        assert!(x.body.ends_with("key order-1 body 42"), "{}", x.body);
+        assert_eq!(
+            x.headers.get("content-type").unwrap(),
+            "text/plain; charset=utf-8"
+        );
+    }
+    // A later retry replays too; another key runs again.
+    let again = post_key(a.addr, "/pay", "order-1", "42").await;
+    assert!(again.replayed());
+    assert_eq!(again.body, answers[0].body);
+    let other = post_key(a.addr, "/pay", "order-2", "42").await;
+    assert!(!other.replayed());
+    assert!(other.body.starts_with("run 2 "), "{}", other.body);
+}
+
+#[tokio::test]
+async fn a_key_reused_with_another_payload_gets_422() {
+    let a = app(|l| l).await;
+    assert_eq!(
+        post_key(a.addr, "/pay", "k", "42").await.status,
+        StatusCode::CREATED
+    );
+    let reused = post_key(a.addr, "/pay", "k", "43").await;
+    assert_eq!(reused.status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(reused.problem(), "urn:idem:problem:key-reused");
+    // The query is part of the request too.
+    let query = post_key(a.addr, "/pay?currency=eur", "k", "42").await;
+    assert_eq!(query.status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(a.runs.pay.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn a_duplicate_gets_409_with_retry_after_once_the_wait_runs_out() {
+    let a = app(|l| l.wait(Duration::from_millis(200))).await;
+    let addr = a.addr;
+    let first = tokio::spawn(async move { post_key(addr, "/slow", "s", "").await });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let dup = post_key(a.addr, "/slow", "s", "").await;
+    assert_eq!(dup.status, StatusCode::CONFLICT);
+    assert_eq!(dup.problem(), "urn:idem:problem:in-flight");
+    let after: u64 = dup
+        .headers
+        .get("retry-after")
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((1..=30).contains(&after), "Retry-After {after}");
+    let first = first.await.unwrap();
+    assert_eq!(first.status, StatusCode::OK);
+    assert_eq!(first.body, "slow done");
+    let later = post_key(a.addr, "/slow", "s", "").await;
+    assert!(later.replayed());
+    assert_eq!(later.body, "slow done");
+    assert_eq!(a.runs.slow.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn a_503_releases_the_key_so_the_retry_runs_again() {
+    let a = app(|l| l).await;
+    let first = post_key(a.addr, "/flaky", "f", "").await;
+    assert_eq!(first.status, StatusCode::SERVICE_UNAVAILABLE);
+    let retry = post_key(a.addr, "/flaky", "f", "").await;
+    assert_eq!(retry.status, StatusCode::OK);
+    assert!(!retry.replayed());
+    assert_eq!(retry.body, "flaky run 2");
+    let replay = post_key(a.addr, "/flaky", "f", "").await;
+    assert!(replay.replayed());
+    assert_eq!(replay.body, "flaky run 2");
+    assert_eq!(a.runs.flaky.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn a_500_or_a_panic_abandons_the_key_and_the_retry_must_recover() {
+    // By default the retry is refused: the outcome is unknown.
+    let a = app(|l| l).await;
+    for (key, path) in [("b1", "/boom"), ("b2", "/boom?panic")] {
+        let first = post_key(a.addr, path, key, "").await;
+        assert_eq!(
+            first.status,
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "{}",
+            first.body
+        );
+        let retry = post_key(a.addr, path, key, "").await;
+        assert_eq!(retry.status, StatusCode::INTERNAL_SERVER_ERROR);
+        assert_eq!(retry.problem(), "urn:idem:problem:outcome-unknown");
+        // Still unresolved on the next try.
+        let again = post_key(a.addr, path, key, "").await;
+        assert_eq!(again.problem(), "urn:idem:problem:outcome-unknown");
+    }
+    assert_eq!(
+        a.runs.boom.load(Ordering::SeqCst),
+        2,
+        "no retry ran the handler"
+    );
+    let first = post_key(a.addr, "/boom?panic", "b3", "").await;
+    assert_eq!(first.problem(), "urn:idem:problem:handler-panicked");
+
+    // With recovery, the retry runs with the journal of the failed run.
+    let a = app(|l| l.on_recover(OnRecover::RunWithRecovery)).await;
+    for (key, path) in [("r1", "/boom"), ("r2", "/boom?panic")] {
+        let first = post_key(a.addr, path, key, "").await;
+        assert_eq!(first.status, StatusCode::INTERNAL_SERVER_ERROR);
+        let retry = post_key(a.addr, path, key, "").await;
+        assert_eq!(retry.status, StatusCode::OK, "{}", retry.body);
+        assert!(
+            retry.body.starts_with("recovered from charged by fence "),
+            "{}",
+            retry.body
+        );
+        let replay = post_key(a.addr, path, key, "").await;
+        assert!(replay.replayed());
+        assert_eq!(replay.body, retry.body);
+    }
+}
+
+#[tokio::test]
+async fn a_request_dropped_mid_handler_abandons_its_key() {
+    let a = app(|l| l).await;
+    let addr = a.addr;
+    let first = tokio::spawn(async move { post_key(addr, "/slow", "gone", "").await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The client goes away; hyper drops the request's future.
+    first.abort();
+    let _ = first.await;
+    let mut seen = None;
+    for _ in 0..40 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let retry = post_key(a.addr, "/slow", "gone", "").await;
+        if retry.status == StatusCode::INTERNAL_SERVER_ERROR {
+            seen = Some(retry.problem());
+            break;
+        }
+    }
+    assert_eq!(seen.as_deref(), Some("urn:idem:problem:outcome-unknown"));
+    assert_eq!(a.runs.slow.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn quoted_and_bare_keys_are_one_key_and_bad_keys_get_400() {
+    let a = app(|l| l).await;
+    let quoted = post_key(a.addr, "/pay", "\"q-1\"", "1").await;
+    assert_eq!(quoted.status, StatusCode::CREATED);
+    let bare = post_key(a.addr, "/pay", "q-1", "1").await;
+    assert!(bare.replayed());
+    assert_eq!(bare.body, quoted.body);
+    assert!(quoted.body.contains("key q-1 "), "{}", quoted.body);
+    for bad in ["\"\"", "\"unterminated", "a\\b", &"k".repeat(256)] {
+        let r = post_key(a.addr, "/pay", bad, "1").await;
+        assert_eq!(r.status, StatusCode::BAD_REQUEST, "{bad}");
+        assert_eq!(r.problem(), "urn:idem:problem:invalid-key");
+    }
+    let two = send(
+        a.addr,
+        "POST",
+        "/pay",
+        &[("idempotency-key", "a"), ("idempotency-key", "b")],
+        "1",
+    )
+    .await;
+    assert_eq!(two.problem(), "urn:idem:problem:invalid-key");
+    assert_eq!(a.runs.pay.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn a_missing_key_is_refused_or_passed_through_as_configured() {
+    let a = app(|l| l).await;
+    let missing = send(a.addr, "POST", "/any", &[], "").await;
+    assert_eq!(missing.status, StatusCode::BAD_REQUEST);
+    assert_eq!(missing.problem(), "urn:idem:problem:missing-key");
+    // GET is not protected (POST and PATCH by default).
+    assert_eq!(send(a.addr, "GET", "/any", &[], "").await.body, "any run 1");
+    assert_eq!(send(a.addr, "GET", "/any", &[], "").await.body, "any run 2");
+
+    let a = app(|l| l.require_key(false)).await;
+    assert_eq!(
+        send(a.addr, "POST", "/any", &[], "").await.body,
+        "any run 1"
+    );
+    assert_eq!(
+        send(a.addr, "POST", "/any", &[], "").await.body,
+        "any run 2"
+    );
+    // With a key, still protected.
+    assert_eq!(post_key(a.addr, "/any", "x", "").await.body, "any run 3");
+    assert!(post_key(a.addr, "/any", "x", "").await.replayed());
+}
+
+#[tokio::test]
+async fn scopes_keep_tenants_apart() {
+    let a = app(|l| {
+        l.scope(|parts| {
+            parts
+                .headers
+                .get("x-tenant")
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("")
+                .to_owned()
+        })
+    })
+    .await;
+    let t = |tenant: &'static str| [("idempotency-key", "same"), ("x-tenant", tenant)];
+    let a1 = send(a.addr, "POST", "/pay", &t("a"), "1").await;
+    let b1 = send(a.addr, "POST", "/pay", &t("b"), "1").await;
+    assert!(!a1.replayed() && !b1.replayed());
+    assert_ne!(a1.body, b1.body);
+    assert_eq!(
+        a.runs.pay.load(Ordering::SeqCst),
+        2,
+        "two tenants, two executions"
+    );
+    let a2 = send(a.addr, "POST", "/pay", &t("a"), "1").await;
+    assert!(a2.replayed());
+    assert_eq!(a2.body, a1.body);
+}
+
+#[tokio::test]
+async fn bodies_are_bounded() {
+    let a = app(|l| l.max_request_bytes(1000)).await;
+    let big = post_key(a.addr, "/pay", "big-req", &"y".repeat(1001)).await;
+    assert_eq!(big.status, StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(big.problem(), "urn:idem:problem:body-too-large");
+    assert_eq!(a.runs.pay.load(Ordering::SeqCst), 0);
+    // A response over the stored limit (100 kB here) goes to its caller
+    // whole; replays say it was not stored.
+    let first = post_key(a.addr, "/big", "big-resp", "").await;
+    assert_eq!(first.status, StatusCode::OK);
+    assert_eq!(first.body.len(), 300_000);
+    let replay = post_key(a.addr, "/big", "big-resp", "").await;
+    assert_eq!(replay.status, StatusCode::GONE);
+    assert!(replay.replayed());
+    assert_eq!(replay.problem(), "urn:idem:problem:response-not-stored");
+    assert!(replay.body.contains("status 200"), "{}", replay.body);
+}
+
+#[tokio::test]
+async fn without_the_store_nothing_runs() {
+    let mut a = app(|l| l).await;
+    a.idemd.kill().await;
+    let r = post_key(a.addr, "/pay", "no-store", "1").await;
+    assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(r.problem(), "urn:idem:problem:store-unavailable");
+    assert!(r.headers.get("retry-after").is_some());
+    assert_eq!(a.runs.pay.load(Ordering::SeqCst), 0);
+}
