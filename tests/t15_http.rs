@@ -452,3 +452,14 @@ async fn without_the_store_nothing_runs() {
     assert!(r.headers.get("retry-after").is_some());
     assert_eq!(a.runs.pay.load(Ordering::SeqCst), 0);
 }
+
+#[tokio::test]
+async fn a_handler_past_its_timeout_gets_504_and_abandons_the_key() {
+    let a = app(|l| l.handler_timeout(Duration::from_millis(300))).await;
+    let first = post_key(a.addr, "/slow", "late", "").await;
+    assert_eq!(first.status, StatusCode::GATEWAY_TIMEOUT);
+    assert_eq!(first.problem(), "urn:idem:problem:handler-timed-out");
+    let retry = post_key(a.addr, "/slow", "late", "").await;
+    assert_eq!(retry.problem(), "urn:idem:problem:outcome-unknown");
+    assert_eq!(a.runs.slow.load(Ordering::SeqCst), 1);
+}

@@ -469,7 +469,7 @@ where
     let store_key = store_key(&s.namespace, &scope, &parts.method, &route_of(&parts), &key);
     let claimed = s
         .client
-        .claim(Key::raw(store_key))
+        .claim(store_key)
         .fingerprint(fingerprint)
         .lease(s.lease)
         .retain(s.retention)
@@ -705,39 +705,25 @@ fn route_of(parts: &request::Parts) -> String {
     parts.uri.path().to_owned()
 }
 
-fn escape(part: &str, out: &mut String) {
-    for c in part.chars() {
-        if c == '\\' || c == ':' {
-            out.push('\\');
+/// The key in Idem, through the client's [`Key`] builder (which escapes
+/// every part, so two different requests never share a key): namespace
+/// `<namespace>/<scope>`, version `<METHOD> <route>`, name the
+/// `Idempotency-Key`. A scope or route part longer than 256 bytes is
+/// replaced by its SHA-256, so the key stays within Idem's key limit.
+fn store_key(ns: &str, scope: &str, method: &Method, route: &str, key: &str) -> Key {
+    let bounded = |part: String| {
+        if part.len() <= 256 {
+            return part;
         }
-        out.push(c);
-    }
-}
-
-/// `namespace:scope:method:route:key`, each part escaped (`\` and `:`), so
-/// two different requests never share a key. A long scope and route are
-/// hashed, so the key stays within Idem's key limit.
-fn store_key(ns: &str, scope: &str, method: &Method, route: &str, key: &str) -> String {
-    let mut prefix = String::new();
-    escape(scope, &mut prefix);
-    prefix.push(':');
-    escape(method.as_str(), &mut prefix);
-    prefix.push(':');
-    escape(route, &mut prefix);
-    if prefix.len() > 256 {
-        let digest = Sha256::digest(prefix.as_bytes());
-        prefix = String::from("#");
-        for b in digest {
-            prefix.push_str(&format!("{b:02x}"));
+        let mut hashed = String::from("#");
+        for b in Sha256::digest(part.as_bytes()) {
+            hashed.push_str(&format!("{b:02x}"));
         }
-    }
-    let mut out = String::new();
-    escape(ns, &mut out);
-    out.push(':');
-    out.push_str(&prefix);
-    out.push(':');
-    escape(key, &mut out);
-    out
+        hashed
+    };
+    Key::new(key)
+        .namespace(bounded(format!("{ns}/{scope}")))
+        .version(bounded(format!("{method} {route}")))
 }
 
 /// SHA-256 over the method, the path, the query (its parameters sorted,
@@ -796,9 +782,9 @@ mod tests {
 
     #[test]
     fn keys_do_not_collide_across_scopes_routes_and_methods() {
-        let k = |scope, m: Method, route, key| store_key("http", scope, &m, route, key);
+        let k = |scope, m: Method, route, key| store_key("http", scope, &m, route, key).to_bytes();
         let a = k("tenant-a", Method::POST, "/pay", "k1");
-        assert_eq!(a, "http:tenant-a:POST:/pay:k1");
+        assert_eq!(a, "http/tenant-a:POST /pay:k1");
         assert_ne!(a, k("tenant-b", Method::POST, "/pay", "k1"));
         assert_ne!(a, k("tenant-a", Method::PATCH, "/pay", "k1"));
         assert_ne!(a, k("tenant-a", Method::POST, "/refund", "k1"));
@@ -809,7 +795,7 @@ mod tests {
         );
         let long = "/x".repeat(300);
         let hashed = k("t", Method::POST, &long, "k1");
-        assert!(hashed.len() < 100, "{hashed}");
+        assert!(hashed.len() < 100, "{hashed:?}");
         assert_ne!(hashed, k("t", Method::POST, &"/y".repeat(300), "k1"));
     }
 
