@@ -15,7 +15,8 @@
 //! - no node's code panicked, and every node started again after a crash.
 //!
 //! `IDEM_SIM_SEEDS=N` runs N seeds per cluster size (default 10: 20 runs in
-//! all); `IDEM_SIM_SEED=S` runs seed S alone (a failure names its seed).
+//! all; `IDEM_SIM_SALT=n` picks another sequence); `IDEM_SIM_SEED=S` runs
+//! seed S alone (a failure names its seed).
 //! The long run (documented in the README):
 //! `IDEM_SIM_SEEDS=500 cargo test --release -p idem-server --test integration t14_sim`.
 //!
@@ -730,7 +731,11 @@ fn seeds(salt: u64) -> Vec<u64> {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(10u64);
-    let mut rng = Rng(salt);
+    let base = std::env::var("IDEM_SIM_SALT")
+        .ok()
+        .and_then(|s| s.parse::<u64>().ok())
+        .unwrap_or(0);
+    let mut rng = Rng(salt ^ base.wrapping_mul(0x9e37_79b9_7f4a_7c15));
     (0..count).map(|_| rng.below(u64::MAX)).collect()
 }
 
