@@ -20,3 +20,4 @@ mod t12_client_safety;
 mod t13_cluster;
 mod t14_sim;
 mod t15_http;
+mod t16_auth;

@@ -5,7 +5,7 @@ use std::process::Command;
 
 use crate::support::*;
 
-fn tool(name: &str) -> Option<&'static str> {
+pub(crate) fn tool(name: &str) -> Option<&'static str> {
     let found = Command::new("sh")
         .arg("-c")
         .arg(format!("command -v {name}"))

@@ -690,7 +690,7 @@ async fn a_follower_down_while_100k_records_are_written_catches_up_by_snapshot()
 }
 
 /// A Python with redis-py (Debian's python3-redis), if there is one.
-fn python_with_redis() -> Option<&'static str> {
+pub(crate) fn python_with_redis() -> Option<&'static str> {
     for py in ["/usr/bin/python3", "python3"] {
         let ok = std::process::Command::new(py)
             .args(["-c", "import redis.cluster"])

@@ -207,6 +207,7 @@ async fn serve_client(
     let mut session = Session {
         info,
         version: Version::Resp2,
+        authenticated: true,
         writes_pending: false,
     };
     let mut buf = BytesMut::new();

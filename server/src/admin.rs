@@ -21,10 +21,50 @@ fn err(message: &'static str) -> Reply {
 pub const NO_PASSWORD: &str =
     "AUTH <password> called without any password configured for the default user";
 
-/// `HELLO`: switches the protocol version and names the connection.
+/// `-NOAUTH` for a command before authentication.
+pub const NOAUTH: &str = "Authentication required.";
+
+/// `-NOAUTH` for `HELLO` without `AUTH` before authentication.
+pub const NOAUTH_HELLO: &str = "HELLO must be called with the client already authenticated, otherwise the HELLO <proto> AUTH <user> <pass> option can be used to authenticate the client and select the RESP protocol version at the same time";
+
+/// `-WRONGPASS`, as Redis words it (clients match on it).
+pub const WRONGPASS: &str = "invalid username-password pair or user is disabled.";
+
+/// Checks `user` (`None`: the default user) and `password` against the
+/// configured password: `Ok` on a match, else the error to reply with.
+pub fn check_password(
+    node: &Node,
+    user: Option<&[u8]>,
+    password: &[u8],
+) -> Result<(), ServerError> {
+    use sha2::{Digest, Sha256};
+    let Some(want) = node.config().password_sha256 else {
+        return Err(ServerError::new(ErrorCode::Err, NO_PASSWORD));
+    };
+    let got: [u8; 32] = Sha256::digest(password).into();
+    // Every byte compared, whatever matched before.
+    let diff = want
+        .iter()
+        .zip(got.iter())
+        .fold(0u8, |acc, (a, b)| acc | (a ^ b));
+    let user_ok = user.is_none_or(|u| u == b"default");
+    if diff == 0 && user_ok {
+        Ok(())
+    } else {
+        Err(ServerError::new(ErrorCode::WrongPass, WRONGPASS))
+    }
+}
+
+/// `HELLO`: switches the protocol version and names the connection
+/// (authenticating it first when `AUTH` is given).
 pub fn hello(node: &Node, session: &mut Session, h: Hello) -> Reply {
-    if h.auth.is_some() {
-        return err(NO_PASSWORD);
+    if let Some((user, password)) = &h.auth {
+        if let Err(e) = check_password(node, Some(user), password) {
+            return Reply::Error(e);
+        }
+        session.authenticated = true;
+    } else if !session.authenticated {
+        return Reply::Error(ServerError::new(ErrorCode::NoAuth, NOAUTH_HELLO));
     }
     match h.version {
         None => {}
@@ -277,7 +317,7 @@ pub fn info_text(node: &Node, wanted: &[String]) -> String {
              waits_timed_out:{}\r\ninflight_conflicts:{}\r\nfenced:{}\r\nlease_lapses:{}\r\nmismatches:{}\r\n\
              oom_refusals:{}\r\nrecords_completed:{}\r\nexpired_records:{}\r\ntoobig_refusals:{}\r\n\
              protocol_errors:{}\r\noutput_limit_disconnects:{}\r\nclient_budget_disconnects:{}\r\n\
-             client_write_timeouts:{}\r\n",
+             client_write_timeouts:{}\r\nauth_failures:{}\r\nprotected_mode_refusals:{}\r\n",
             get(&m.connections),
             get(&m.rejected),
             get(&m.commands),
@@ -299,6 +339,8 @@ pub fn info_text(node: &Node, wanted: &[String]) -> String {
             get(&m.output_limit_disconnects),
             node.clients().evictions(),
             get(&m.write_timeouts),
+            get(&m.auth_failures),
+            get(&m.protected_mode_refusals),
         );
     });
     section("keyspace", &|o| {

@@ -72,6 +72,12 @@ pub struct RawConfig {
     /// The secret peers prove they hold (required when `peer_listen` is not
     /// loopback).
     pub cluster_secret: String,
+    /// The default user's password (`AUTH password`), or `#` and its
+    /// SHA-256 in hex; empty: none (every connection is authenticated).
+    pub requirepass: String,
+    /// With no password set, clients connecting from other hosts than this
+    /// one are refused (`-DENIED`).
+    pub protected_mode: bool,
     /// `CLUSTER PROMOTE` refuses a learner further behind than this many
     /// entries.
     pub promote_max_lag_entries: u64,
@@ -167,6 +173,8 @@ impl Default for RawConfig {
             peer_advertise: String::new(),
             initial_cluster: String::new(),
             cluster_secret: String::new(),
+            requirepass: String::new(),
+            protected_mode: true,
             promote_max_lag_entries: 1000,
             election_timeout_ms: 300,
             max_pending_proposals: 65_536,
@@ -245,6 +253,10 @@ pub enum ConfigError {
 pub struct Config {
     /// Address to listen on.
     pub listen: SocketAddr,
+    /// SHA-256 of the default user's password; `None`: no password.
+    pub password_sha256: Option<[u8; 32]>,
+    /// Refuse clients from other hosts while no password is set.
+    pub protected_mode: bool,
     /// Storage engine.
     pub engine: EngineKind,
     /// The raft engine's settings.
@@ -306,6 +318,32 @@ pub struct RequestLimits {
     pub max_attempt_bytes: usize,
     /// Frame decoding limits.
     pub frame: idem_protocol::Limits,
+}
+
+/// The SHA-256 of `requirepass`: given as `#` and 64 hex digits, or
+/// hashed from the password (which is not kept).
+fn password_hash(requirepass: &str) -> Result<Option<[u8; 32]>, ConfigError> {
+    use sha2::{Digest, Sha256};
+    if requirepass.is_empty() {
+        return Ok(None);
+    }
+    if let Some(hex) = requirepass.strip_prefix('#') {
+        let bad = || {
+            invalid(
+                "requirepass",
+                "'#' must be followed by the password's SHA-256: 64 hex digits",
+            )
+        };
+        if hex.len() != 64 || !hex.is_ascii() {
+            return Err(bad());
+        }
+        let mut out = [0u8; 32];
+        for (i, o) in out.iter_mut().enumerate() {
+            *o = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).map_err(|_| bad())?;
+        }
+        return Ok(Some(out));
+    }
+    Ok(Some(Sha256::digest(requirepass.as_bytes()).into()))
 }
 
 fn invalid(key: &'static str, reason: impl Into<String>) -> ConfigError {
@@ -421,6 +459,14 @@ impl RawConfig {
                     "peer_advertise" => self.peer_advertise = value.to_owned(),
                     "initial_cluster" => self.initial_cluster = value.to_owned(),
                     "cluster_secret" => self.cluster_secret = value.to_owned(),
+                    "requirepass" => self.requirepass = value.to_owned(),
+                    "protected_mode" => {
+                        self.protected_mode = match value.trim().to_ascii_lowercase().as_str() {
+                            "yes" | "true" | "on" | "1" => true,
+                            "no" | "false" | "off" | "0" => false,
+                            _ => return Err(invalid("protected_mode", format!("'{value}' is not yes or no"))),
+                        }
+                    }
                     "log" => self.log = value.to_owned(),
                     $(stringify!($name) => self.$name = num(stringify!($name), value)?,)*
                     _ => return Err(invalid("environment", format!("unknown key IDEM_{}", key.to_ascii_uppercase()))),
@@ -445,6 +491,8 @@ impl RawConfig {
                     ("initial_cluster", self.initial_cluster.clone()),
                     // Never shown: only whether one is set.
                     ("cluster_secret", if self.cluster_secret.is_empty() { String::new() } else { "(set)".into() }),
+                    ("requirepass", if self.requirepass.is_empty() { String::new() } else { "(set)".into() }),
+                    ("protected_mode", if self.protected_mode { "yes" } else { "no" }.into()),
                     ("log", self.log.clone()),
                     $((stringify!($name), self.$name.to_string()),)*
                 ]
@@ -719,8 +767,11 @@ impl RawConfig {
             }
         };
         let cluster = self.cluster_config(listen, engine)?;
+        let password_sha256 = password_hash(&self.requirepass)?;
         Ok(Config {
             listen,
+            password_sha256,
+            protected_mode: self.protected_mode,
             engine,
             raft: crate::engine::raft::RaftConfig {
                 data_dir: self.data_dir.clone().into(),

@@ -55,6 +55,7 @@ pub async fn serve(node: Node, socket: TcpStream, addr: SocketAddr, stop: watch:
     let session = Session {
         info,
         version: Version::Resp2,
+        authenticated: node.config().password_sha256.is_none(),
         writes_pending: false,
     };
     if let Err(e) = run(&node, socket, session, stop).await {

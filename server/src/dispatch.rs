@@ -121,6 +121,24 @@ pub fn dispatch(node: &Node, session: &mut Session, cmd: Command) -> Action {
         let mut last = session.info.last.lock();
         *last = (cmd.name(), session.info.since.elapsed().as_millis() as u64);
     }
+    if !session.authenticated
+        && !matches!(cmd, Command::Auth(_) | Command::Hello(_) | Command::Quit)
+    {
+        return Action::Reply(Reply::Error(ServerError::new(
+            ErrorCode::NoAuth,
+            admin::NOAUTH,
+        )));
+    }
+    if let Command::Auth(a) = &cmd {
+        let checked = admin::check_password(node, a.username.as_deref(), &a.password);
+        if checked.is_ok() {
+            session.authenticated = true;
+        }
+        return auth_answer(node, checked.map_or_else(Reply::Error, |()| Reply::Ok));
+    }
+    if let Command::Hello(h) = cmd {
+        return auth_answer(node, admin::hello(node, session, h));
+    }
     if cmd.key().is_some() {
         return record(node, session, cmd);
     }
@@ -133,8 +151,6 @@ pub fn dispatch(node: &Node, session: &mut Session, cmd: Command) -> Action {
             Some(m) => Reply::Frame(Frame::Bulk(m)),
         },
         Command::Echo(e) => Reply::Frame(Frame::Bulk(e.message)),
-        Command::Hello(h) => admin::hello(node, session, h),
-        Command::Auth(_) => err(admin::NO_PASSWORD),
         Command::Quit => return Action::Close(Reply::Ok),
         Command::Info(i) => admin::info(node, &i.sections),
         Command::DbSize => Reply::Frame(Frame::Integer(node.engine().len() as i64)),
@@ -143,6 +159,25 @@ pub fn dispatch(node: &Node, session: &mut Session, cmd: Command) -> Action {
         Command::Config(c) => admin::config(node, c),
         _ => err("unsupported command"),
     })
+}
+
+/// How long a failed `AUTH` takes to answer: guessing is slow, and later
+/// commands of the connection wait behind it; other clients do not.
+const AUTH_FAILURE_DELAY: std::time::Duration = std::time::Duration::from_millis(200);
+
+/// The answer to `AUTH` or `HELLO`: a refused password is answered only
+/// after [`AUTH_FAILURE_DELAY`] (counted in INFO `auth_failures`).
+fn auth_answer(node: &Node, reply: Reply) -> Action {
+    match reply {
+        Reply::Error(e) if e.code == ErrorCode::WrongPass => {
+            bump(&node.metrics().auth_failures);
+            Action::Block(Box::pin(async move {
+                tokio::time::sleep(AUTH_FAILURE_DELAY).await;
+                Reply::Error(e)
+            }))
+        }
+        other => Action::Reply(other),
+    }
 }
 
 /// A record command: a wait, a read or a write.

@@ -20,6 +20,10 @@ pub struct Metrics {
     pub output_limit_disconnects: AtomicU64,
     /// Clients disconnected at `client_write_timeout_ms`.
     pub write_timeouts: AtomicU64,
+    /// `AUTH` (and `HELLO ... AUTH`) refused with WRONGPASS.
+    pub auth_failures: AtomicU64,
+    /// Clients refused by protected mode.
+    pub protected_mode_refusals: AtomicU64,
 }
 
 /// Adds one to a counter.

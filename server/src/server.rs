@@ -68,6 +68,20 @@ pub fn reconcile_fd_limit(config: &mut Config) {
 /// How long a refused connection may take to receive its error.
 const REJECT_TIMEOUT: Duration = Duration::from_secs(1);
 
+/// What protected mode answers a client from another host (Redis's reply,
+/// in Idem's terms), before closing the connection.
+pub const DENIED: &str = "-DENIED Idem is running in protected mode because protected mode is enabled and no password is set for the default user. In this mode connections are only accepted from the loopback interface. If you want to connect from other computers, do one of the following: 1) set a password for the default user (requirepass, --requirepass or IDEM_REQUIREPASS) and have clients AUTH with it; 2) if this server is reachable only from a trusted network, turn protected mode off (protected_mode = false, --protected-mode no or IDEM_PROTECTED_MODE=no) and restart.\r\n";
+
+/// Whether `ip` is this host (IPv4-mapped loopback included).
+fn is_loopback(ip: std::net::IpAddr) -> bool {
+    match ip {
+        std::net::IpAddr::V4(v4) => v4.is_loopback(),
+        std::net::IpAddr::V6(v6) => {
+            v6.is_loopback() || v6.to_ipv4_mapped().is_some_and(|v4| v4.is_loopback())
+        }
+    }
+}
+
 /// Listens on `addr` (with `SO_REUSEADDR`, so a restart can bind at once)
 /// with a backlog of `backlog` connections.
 ///
@@ -168,6 +182,18 @@ impl Server {
                 }
             };
             bump(&node.metrics().connections);
+            if config.protected_mode && config.password_sha256.is_none() && !is_loopback(addr.ip())
+            {
+                bump(&node.metrics().protected_mode_refusals);
+                tokio::spawn(async move {
+                    let _ = tokio::time::timeout(REJECT_TIMEOUT, async {
+                        let _ = socket.write_all(DENIED.as_bytes()).await;
+                        let _ = socket.shutdown().await;
+                    })
+                    .await;
+                });
+                continue;
+            }
             let Ok(permit) = Arc::clone(&limit).try_acquire_owned() else {
                 bump(&node.metrics().rejected);
                 tokio::spawn(async move {

@@ -12,6 +12,9 @@ pub struct Session {
     pub info: Arc<ClientInfo>,
     /// The protocol version (HELLO).
     pub version: Version,
+    /// Whether the connection has authenticated (true from the start when
+    /// no password is set).
+    pub authenticated: bool,
     /// Writes of this connection are still on their way through the log:
     /// a command that could be answered from the store must not be (it
     /// would not see them).

@@ -138,6 +138,15 @@ struct Args {
     /// (ignored once the data directory holds a membership).
     #[arg(long, value_name = "ID=HOST:PORT,...")]
     initial_cluster: Option<String>,
+    /// The default user's password (clients `AUTH` with it), or `#` and its
+    /// SHA-256 in hex. Prefer `IDEM_REQUIREPASS` or the config file: flags
+    /// show in the process list.
+    #[arg(long, value_name = "PASSWORD")]
+    requirepass: Option<String>,
+    /// yes (default): with no password set, refuse clients from other
+    /// hosts; no: accept them.
+    #[arg(long, value_name = "yes|no")]
+    protected_mode: Option<String>,
     /// Configuration file (TOML); `IDEM_CONFIG` also names one.
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
@@ -163,6 +172,8 @@ fn main() -> anyhow::Result<()> {
         ("advertise", args.advertise),
         ("peer_advertise", args.peer_advertise),
         ("initial_cluster", args.initial_cluster),
+        ("requirepass", args.requirepass),
+        ("protected_mode", args.protected_mode),
     ];
     for (key, value) in flags {
         if let Some(v) = value {

@@ -1,0 +1,288 @@
+//! Authentication (`requirepass`, AUTH, HELLO ... AUTH) and protected
+//! mode, over real sockets, with redis-cli and redis-py too.
+
+use std::net::{IpAddr, SocketAddr};
+use std::process::Command;
+
+use idem_protocol::Frame;
+use sha2::{Digest, Sha256};
+
+use crate::support::*;
+
+const PASS: &str = "correct horse battery staple";
+
+fn error_text(f: &Frame) -> String {
+    match f {
+        Frame::Error(e) => String::from_utf8_lossy(e).into_owned(),
+        other => panic!("expected an error, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn every_command_waits_for_auth_when_a_password_is_set() {
+    let s = Idemd::start_with(&[], &["--requirepass", PASS]).await;
+    let mut c = s.conn().await;
+    for cmd in [
+        &["PING"][..],
+        &["CLAIM", "k"],
+        &["INSPECT", "k"],
+        &["FORGET", "k"],
+        &["CONFIG", "GET", "*"],
+        &["CLIENT", "LIST"],
+    ] {
+        assert_eq!(
+            error_text(&c.cmd(cmd).await),
+            "NOAUTH Authentication required.",
+            "{cmd:?}"
+        );
+    }
+    let hello = error_text(&c.cmd(&["HELLO", "3"]).await);
+    assert!(
+        hello.starts_with("NOAUTH HELLO must be called with the client already authenticated"),
+        "{hello}"
+    );
+    let wrong = "WRONGPASS invalid username-password pair or user is disabled.";
+    assert_eq!(error_text(&c.cmd(&["AUTH", "guess"]).await), wrong);
+    assert_eq!(error_text(&c.cmd(&["AUTH", "admin", PASS]).await), wrong);
+    assert_eq!(
+        error_text(&c.cmd(&["PING"]).await),
+        "NOAUTH Authentication required."
+    );
+    assert_eq!(c.cmd(&["AUTH", PASS]).await, ok());
+    assert!(matches!(
+        claim(c.cmd(&["CLAIM", "k"]).await),
+        idem_protocol::ClaimReply::Acquired { .. }
+    ));
+    assert_eq!(bulk(&c.cmd(&["PING", "hi"]).await), "hi");
+    // The password is never shown.
+    let cfg = c.cmd(&["CONFIG", "GET", "requirepass"]).await;
+    assert_eq!(
+        cfg,
+        Frame::Array(vec![
+            Frame::Bulk("requirepass".into()),
+            Frame::Bulk("(set)".into())
+        ])
+    );
+    assert_eq!(info_field(&mut c, "auth_failures").await, 2);
+
+    // AUTH default <password>, and HELLO 3 AUTH default <password>.
+    let mut d = s.conn().await;
+    assert_eq!(d.cmd(&["AUTH", "default", PASS]).await, ok());
+    let mut h = s.conn().await;
+    let hello = h
+        .cmd(&["HELLO", "3", "AUTH", "default", PASS, "SETNAME", "svc"])
+        .await;
+    assert!(matches!(hello, Frame::Map(_)), "{hello:?}");
+    assert!(matches!(
+        claim(h.cmd(&["CLAIM", "k"]).await),
+        idem_protocol::ClaimReply::InFlight { .. }
+    ));
+    // A failed HELLO AUTH leaves the connection unauthenticated.
+    let mut f = s.conn().await;
+    assert_eq!(
+        error_text(&f.cmd(&["HELLO", "3", "AUTH", "default", "nope"]).await),
+        wrong
+    );
+    assert_eq!(
+        error_text(&f.cmd(&["PING"]).await),
+        "NOAUTH Authentication required."
+    );
+    // QUIT is allowed before AUTH.
+    let mut q = s.conn().await;
+    assert_eq!(q.cmd(&["QUIT"]).await, ok());
+    assert!(q.closed().await);
+}
+
+#[tokio::test]
+async fn without_a_password_auth_says_none_is_set() {
+    let s = Idemd::start().await;
+    let mut c = s.conn().await;
+    assert!(error_text(&c.cmd(&["AUTH", "x"]).await).contains("without any password configured"));
+    assert_eq!(bulk(&c.cmd(&["PING", "still"]).await), "still");
+}
+
+#[tokio::test]
+async fn a_password_may_be_given_as_its_sha256() {
+    let hash: String = Sha256::digest(PASS.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let s = Idemd::start_with(&[("IDEM_REQUIREPASS", &format!("#{hash}"))], &[]).await;
+    let mut c = s.conn().await;
+    assert_eq!(
+        error_text(&c.cmd(&["AUTH", &format!("#{hash}")]).await)
+            .split(' ')
+            .next(),
+        Some("WRONGPASS")
+    );
+    assert_eq!(c.cmd(&["AUTH", PASS]).await, ok());
+    // A malformed hash stops the start with a clear error.
+    let out = Command::new(env!("CARGO_BIN_EXE_idemd"))
+        .args([
+            "--engine",
+            "memory",
+            "--listen",
+            "127.0.0.1:0",
+            "--requirepass",
+            "#abc",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("requirepass") && err.contains("64 hex digits"),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn redis_cli_and_redis_py_authenticate_unchanged() {
+    let s = Idemd::start_with(&[], &["--requirepass", PASS]).await;
+    if crate::t07_redis_tools::tool("redis-cli").is_some() {
+        let (h, p) = (s.addr.ip().to_string(), s.addr.port().to_string());
+        let out = Command::new("redis-cli")
+            .args([
+                "-h",
+                &h,
+                "-p",
+                &p,
+                "--no-auth-warning",
+                "-a",
+                PASS,
+                "CLAIM",
+                "cli-key",
+            ])
+            .output()
+            .unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout).lines().next(),
+            Some("ACQUIRED")
+        );
+        let out = Command::new("redis-cli")
+            .args([
+                "-h",
+                &h,
+                "-p",
+                &p,
+                "--no-auth-warning",
+                "--user",
+                "default",
+                "--pass",
+                PASS,
+                "-3",
+                "INSPECT",
+                "cli-key",
+            ])
+            .output()
+            .unwrap();
+        assert!(
+            String::from_utf8_lossy(&out.stdout).contains("in_flight"),
+            "{:?}",
+            out
+        );
+        let out = Command::new("redis-cli")
+            .args([
+                "-h",
+                &h,
+                "-p",
+                &p,
+                "--no-auth-warning",
+                "-a",
+                "wrong",
+                "PING",
+            ])
+            .output()
+            .unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            text.contains("WRONGPASS") || text.contains("NOAUTH"),
+            "{text}"
+        );
+    }
+    if let Some(py) = crate::t13_cluster::python_with_redis() {
+        let script = format!(
+            "import redis\n\
+             r = redis.Redis(host='{ip}', port={port}, password={pw:?})\n\
+             print(r.execute_command('CLAIM', 'py-key'))\n\
+             r3 = redis.Redis(host='{ip}', port={port}, username='default', password={pw:?})\n\
+             print(r3.execute_command('CLAIM', 'py-key'))\n\
+             try:\n    redis.Redis(host='{ip}', port={port}, password='wrong').ping()\n    print('no error')\n\
+             except redis.exceptions.AuthenticationError:\n    print('refused')\n\
+             except redis.exceptions.ResponseError as e:\n    print('refused' if 'WRONGPASS' in str(e) else str(e))\n",
+            ip = s.addr.ip(),
+            port = s.addr.port(),
+            pw = PASS,
+        );
+        let out = Command::new(py).args(["-c", &script]).output().unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{stdout}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let lines: Vec<&str> = stdout.lines().collect();
+        assert!(lines[0].contains("ACQUIRED"), "{stdout}");
+        assert!(lines[1].contains("INFLIGHT"), "{stdout}");
+        assert_eq!(lines[2], "refused", "{stdout}");
+    }
+}
+
+/// An address of this host that is not loopback (the one it would use to
+/// reach another host; no packet is sent).
+fn outside_address() -> IpAddr {
+    let s = std::net::UdpSocket::bind("0.0.0.0:0").unwrap();
+    s.connect("192.0.2.200:9").unwrap();
+    let ip = s.local_addr().unwrap().ip();
+    assert!(
+        !ip.is_loopback() && !ip.is_unspecified(),
+        "this host needs a non-loopback address: {ip}"
+    );
+    ip
+}
+
+#[tokio::test]
+async fn protected_mode_refuses_other_hosts_until_a_password_is_set() {
+    let outside = outside_address();
+    let start = |args: &'static [&'static str]| async move {
+        let s = Idemd::start_with(&[], &[&["--listen", "0.0.0.0:0"][..], args].concat()).await;
+        (
+            SocketAddr::new("127.0.0.1".parse().unwrap(), s.addr.port()),
+            SocketAddr::new(outside, s.addr.port()),
+            s,
+        )
+    };
+    // No password: loopback is served, another host is denied and dropped.
+    let (local, remote, s) = start(&[]).await;
+    let mut l = Conn::connect(local).await;
+    assert_eq!(l.cmd(&["PING"]).await, Frame::simple("PONG"));
+    let mut r = Conn::connect(remote).await;
+    let denied = error_text(&r.read().await.expect("a reply"));
+    assert!(
+        denied.starts_with("DENIED Idem is running in protected mode"),
+        "{denied}"
+    );
+    assert!(
+        denied.contains("requirepass") && denied.contains("protected_mode"),
+        "{denied}"
+    );
+    assert!(r.closed().await);
+    assert_eq!(info_field(&mut l, "protected_mode_refusals").await, 1);
+    drop(s);
+    // With a password, other hosts are served (and must AUTH).
+    let (_, remote, _s) = start(&["--requirepass", PASS]).await;
+    let mut r = Conn::connect(remote).await;
+    assert_eq!(
+        error_text(&r.cmd(&["PING"]).await),
+        "NOAUTH Authentication required."
+    );
+    assert_eq!(r.cmd(&["AUTH", PASS]).await, ok());
+    // Protected mode off: served without a password.
+    let (_, remote, _s) = start(&["--protected-mode", "no"]).await;
+    let mut r = Conn::connect(remote).await;
+    assert_eq!(r.cmd(&["PING"]).await, Frame::simple("PONG"));
+}
