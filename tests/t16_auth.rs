@@ -286,3 +286,60 @@ async fn protected_mode_refuses_other_hosts_until_a_password_is_set() {
     let mut r = Conn::connect(remote).await;
     assert_eq!(r.cmd(&["PING"]).await, Frame::simple("PONG"));
 }
+
+#[tokio::test]
+async fn idem_client_authenticates_and_again_after_reconnecting() {
+    use idem_client::{ClaimOutcome, Client, ClientConfig, ErrorKind};
+    let mut s = Idemd::start_with(&[], &["--requirepass", PASS]).await;
+    let url = format!("idem://:{}@{}", PASS.replace(' ', "%20"), s.addr);
+    let c = Client::connect(url).await.unwrap();
+    // Held (a dropped claim guard abandons its key).
+    let first = c.claim("client-key").await.unwrap();
+    assert!(matches!(first, ClaimOutcome::Acquired(_)));
+    let d = Client::connect_with_config(
+        s.addr.to_string(),
+        ClientConfig::default().user_password("default", PASS),
+    )
+    .await
+    .unwrap();
+    assert!(matches!(
+        d.claim("client-key").await.unwrap(),
+        ClaimOutcome::InFlight { .. }
+    ));
+    drop(first);
+    // Wrong or missing password: an Auth error at once, not retried.
+    let wrong =
+        Client::connect_with_config(s.addr.to_string(), ClientConfig::default().password("nope"))
+            .await
+            .unwrap_err();
+    assert_eq!(wrong.kind(), ErrorKind::Auth, "{wrong}");
+    assert!(!wrong.is_retryable());
+    let missing = Client::connect(s.addr.to_string()).await.unwrap_err();
+    assert_eq!(missing.kind(), ErrorKind::Auth, "{missing}");
+    assert!(
+        missing.to_string().contains("requires a password"),
+        "{missing}"
+    );
+    // The server restarts on the same port: the client reconnects and
+    // authenticates again.
+    let addr = s.addr.to_string();
+    s.kill().await;
+    let _s2 = Idemd::start_with(&[], &["--requirepass", PASS, "--listen", &addr]).await;
+    let mut replies = None;
+    for _ in 0..50 {
+        match c.claim("after-restart").await {
+            Ok(r) => {
+                replies = Some(r);
+                break;
+            }
+            Err(e) => {
+                assert_ne!(e.kind(), ErrorKind::Auth, "{e}");
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            }
+        }
+    }
+    assert!(
+        matches!(replies, Some(ClaimOutcome::Acquired(_))),
+        "{replies:?}"
+    );
+}

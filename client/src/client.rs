@@ -17,7 +17,7 @@ use idem_protocol::{
 use tokio::sync::Mutex as AsyncMutex;
 
 use crate::claim::Claim;
-use crate::config::ClientConfig;
+use crate::config::{ClientConfig, Credentials};
 use crate::connection::Connection;
 use crate::error::{Error, ErrorKind, Result};
 use crate::key::Key;
@@ -135,10 +135,38 @@ const IDLE_WAIT_CONNECTIONS: usize = 16;
 /// The `host:port` of each seed of `addrs`: `host:port` or
 /// `idem://host:port[/]`, several separated by commas (the nodes of a
 /// cluster: `idem://h1:7379,h2:7379,h3:7379`).
-pub(crate) fn parse_addresses(addrs: &str) -> Result<Vec<String>> {
+#[cfg(test)]
+fn parse_addresses(addrs: &str) -> Result<Vec<String>> {
+    Ok(parse_target(addrs)?.0)
+}
+
+/// The addresses, and the credentials of an `idem://user:password@...`
+/// URL (percent-decoded; an empty user is the default user).
+pub(crate) fn parse_target(addrs: &str) -> Result<(Vec<String>, Option<Credentials>)> {
     let (scheme, rest) = match addrs.split_once("://") {
         Some((scheme, rest)) => (Some(scheme), rest),
         None => (None, addrs),
+    };
+    let mut credentials = None;
+    let rest = match (scheme, rest.split_once('@')) {
+        (Some("idem"), Some((userinfo, hosts))) if !userinfo.contains(',') => {
+            let (user, password) = userinfo.split_once(':').unwrap_or(("", userinfo));
+            let decode = |s: &str| {
+                percent_decode(s).ok_or_else(|| {
+                    Error::new(
+                        ErrorKind::InvalidAddress,
+                        "bad percent-encoding in the URL's user or password",
+                    )
+                })
+            };
+            let user = decode(user)?;
+            credentials = Some(Credentials {
+                user: (!user.is_empty()).then_some(user),
+                password: decode(password)?,
+            });
+            hosts
+        }
+        _ => rest,
     };
     let mut out = Vec::new();
     for one in rest.split(',').map(str::trim) {
@@ -150,7 +178,25 @@ pub(crate) fn parse_addresses(addrs: &str) -> Result<Vec<String>> {
             out.push(one);
         }
     }
-    Ok(out)
+    Ok((out, credentials))
+}
+
+/// `%XX` escapes decoded (UTF-8).
+fn percent_decode(s: &str) -> Option<String> {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' {
+            let hex = std::str::from_utf8(b.get(i + 1..i + 3)?).ok()?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
 }
 
 /// The `host:port` of an address given as `host:port` or
@@ -170,7 +216,9 @@ fn parse_address(addr: &str) -> Result<String> {
     };
     let rest = rest.strip_suffix('/').unwrap_or(rest);
     if rest.contains('@') {
-        return Err(invalid("credentials in the URL are not supported yet"));
+        return Err(invalid(
+            "credentials go before the first host (idem://user:password@host:port,...)",
+        ));
     }
     if rest.contains(['/', '?', '#']) {
         return Err(invalid("a path or options after host:port"));
@@ -352,8 +400,10 @@ fn expect_ok(frame: Frame) -> Result<()> {
 
 impl Client {
     /// Connects to `addr` with the default configuration: `host:port` or
-    /// an `idem://host:port` URL (`idems://` for TLS and credentials in the
-    /// URL are refused until they are supported, not ignored). For a
+    /// an `idem://host:port` URL, with credentials if the server has a
+    /// password: `idem://:password@host:port` or
+    /// `idem://user:password@host:port` (percent-encoded; `idems://`, TLS,
+    /// is refused until it is supported, not ignored). For a
     /// cluster, give several nodes separated by commas
     /// (`h1:7379,h2:7379,h3:7379`): the client starts with the first that
     /// answers and follows `-MOVED` to the leader.
@@ -367,7 +417,11 @@ impl Client {
         addr: impl Into<String>,
         config: ClientConfig,
     ) -> Result<Client> {
-        let seeds = parse_addresses(&addr.into())?;
+        let (seeds, credentials) = parse_target(&addr.into())?;
+        let mut config = config;
+        if config.credentials.is_none() {
+            config.credentials = credentials;
+        }
         let addr = seeds[0].clone();
         let client = Client {
             inner: Arc::new(Inner {
@@ -467,6 +521,21 @@ impl Client {
     /// Opens a connection to `addr` and checks that it is an Idem server.
     async fn open_checked(&self, addr: &str) -> Result<Connection> {
         let conn = Connection::open(addr, self.inner.config.connect_timeout).await?;
+        if let Some(c) = &self.inner.config.credentials {
+            let mut args = vec![Bytes::from_static(b"AUTH")];
+            if let Some(user) = &c.user {
+                args.push(Bytes::copy_from_slice(user.as_bytes()));
+            }
+            args.push(Bytes::copy_from_slice(c.password.as_bytes()));
+            let authed = conn
+                .call(Frame::command(args), self.inner.config.request_timeout)
+                .await
+                .and_then(expect_ok);
+            if let Err(e) = authed {
+                conn.abort();
+                return Err(e);
+            }
+        }
         handshake(&conn, addr, self.inner.config.request_timeout).await?;
         Ok(conn)
     }
@@ -1197,6 +1266,15 @@ async fn handshake(conn: &Connection, addr: &str, timeout: Duration) -> Result<(
     let pairs: Vec<Frame> = match reply {
         Frame::Array(items) => items,
         Frame::Map(pairs) => pairs.into_iter().flat_map(|(k, v)| [k, v]).collect(),
+        Frame::Error(e) if e.starts_with(b"NOAUTH") => {
+            conn.abort();
+            return Err(Error::new(
+                ErrorKind::Auth,
+                format!(
+                    "{addr} requires a password: set ClientConfig::password or connect to idem://:password@{addr}"
+                ),
+            ));
+        }
         Frame::Error(e) => {
             return Err(not_idem(format!(
                 "HELLO answered {}",
@@ -1224,7 +1302,7 @@ async fn handshake(conn: &Connection, addr: &str, timeout: Duration) -> Result<(
 
 #[cfg(test)]
 mod tests {
-    use super::{parse_address, parse_addresses};
+    use super::{parse_address, parse_addresses, parse_target};
 
     #[test]
     fn addresses_and_urls() {
@@ -1240,7 +1318,11 @@ mod tests {
             ("localhost", "no host:port"),
             ("redis://localhost:6379", "unknown scheme 'redis'"),
             ("idems://localhost:7379", "TLS"),
-            ("idem://user:pw@localhost:7379", "credentials"),
+            (
+                "idem://a:7379,user:pw@b:7379",
+                "credentials go before the first host",
+            ),
+            ("idem://:p%zz@localhost:7379", "percent-encoding"),
             ("idem://localhost:7379/0", "path"),
             ("idem://localhost:port", "no host:port"),
             ("idem://a:7379,b", "no host:port"),
@@ -1258,5 +1340,23 @@ mod tests {
             parse_addresses("10.0.0.1:7379,10.0.0.2:7379").unwrap(),
             ["10.0.0.1:7379", "10.0.0.2:7379"]
         );
+    }
+
+    #[test]
+    fn credentials_in_urls() {
+        let (seeds, c) = parse_target("idem://svc:p%40ss%3Aw@a:7379,b:7379").unwrap();
+        assert_eq!(seeds, ["a:7379", "b:7379"]);
+        let c = c.unwrap();
+        assert_eq!(
+            (c.user.as_deref(), c.password.as_str()),
+            (Some("svc"), "p@ss:w")
+        );
+        let (_, c) = parse_target("idem://:secret@a:7379").unwrap();
+        let c = c.unwrap();
+        assert_eq!((c.user, c.password.as_str()), (None, "secret"));
+        assert!(parse_target("a:7379").unwrap().1.is_none());
+        // Never shown by Debug.
+        let cfg = crate::ClientConfig::default().password("hunter2");
+        assert!(!format!("{cfg:?}").contains("hunter2"));
     }
 }

@@ -24,6 +24,24 @@ pub struct ClientConfig {
     pub(crate) lazy_connect: bool,
     pub(crate) deadline: Duration,
     pub(crate) max_waiting_connections: usize,
+    pub(crate) credentials: Option<Credentials>,
+}
+
+/// A user and password sent with `AUTH` on every new connection.
+#[derive(Clone, PartialEq, Eq)]
+pub(crate) struct Credentials {
+    /// `None`: the default user (`AUTH password`).
+    pub(crate) user: Option<String>,
+    pub(crate) password: String,
+}
+
+impl std::fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Credentials")
+            .field("user", &self.user)
+            .field("password", &"(hidden)")
+            .finish()
+    }
 }
 
 impl Default for ClientConfig {
@@ -41,6 +59,7 @@ impl Default for ClientConfig {
             lazy_connect: false,
             deadline: Duration::from_secs(10),
             max_waiting_connections: 256,
+            credentials: None,
         }
     }
 }
@@ -124,6 +143,27 @@ impl ClientConfig {
     /// error; a timeout when it does not answer at all).
     pub fn lazy_connect(mut self, lazy: bool) -> Self {
         self.lazy_connect = lazy;
+        self
+    }
+
+    /// Authenticates every connection with `AUTH password` (the server's
+    /// `requirepass`), before anything else; also after every reconnect.
+    /// A wrong password fails with [`ErrorKind::Auth`](crate::ErrorKind::Auth),
+    /// never retried. The password is not shown by `Debug`.
+    pub fn password(mut self, password: impl Into<String>) -> Self {
+        self.credentials = Some(Credentials {
+            user: None,
+            password: password.into(),
+        });
+        self
+    }
+
+    /// Like [`password`](Self::password), with `AUTH user password`.
+    pub fn user_password(mut self, user: impl Into<String>, password: impl Into<String>) -> Self {
+        self.credentials = Some(Credentials {
+            user: Some(user.into()),
+            password: password.into(),
+        });
         self
     }
 
