@@ -2,7 +2,8 @@
 //! nodes, each the real server (its raft engine, state machine, waiters
 //! and dispatch) over a simulated network and simulated time, and clients
 //! whose every call is recorded. A seeded schedule crashes and restarts
-//! nodes (kill -9: what was synced survives), cuts nodes off from the
+//! nodes (as kill -9 does: what was written survives; power loss is not
+//! simulated), cuts nodes off from the
 //! others, holds and releases the messages on links (delays) and changes
 //! latencies. Then the faults heal, and:
 //!
@@ -10,8 +11,8 @@
 //!   fences increase, one live lease per key, acknowledged COMPLETEs and
 //!   JOURNALs are kept, stale owners are fenced (every key is claimed once
 //!   more at the end, so a lost record shows);
-//! - every node converges on the same log and the same store (byte for
-//!   byte in the canonical snapshot encoding);
+//! - every node converges on the same applied index and the same store
+//!   (byte for byte in the canonical snapshot encoding);
 //! - no node's code panicked, and every node started again after a crash.
 //!
 //! `IDEM_SIM_SEEDS=N` runs N seeds per cluster size (default 10: 20 runs in

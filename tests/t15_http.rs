@@ -86,8 +86,22 @@ async fn slow(State(runs): State<Runs>) -> &'static str {
     "slow done"
 }
 
-async fn big() -> String {
-    "x".repeat(300_000)
+/// 300 kB in 30 chunks.
+async fn big() -> axum::body::Body {
+    let chunks = (0..30).map(|_| Ok::<_, std::io::Error>(Bytes::from(vec![b'x'; 10_000])));
+    axum::body::Body::from_stream(futures_util::stream::iter(chunks))
+}
+
+/// 200 kB, then the body fails.
+async fn big_fail() -> axum::body::Body {
+    let chunks = (0..21).map(|i| {
+        if i < 20 {
+            Ok(Bytes::from(vec![b'y'; 10_000]))
+        } else {
+            Err(std::io::Error::other("the source went away"))
+        }
+    });
+    axum::body::Body::from_stream(futures_util::stream::iter(chunks))
 }
 
 async fn any(State(runs): State<Runs>) -> String {
@@ -114,6 +128,7 @@ async fn app(configure: impl FnOnce(IdempotencyLayer) -> IdempotencyLayer) -> Ap
         .route("/boom", post(boom))
         .route("/slow", post(slow))
         .route("/big", post(big))
+        .route("/big-fail", post(big_fail))
         .route("/any", get(any).post(any))
         .with_state(runs.clone())
         .layer(layer);
@@ -172,12 +187,26 @@ async fn send(
     let req = req.body(Full::new(Bytes::from(body.to_owned()))).unwrap();
     let resp = sender.send_request(req).await.unwrap();
     let (parts, body) = resp.into_parts();
-    let body = body.collect().await.unwrap().to_bytes();
+    let body = match body.collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(_) => Bytes::from_static(b"(the body failed)"),
+    };
     Answer {
         status: parts.status,
         headers: parts.headers,
         body: String::from_utf8_lossy(&body).into_owned(),
     }
+}
+
+/// Waits until the handler counted by `runs` has started.
+async fn running(runs: &AtomicU64) {
+    for _ in 0..200 {
+        if runs.load(Ordering::SeqCst) > 0 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("the handler did not start");
 }
 
 async fn post_key(addr: SocketAddr, path: &str, key: &str, body: &str) -> Answer {
@@ -234,6 +263,10 @@ async fn a_key_reused_with_another_payload_gets_422() {
     let query = post_key(a.addr, "/pay?currency=eur", "k", "42").await;
     assert_eq!(query.status, StatusCode::UNPROCESSABLE_ENTITY);
     assert_eq!(a.runs.pay.load(Ordering::SeqCst), 1);
+    // Another route (or method) with the same key is another key.
+    let other = post_key(a.addr, "/any", "k", "42").await;
+    assert_eq!(other.status, StatusCode::OK);
+    assert!(!other.replayed());
 }
 
 #[tokio::test]
@@ -241,7 +274,7 @@ async fn a_duplicate_gets_409_with_retry_after_once_the_wait_runs_out() {
     let a = app(|l| l.wait(Duration::from_millis(200))).await;
     let addr = a.addr;
     let first = tokio::spawn(async move { post_key(addr, "/slow", "s", "").await });
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    running(&a.runs.slow).await;
     let dup = post_key(a.addr, "/slow", "s", "").await;
     assert_eq!(dup.status, StatusCode::CONFLICT);
     assert_eq!(dup.problem(), "urn:idem:problem:in-flight");
@@ -328,7 +361,7 @@ async fn a_request_dropped_mid_handler_abandons_its_key() {
     let a = app(|l| l).await;
     let addr = a.addr;
     let first = tokio::spawn(async move { post_key(addr, "/slow", "gone", "").await });
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    running(&a.runs.slow).await;
     // The client goes away; hyper drops the request's future.
     first.abort();
     let _ = first.await;
@@ -412,7 +445,6 @@ async fn scopes_keep_tenants_apart() {
     let a1 = send(a.addr, "POST", "/pay", &t("a"), "1").await;
     let b1 = send(a.addr, "POST", "/pay", &t("b"), "1").await;
     assert!(!a1.replayed() && !b1.replayed());
-    assert_ne!(a1.body, b1.body);
     assert_eq!(
         a.runs.pay.load(Ordering::SeqCst),
         2,
@@ -421,6 +453,12 @@ async fn scopes_keep_tenants_apart() {
     let a2 = send(a.addr, "POST", "/pay", &t("a"), "1").await;
     assert!(a2.replayed());
     assert_eq!(a2.body, a1.body);
+    // Without a scope (the default) every caller shares the key space.
+    let a = app(|l| l).await;
+    let a1 = send(a.addr, "POST", "/pay", &t("a"), "1").await;
+    let b1 = send(a.addr, "POST", "/pay", &t("b"), "1").await;
+    assert!(!a1.replayed() && b1.replayed());
+    assert_eq!(a.runs.pay.load(Ordering::SeqCst), 1);
 }
 
 #[tokio::test]
@@ -440,6 +478,12 @@ async fn bodies_are_bounded() {
     assert!(replay.replayed());
     assert_eq!(replay.problem(), "urn:idem:problem:response-not-stored");
     assert!(replay.body.contains("status 200"), "{}", replay.body);
+    // One that fails after the limit: its caller sees it fail, and the
+    // key is abandoned (not completed with a marker).
+    let first = post_key(a.addr, "/big-fail", "big-fail", "").await;
+    assert_eq!(first.body, "(the body failed)");
+    let retry = post_key(a.addr, "/big-fail", "big-fail", "").await;
+    assert_eq!(retry.problem(), "urn:idem:problem:outcome-unknown");
 }
 
 #[tokio::test]

@@ -35,12 +35,13 @@ pub(crate) fn parse(value: &HeaderValue, max_len: usize) -> Result<String, BadKe
     let raw = value.as_bytes();
     let trimmed = trim(raw);
     let key = match trimmed {
-        [b'"', inner @ .., b'"'] => unquote(inner)?,
-        [b'"', ..] => return Err(BadKey::BadCharacter),
+        [b'"', rest @ ..] => unquote(rest)?,
         bare => {
+            // No quotes, backslashes or commas (two header lines a proxy
+            // folded into one are refused, not taken as one key).
             if bare
                 .iter()
-                .any(|b| !(0x21..=0x7e).contains(b) || *b == b'"' || *b == b'\\')
+                .any(|b| !(0x21..=0x7e).contains(b) || matches!(b, b'"' | b'\\' | b','))
             {
                 return Err(BadKey::BadCharacter);
             }
@@ -68,22 +69,30 @@ fn trim(b: &[u8]) -> &[u8] {
     &b[start..end.max(start)]
 }
 
-/// An sf-string's content: printable ASCII, `\"` and `\\` escapes only.
-fn unquote(inner: &[u8]) -> Result<String, BadKey> {
-    let mut out = String::with_capacity(inner.len());
-    let mut bytes = inner.iter();
-    while let Some(&b) = bytes.next() {
+/// An sf-string after its opening quote: printable ASCII, `\"` and `\\`
+/// escapes only, up to the closing quote; Structured-Field parameters
+/// after it (`;name=value`) are allowed and ignored.
+fn unquote(rest: &[u8]) -> Result<String, BadKey> {
+    let mut out = String::with_capacity(rest.len());
+    let mut bytes = rest.iter().enumerate();
+    while let Some((i, &b)) = bytes.next() {
         match b {
             b'\\' => match bytes.next() {
-                Some(&e @ (b'"' | b'\\')) => out.push(e as char),
+                Some((_, &e @ (b'"' | b'\\'))) => out.push(e as char),
                 _ => return Err(BadKey::BadCharacter),
             },
-            b'"' => return Err(BadKey::BadCharacter),
+            b'"' => {
+                return match &rest[i + 1..] {
+                    [] | [b';', ..] => Ok(out),
+                    _ => Err(BadKey::BadCharacter),
+                };
+            }
             0x20..=0x7e => out.push(b as char),
             _ => return Err(BadKey::BadCharacter),
         }
     }
-    Ok(out)
+    // No closing quote.
+    Err(BadKey::BadCharacter)
 }
 
 #[cfg(test)]
@@ -100,6 +109,7 @@ mod tests {
         assert_eq!(p("abc-123"), Ok("abc-123".into()));
         assert_eq!(p("  abc-123 "), Ok("abc-123".into()));
         assert_eq!(p("\"a \\\"b\\\\\""), Ok("a \"b\\".into()));
+        assert_eq!(p("\"abc\";v=1"), Ok("abc".into()));
     }
 
     #[test]
@@ -110,6 +120,8 @@ mod tests {
         assert_eq!(p("a b"), Err(BadKey::BadCharacter));
         assert_eq!(p("a\"b"), Err(BadKey::BadCharacter));
         assert_eq!(p("a\\b"), Err(BadKey::BadCharacter));
+        assert_eq!(p("k1,k2"), Err(BadKey::BadCharacter));
+        assert_eq!(p("\"abc\"x"), Err(BadKey::BadCharacter));
         assert_eq!(p("\"a\\nb\""), Err(BadKey::BadCharacter));
         assert_eq!(p("\"a\"b\""), Err(BadKey::BadCharacter));
         assert_eq!(p("0123456789abcdefg"), Err(BadKey::TooLong(16)));

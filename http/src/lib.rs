@@ -58,7 +58,7 @@ use http::header::{HeaderName, HeaderValue};
 use http::{Method, Request, Response, StatusCode, request};
 use http_body::Frame;
 use http_body_util::combinators::UnsyncBoxBody;
-use http_body_util::{BodyExt, BodyStream, Full, LengthLimitError, Limited, StreamBody};
+use http_body_util::{BodyExt, Full, LengthLimitError, Limited, StreamBody};
 use idem_client::{ClaimCtx, ClaimOutcome, Client, Completed, Key, OnExpire};
 use sha2::{Digest, Sha256};
 use tower_layer::Layer;
@@ -262,6 +262,8 @@ impl IdempotencyLayer {
     /// The scope of keys: a tenant or principal taken from the request
     /// (an auth header, an extension set by an auth layer). Two scopes
     /// never share a key, so one tenant cannot read another's responses.
+    /// Without a scope (the default) every caller shares one key space:
+    /// set one wherever callers are different principals.
     pub fn scope(self, f: impl Fn(&request::Parts) -> String + Send + Sync + 'static) -> Self {
         self.with(|s| s.scope = Some(Arc::new(f)))
     }
@@ -388,15 +390,15 @@ where
     type Error = S::Error;
     type Future = Pin<Box<dyn Future<Output = Result<Self::Response, S::Error>> + Send>>;
 
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
-        self.inner.poll_ready(cx)
+    /// Always ready: the inner service's readiness is awaited only when a
+    /// request is about to reach it, so requests that wait for a claim (or
+    /// are answered by the layer) hold none of its capacity.
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        Poll::Ready(Ok(()))
     }
 
     fn call(&mut self, req: Request<ReqB>) -> Self::Future {
-        // The clone that was made ready is the one called.
-        let clone = self.inner.clone();
-        let inner = std::mem::replace(&mut self.inner, clone);
-        Box::pin(handle(Arc::clone(&self.settings), inner, req))
+        Box::pin(handle(Arc::clone(&self.settings), self.inner.clone(), req))
     }
 }
 
@@ -418,9 +420,23 @@ fn retry_after(mut r: Response<ResponseBody>, secs: u64) -> Response<ResponseBod
     r
 }
 
+/// Hands `req` to the inner service unprotected, once it is ready.
+async fn pass<S, ReqB, ResB>(
+    mut inner: S,
+    req: Request<ReqB>,
+) -> Result<Response<ResponseBody>, S::Error>
+where
+    S: Service<Request<ReqB>, Response = Response<ResB>>,
+    ResB: http_body::Body<Data = Bytes> + Send + 'static,
+    ResB::Error: Into<BoxError>,
+{
+    futures_util::future::poll_fn(|cx| inner.poll_ready(cx)).await?;
+    inner.call(req).await.map(boxed)
+}
+
 async fn handle<S, ReqB, ResB>(
     s: Arc<Settings>,
-    mut inner: S,
+    inner: S,
     req: Request<ReqB>,
 ) -> Result<Response<ResponseBody>, S::Error>
 where
@@ -431,7 +447,7 @@ where
     ResB::Error: Into<BoxError>,
 {
     if !s.methods.contains(req.method()) {
-        return inner.call(req).await.map(boxed);
+        return pass(inner, req).await;
     }
     let mut values = req.headers().get_all(IDEMPOTENCY_KEY).iter();
     let key = match (values.next(), values.next()) {
@@ -441,7 +457,7 @@ where
                 req.method()
             )));
         }
-        (None, _) => return inner.call(req).await.map(boxed),
+        (None, _) => return pass(inner, req).await,
         (Some(_), Some(_)) => {
             return Ok(Problem::InvalidKey.response(&header::BadKey::Repeated.to_string()));
         }
@@ -491,7 +507,7 @@ where
                 1,
             ))
         }
-        Ok(ClaimOutcome::Completed(c)) => Ok(replay(c)),
+        Ok(ClaimOutcome::Completed(c)) => Ok(replay(c, &s.replay_headers)),
         Ok(ClaimOutcome::InFlight { remaining }) => Ok(retry_after(
             Problem::InFlight.response(
                 "a request with this Idempotency-Key is still being processed; retry it unchanged",
@@ -544,16 +560,27 @@ where
     if let Some(journal) = journal {
         parts.extensions.insert(Recovering { journal });
     }
-    let called =
-        AssertUnwindSafe(inner.call(Request::from_parts(parts, ReqB::from(body)))).catch_unwind();
-    let answered = match s.handler_timeout {
-        Some(t) => tokio::time::timeout(t, called).await.ok(),
-        None => Some(called.await),
-    };
     let abandon = |claim: idem_client::Claim| async move {
         if let Err(e) = claim.abandon().await {
             warn!(error = %e, "could not abandon the key; its lease will lapse instead");
         }
+    };
+    if let Err(e) = futures_util::future::poll_fn(|cx| inner.poll_ready(cx)).await {
+        // Not run: nothing happened.
+        if let Err(e) = claim.release().await {
+            warn!(error = %e, "could not release the key; its lease will lapse instead");
+        }
+        return Err(e);
+    }
+    let req = Request::from_parts(parts, ReqB::from(body));
+    // A panic in the synchronous part of `call` is caught too.
+    let called = match std::panic::catch_unwind(AssertUnwindSafe(|| inner.call(req))) {
+        Ok(fut) => AssertUnwindSafe(fut).catch_unwind().left_future(),
+        Err(panic) => futures_util::future::ready(Err(panic)).right_future(),
+    };
+    let answered = match s.handler_timeout {
+        Some(t) => tokio::time::timeout(t, called).await.ok(),
+        None => Some(called.await),
     };
     let resp = match answered {
         None => {
@@ -590,10 +617,12 @@ where
     };
     let (rparts, rbody) = resp.into_parts();
     let mut rbody: ResponseBody = rbody.map_err(Into::into).boxed_unsync();
-    let headers = Stored::pick(&rparts.headers, &s.replay_headers);
-    let budget = s
-        .max_response_bytes
-        .saturating_sub(Stored::header_bytes(&headers));
+    let mut headers = Stored::pick(&rparts.headers, &s.replay_headers);
+    if Stored::header_bytes(&headers) >= s.max_response_bytes {
+        // The replayed headers alone are over the limit: none are stored.
+        headers.clear();
+    }
+    let budget = s.max_response_bytes - Stored::header_bytes(&headers).min(s.max_response_bytes);
     let mut chunks: Vec<Bytes> = Vec::new();
     let mut size = 0usize;
     let mut trailers = None;
@@ -622,36 +651,96 @@ where
             },
         }
     };
-    let body = (!overflow).then(|| concat(&chunks, size));
+    if overflow {
+        // Too large to store: the caller gets it as it streams, and the key
+        // is settled when the stream ends (a marker that replays answer
+        // 410), or abandoned if it fails or the caller goes away first.
+        let marker = Stored {
+            status: rparts.status,
+            headers,
+            body: None,
+        }
+        .encode();
+        let prefix = futures_util::stream::iter(chunks.into_iter().map(|d| Ok(Frame::data(d))));
+        let settle = SettleAtEnd {
+            body: rbody,
+            claim: Some(claim),
+            marker,
+            error,
+            retention: s.retention,
+        };
+        let rest = futures_util::stream::unfold(settle, SettleAtEnd::next);
+        return Ok(Response::from_parts(
+            rparts,
+            StreamBody::new(prefix.chain(rest)).boxed_unsync(),
+        ));
+    }
+    let body = concat(&chunks, size);
     let stored = Stored {
         status: rparts.status,
         headers,
-        body: body.clone(),
+        body: Some(body.clone()),
     }
     .encode();
-    let done = if error {
-        claim.complete_error_retain(stored, s.retention).await
-    } else {
-        claim.complete_retain(stored, s.retention).await
-    };
-    if let Err(e) = done {
-        warn!(error = %e, "could not store the outcome: a retry may run the request again or recover");
-    }
-    let body = match body {
-        Some(b) => match trailers {
-            None => full(b),
-            Some(t) => StreamBody::new(futures_util::stream::iter([
-                Ok::<_, BoxError>(Frame::data(b)),
-                Ok(Frame::trailers(t)),
-            ]))
-            .boxed_unsync(),
-        },
-        None => {
-            let prefix = futures_util::stream::iter(chunks.into_iter().map(|d| Ok(Frame::data(d))));
-            StreamBody::new(prefix.chain(BodyStream::new(rbody))).boxed_unsync()
-        }
+    settle(claim, stored, error, s.retention).await;
+    let body = match trailers {
+        None => full(body),
+        Some(t) => StreamBody::new(futures_util::stream::iter([
+            Ok::<_, BoxError>(Frame::data(body)),
+            Ok(Frame::trailers(t)),
+        ]))
+        .boxed_unsync(),
     };
     Ok(Response::from_parts(rparts, body))
+}
+
+/// Completes the key with `stored`; if that fails, abandons it (the
+/// caller got its response: the outcome must not be lost silently).
+async fn settle(claim: idem_client::Claim, stored: Bytes, error: bool, retention: Duration) {
+    let ctx = claim.ctx();
+    let done = if error {
+        claim.complete_error_retain(stored, retention).await
+    } else {
+        claim.complete_retain(stored, retention).await
+    };
+    if let Err(e) = done {
+        warn!(error = %e, "could not store the outcome: abandoning the key (retries get outcome-unknown or recover)");
+        if let Err(e) = ctx.client().abandon(ctx.key().clone(), ctx.fence()).await {
+            warn!(error = %e, "could not abandon the key either; its lease will lapse (it is then abandoned)");
+        }
+    }
+}
+
+/// The rest of a response too large to store, settling its key at the end.
+struct SettleAtEnd {
+    body: ResponseBody,
+    claim: Option<idem_client::Claim>,
+    marker: Bytes,
+    error: bool,
+    retention: Duration,
+}
+
+impl SettleAtEnd {
+    async fn next(mut self) -> Option<(Result<Frame<Bytes>, BoxError>, SettleAtEnd)> {
+        let claim = self.claim.take()?;
+        match self.body.frame().await {
+            Some(Ok(frame)) => {
+                self.claim = Some(claim);
+                Some((Ok(frame), self))
+            }
+            Some(Err(e)) => {
+                warn!(error = %e, "the response body failed midway; the key is abandoned");
+                if let Err(e) = claim.abandon().await {
+                    warn!(error = %e, "could not abandon the key; its lease will lapse instead");
+                }
+                Some((Err(e), self))
+            }
+            None => {
+                settle(claim, self.marker.clone(), self.error, self.retention).await;
+                None
+            }
+        }
+    }
 }
 
 fn concat(chunks: &[Bytes], size: usize) -> Bytes {
@@ -668,8 +757,9 @@ fn concat(chunks: &[Bytes], size: usize) -> Bytes {
     }
 }
 
-/// The response a completed key replays.
-fn replay(c: Completed) -> Response<ResponseBody> {
+/// The response a completed key replays (only headers in `allow`: a value
+/// written under the key by anything else cannot inject others).
+fn replay(c: Completed, allow: &[HeaderName]) -> Response<ResponseBody> {
     let mut r = match Stored::decode(&c.value) {
         Some(Stored {
             status,
@@ -678,7 +768,7 @@ fn replay(c: Completed) -> Response<ResponseBody> {
         }) => {
             let mut r = Response::new(full(body));
             *r.status_mut() = status;
-            for (n, v) in headers {
+            for (n, v) in headers.into_iter().filter(|(n, _)| allow.contains(n)) {
                 r.headers_mut().append(n, v);
             }
             r

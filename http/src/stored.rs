@@ -14,6 +14,8 @@ use bytes::{BufMut, Bytes, BytesMut};
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 
 const FORMAT: u8 = 1;
+/// Headers a stored response may carry, at most.
+pub(crate) const MAX_HEADERS: usize = 64;
 /// The body was too large to store.
 const BODY_NOT_STORED: u8 = 1;
 
@@ -87,8 +89,13 @@ impl Stored {
         }
         let flags = head[1];
         let status = StatusCode::from_u16(u16::from_be_bytes([head[2], head[3]])).ok()?;
-        let count = u16::from_be_bytes([head[4], head[5]]);
-        let mut headers = Vec::with_capacity(count as usize);
+        let count = u16::from_be_bytes([head[4], head[5]]) as usize;
+        // Each header takes at least 6 bytes, and a stored response has at
+        // most MAX_HEADERS: a hostile value cannot make this allocate.
+        if count > MAX_HEADERS || count > (b.len() - at) / 6 {
+            return None;
+        }
+        let mut headers = Vec::with_capacity(count);
         for _ in 0..count {
             let l = take(&mut at, 2)?;
             let nl = u16::from_be_bytes([l[0], l[1]]) as usize;
@@ -130,6 +137,13 @@ mod tests {
         assert_eq!(Stored::decode(&s.encode()), Some(s.clone()));
         let marker = Stored { body: None, ..s };
         assert_eq!(Stored::decode(&marker.encode()), Some(marker));
+    }
+
+    #[test]
+    fn a_hostile_header_count_is_refused() {
+        let mut v = vec![FORMAT, 0, 0, 200, 0xff, 0xff];
+        v.extend_from_slice(&[0; 64]);
+        assert_eq!(Stored::decode(&Bytes::from(v)), None);
     }
 
     #[test]
