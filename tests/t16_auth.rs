@@ -99,6 +99,91 @@ async fn without_a_password_auth_says_none_is_set() {
     let mut c = s.conn().await;
     assert!(error_text(&c.cmd(&["AUTH", "x"]).await).contains("without any password configured"));
     assert_eq!(bulk(&c.cmd(&["PING", "still"]).await), "still");
+    // As in Redis, the default user then takes any password.
+    assert_eq!(c.cmd(&["AUTH", "default", "x"]).await, ok());
+    assert!(matches!(
+        c.cmd(&["HELLO", "3", "AUTH", "default", "x"]).await,
+        Frame::Map(_)
+    ));
+    assert!(error_text(&c.cmd(&["AUTH", "someone", "x"]).await).starts_with("WRONGPASS"));
+}
+
+#[tokio::test]
+async fn refused_hellos_and_pipelined_guesses_change_nothing() {
+    let s = Idemd::start_with(&[], &["--requirepass", PASS]).await;
+    let mut c = s.conn().await;
+    // A bad version is refused before the password is looked at.
+    assert!(
+        error_text(&c.cmd(&["HELLO", "4", "AUTH", "default", PASS]).await).starts_with("NOPROTO")
+    );
+    assert_eq!(
+        error_text(&c.cmd(&["PING"]).await),
+        "NOAUTH Authentication required."
+    );
+    // A failed HELLO AUTH neither switches the protocol nor names the
+    // connection.
+    assert!(
+        error_text(
+            &c.cmd(&["HELLO", "3", "AUTH", "default", "no", "SETNAME", "x"])
+                .await
+        )
+        .starts_with("WRONGPASS")
+    );
+    // A wrong AUTH pipelined with a command: the command is refused too.
+    c.write_raw(b"*2\r\n$4\r\nAUTH\r\n$5\r\nguess\r\n*2\r\n$5\r\nCLAIM\r\n$1\r\nk\r\nPING\r\n")
+        .await;
+    assert!(error_text(&c.reply().await).starts_with("WRONGPASS"));
+    assert_eq!(
+        error_text(&c.reply().await),
+        "NOAUTH Authentication required."
+    );
+    assert_eq!(
+        error_text(&c.reply().await),
+        "NOAUTH Authentication required."
+    );
+    assert_eq!(c.cmd(&["AUTH", PASS]).await, ok());
+    let info = bulk(&c.cmd(&["CLIENT", "INFO"]).await);
+    assert!(
+        info.contains(" resp=2") && info.contains(" name= "),
+        "{info}"
+    );
+}
+
+#[tokio::test]
+async fn guessing_is_limited_server_wide() {
+    let s = Idemd::start_with(
+        &[("IDEM_MAX_AUTH_FAILURES_PER_SEC", "2")],
+        &["--requirepass", PASS],
+    )
+    .await;
+    let mut tasks = Vec::new();
+    for i in 0..10 {
+        let addr = s.addr;
+        tasks.push(tokio::spawn(async move {
+            let mut c = Conn::connect(addr).await;
+            error_text(&c.cmd(&["AUTH", &format!("guess-{i}")]).await)
+        }));
+    }
+    let mut wrong = 0;
+    let mut later = 0;
+    for t in tasks {
+        let e = t.await.unwrap();
+        if e.starts_with("WRONGPASS") {
+            wrong += 1;
+        } else {
+            assert!(e.starts_with("TRYAGAIN"), "{e}");
+            later += 1;
+        }
+    }
+    // Two per second were checked (the ten may straddle one second).
+    assert!(
+        (2..=4).contains(&wrong),
+        "{wrong} checked, {later} held back"
+    );
+    // Once the second is over, the right password works.
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    let mut c = s.conn().await;
+    assert_eq!(c.cmd(&["AUTH", PASS]).await, ok());
 }
 
 #[tokio::test]

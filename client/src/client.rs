@@ -148,23 +148,35 @@ pub(crate) fn parse_target(addrs: &str) -> Result<(Vec<String>, Option<Credentia
         None => (None, addrs),
     };
     let mut credentials = None;
-    let rest = match (scheme, rest.split_once('@')) {
-        (Some("idem"), Some((userinfo, hosts))) if !userinfo.contains(',') => {
-            let (user, password) = userinfo.split_once(':').unwrap_or(("", userinfo));
-            let decode = |s: &str| {
-                percent_decode(s).ok_or_else(|| {
-                    Error::new(
-                        ErrorKind::InvalidAddress,
-                        "bad percent-encoding in the URL's user or password",
-                    )
-                })
+    // Hosts hold no '@': the last one ends the user and password, which
+    // may hold anything (percent-encoding is decoded). Errors never quote
+    // them.
+    let rest = match (scheme, rest.rsplit_once('@')) {
+        (Some("idem"), Some((userinfo, hosts))) => {
+            let bad = |why: &str| {
+                Error::new(
+                    ErrorKind::InvalidAddress,
+                    format!("the URL's user and password: {why}"),
+                )
             };
-            let user = decode(user)?;
+            let Some((user, password)) = userinfo.split_once(':') else {
+                return Err(bad(
+                    "no password (idem://user:password@host:port, or idem://:password@host:port)",
+                ));
+            };
+            let user = percent_decode(user).ok_or_else(|| bad("bad percent-encoding"))?;
+            let password = percent_decode(password).ok_or_else(|| bad("bad percent-encoding"))?;
             credentials = Some(Credentials {
                 user: (!user.is_empty()).then_some(user),
-                password: decode(password)?,
+                password,
             });
             hosts
+        }
+        (_, Some(_)) => {
+            return Err(Error::new(
+                ErrorKind::InvalidAddress,
+                "credentials need an idem:// URL (idem://user:password@host:port)",
+            ));
         }
         _ => rest,
     };
@@ -215,11 +227,6 @@ fn parse_address(addr: &str) -> Result<String> {
         Some((scheme, _)) => return Err(invalid(&format!("unknown scheme '{scheme}'"))),
     };
     let rest = rest.strip_suffix('/').unwrap_or(rest);
-    if rest.contains('@') {
-        return Err(invalid(
-            "credentials go before the first host (idem://user:password@host:port,...)",
-        ));
-    }
     if rest.contains(['/', '?', '#']) {
         return Err(invalid("a path or options after host:port"));
     }
@@ -1318,11 +1325,9 @@ mod tests {
             ("localhost", "no host:port"),
             ("redis://localhost:6379", "unknown scheme 'redis'"),
             ("idems://localhost:7379", "TLS"),
-            (
-                "idem://a:7379,user:pw@b:7379",
-                "credentials go before the first host",
-            ),
             ("idem://:p%zz@localhost:7379", "percent-encoding"),
+            ("idem://svc@localhost:7379", "no password"),
+            ("user:pw@localhost:7379", "need an idem:// URL"),
             ("idem://localhost:7379/0", "path"),
             ("idem://localhost:port", "no host:port"),
             ("idem://a:7379,b", "no host:port"),
@@ -1355,6 +1360,17 @@ mod tests {
         let c = c.unwrap();
         assert_eq!((c.user, c.password.as_str()), (None, "secret"));
         assert!(parse_target("a:7379").unwrap().1.is_none());
+        // '@' and ',' in a password; errors never quote it.
+        let (seeds, c) = parse_target("idem://:p@s,s@a:7379,b:7379").unwrap();
+        assert_eq!((seeds.len(), c.unwrap().password.as_str()), (2, "p@s,s"));
+        for bad in [
+            "idem://:hunter2@a",
+            "idem://u:hunter2@",
+            "idem://:hunter2%zz@a:1",
+        ] {
+            let e = parse_target(bad).unwrap_err().to_string();
+            assert!(!e.contains("hunter2"), "{e}");
+        }
         // Never shown by Debug.
         let cfg = crate::ClientConfig::default().password("hunter2");
         assert!(!format!("{cfg:?}").contains("hunter2"));

@@ -39,7 +39,13 @@ pub fn check_password(
 ) -> Result<(), ServerError> {
     use sha2::{Digest, Sha256};
     let Some(want) = node.config().password_sha256 else {
-        return Err(ServerError::new(ErrorCode::Err, NO_PASSWORD));
+        // As in Redis: without a password the default user takes any
+        // (`AUTH default x`, `HELLO 3 AUTH default x`); `AUTH x` is an error.
+        return match user {
+            None => Err(ServerError::new(ErrorCode::Err, NO_PASSWORD)),
+            Some(b"default") => Ok(()),
+            Some(_) => Err(ServerError::new(ErrorCode::WrongPass, WRONGPASS)),
+        };
     };
     let got: [u8; 32] = Sha256::digest(password).into();
     // Every byte compared, whatever matched before.
@@ -58,6 +64,13 @@ pub fn check_password(
 /// `HELLO`: switches the protocol version and names the connection
 /// (authenticating it first when `AUTH` is given).
 pub fn hello(node: &Node, session: &mut Session, h: Hello) -> Reply {
+    // The version is checked first: a HELLO refused changes nothing.
+    if h.version.is_some_and(|v| v != 2 && v != 3) {
+        return Reply::Error(ServerError::new(
+            ErrorCode::NoProto,
+            "unsupported protocol version",
+        ));
+    }
     if let Some((user, password)) = &h.auth {
         if let Err(e) = check_password(node, Some(user), password) {
             return Reply::Error(e);

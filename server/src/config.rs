@@ -155,6 +155,8 @@ pub struct RawConfig {
     /// Most requests one connection may have in progress (decoded, not yet
     /// answered); when full, the connection stops reading.
     pub max_pending_per_connection: usize,
+    /// Wrong passwords accepted per second, server-wide (guessing limit).
+    pub max_auth_failures_per_sec: u64,
     /// Log filter (tracing `EnvFilter` syntax); `RUST_LOG` overrides it.
     pub log: String,
     /// Runtime worker threads (0: one per CPU).
@@ -210,6 +212,7 @@ impl Default for RawConfig {
             sweep_batch: 2000,
             expire_batch: 1000,
             max_pending_per_connection: 1024,
+            max_auth_failures_per_sec: 100,
             // openraft logs every failed call to a peer that is down:
             // idemd logs when a peer becomes unreachable and comes back.
             log: "info,openraft=off".into(),
@@ -289,6 +292,9 @@ pub struct Config {
     pub expire_batch: usize,
     /// Most requests in progress per connection.
     pub max_pending_per_connection: usize,
+    /// Wrong passwords accepted per second, server-wide; past it, every
+    /// AUTH waits for the next second.
+    pub max_auth_failures_per_sec: u64,
     /// Log filter.
     pub log: String,
     /// Runtime worker threads (0: one per CPU).
@@ -334,7 +340,7 @@ fn password_hash(requirepass: &str) -> Result<Option<[u8; 32]>, ConfigError> {
                 "'#' must be followed by the password's SHA-256: 64 hex digits",
             )
         };
-        if hex.len() != 64 || !hex.is_ascii() {
+        if hex.len() != 64 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
             return Err(bad());
         }
         let mut out = [0u8; 32];
@@ -399,6 +405,7 @@ macro_rules! numeric_keys {
             sweep_batch,
             expire_batch,
             max_pending_per_connection,
+            max_auth_failures_per_sec,
             worker_threads
         )
     };
@@ -664,6 +671,7 @@ impl RawConfig {
             "max_pending_per_connection",
             self.max_pending_per_connection as u64,
         )?;
+        positive("max_auth_failures_per_sec", self.max_auth_failures_per_sec)?;
         if self.memory_headroom_percent > 100 {
             return Err(invalid(
                 "memory_headroom_percent",
@@ -768,6 +776,15 @@ impl RawConfig {
         };
         let cluster = self.cluster_config(listen, engine)?;
         let password_sha256 = password_hash(&self.requirepass)?;
+        // The password itself is not kept: the configuration shown and
+        // debugged holds its hash.
+        let mut kept = self.clone();
+        if let Some(h) = password_sha256 {
+            kept.requirepass = format!(
+                "#{}",
+                h.iter().map(|b| format!("{b:02x}")).collect::<String>()
+            );
+        }
         Ok(Config {
             listen,
             password_sha256,
@@ -829,9 +846,10 @@ impl RawConfig {
             sweep_batch: self.sweep_batch,
             expire_batch: self.expire_batch,
             max_pending_per_connection: self.max_pending_per_connection,
+            max_auth_failures_per_sec: self.max_auth_failures_per_sec,
             log: self.log.clone(),
             worker_threads: self.worker_threads,
-            raw: self,
+            raw: kept,
         })
     }
 }

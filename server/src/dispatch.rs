@@ -129,6 +129,19 @@ pub fn dispatch(node: &Node, session: &mut Session, cmd: Command) -> Action {
             admin::NOAUTH,
         )));
     }
+    if (matches!(cmd, Command::Auth(_)) || matches!(&cmd, Command::Hello(h) if h.auth.is_some()))
+        && let Some(wait) = auth_throttled(node)
+    {
+        // Too many wrong passwords this second: not checked; the
+        // client may try again once the second is over.
+        return Action::Block(Box::pin(async move {
+            tokio::time::sleep(wait).await;
+            Reply::Error(ServerError::new(
+                ErrorCode::TryAgain,
+                "too many wrong passwords on this server lately (max_auth_failures_per_sec): AUTH again",
+            ))
+        }));
+    }
     if let Command::Auth(a) = &cmd {
         let checked = admin::check_password(node, a.username.as_deref(), &a.password);
         if checked.is_ok() {
@@ -165,12 +178,41 @@ pub fn dispatch(node: &Node, session: &mut Session, cmd: Command) -> Action {
 /// commands of the connection wait behind it; other clients do not.
 const AUTH_FAILURE_DELAY: std::time::Duration = std::time::Duration::from_millis(200);
 
+/// How long an `AUTH` must wait before it is checked: until the next
+/// second once `max_auth_failures_per_sec` wrong passwords were given in
+/// this one (`None`: checked now).
+fn auth_throttled(node: &Node) -> Option<std::time::Duration> {
+    let elapsed = node.started().elapsed();
+    let w = node
+        .metrics()
+        .auth_window
+        .load(std::sync::atomic::Ordering::Relaxed);
+    let failures = w & 0xffff_ffff;
+    if w >> 32 == elapsed.as_secs() && failures >= node.config().max_auth_failures_per_sec {
+        Some(std::time::Duration::from_secs(elapsed.as_secs() + 1).saturating_sub(elapsed))
+    } else {
+        None
+    }
+}
+
 /// The answer to `AUTH` or `HELLO`: a refused password is answered only
 /// after [`AUTH_FAILURE_DELAY`] (counted in INFO `auth_failures`).
 fn auth_answer(node: &Node, reply: Reply) -> Action {
     match reply {
         Reply::Error(e) if e.code == ErrorCode::WrongPass => {
             bump(&node.metrics().auth_failures);
+            let now = node.started().elapsed().as_secs();
+            let _ = node.metrics().auth_window.fetch_update(
+                std::sync::atomic::Ordering::Relaxed,
+                std::sync::atomic::Ordering::Relaxed,
+                |w| {
+                    Some(if w >> 32 == now {
+                        w + 1
+                    } else {
+                        (now << 32) | 1
+                    })
+                },
+            );
             Action::Block(Box::pin(async move {
                 tokio::time::sleep(AUTH_FAILURE_DELAY).await;
                 Reply::Error(e)

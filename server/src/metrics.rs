@@ -24,6 +24,9 @@ pub struct Metrics {
     pub auth_failures: AtomicU64,
     /// Clients refused by protected mode.
     pub protected_mode_refusals: AtomicU64,
+    /// The second (since start) of the current AUTH failure window, and
+    /// the failures in it (see `dispatch`): `second << 32 | failures`.
+    pub auth_window: AtomicU64,
 }
 
 /// Adds one to a counter.
