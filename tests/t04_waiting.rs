@@ -293,3 +293,52 @@ async fn handover_times_the_new_owners_lease_not_the_old_one() {
         "{took:?}"
     );
 }
+
+#[tokio::test]
+async fn parked_requests_are_bounded_per_key_and_in_total() {
+    let s = Idemd::start_with(
+        &[("IDEM_MAX_WAITERS_PER_KEY", "2"), ("IDEM_MAX_WAITERS", "3")],
+        &[],
+    )
+    .await;
+    let mut owner = s.conn().await;
+    let (a, b) = (key("bounded-a"), key("bounded-b"));
+    let fa = owner.acquire(&["CLAIM", &a]).await;
+    owner.acquire(&["CLAIM", &b]).await;
+    let mut parked = Vec::new();
+    for n in 1..=2 {
+        let mut c = s.conn().await;
+        c.write(&["CLAIM", &a, "WAIT", "5000"]).await;
+        wait_for_info(&mut owner, "blocked_clients", n).await;
+        parked.push(c);
+    }
+    // A third on the same key: refused at once, nothing parked.
+    let mut third = s.conn().await;
+    let refused = err(&third.cmd(&["SETTLE", &a, "WAIT", "5000"]).await);
+    assert!(
+        refused.starts_with("TRYAGAIN") && refused.contains("max_waiters_per_key"),
+        "{refused}"
+    );
+    // Another key: one more fits in the total of three, then no more.
+    let mut on_b = s.conn().await;
+    on_b.write(&["CLAIM", &b, "WAIT", "5000"]).await;
+    wait_for_info(&mut owner, "blocked_clients", 3).await;
+    let refused = err(&third.cmd(&["CLAIM", &b, "WAIT", "5000"]).await);
+    assert!(refused.contains("max_waiters"), "{refused}");
+    assert_eq!(info_field(&mut owner, "waits_refused").await, 2);
+    // Without WAIT, nothing is bounded; and the parked ones are served.
+    assert!(matches!(
+        claim(third.cmd(&["CLAIM", &a]).await),
+        ClaimReply::InFlight { .. }
+    ));
+    assert_eq!(
+        owner.cmd(&["COMPLETE", &a, &fa.to_string(), "done"]).await,
+        ok()
+    );
+    for mut c in parked {
+        assert!(matches!(
+            claim(c.reply().await),
+            ClaimReply::Completed { .. }
+        ));
+    }
+}

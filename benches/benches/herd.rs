@@ -65,7 +65,11 @@ fn bench(c: &mut Criterion) {
         .build()
         .unwrap();
     let engine = Arc::new(Engine::memory(StoreConfig::default(), Clock::new()));
-    let waiters = Waiters::new(engine.clone(), DEFAULTS);
+    let waiters = Waiters::new(
+        engine.clone(),
+        DEFAULTS,
+        idem_server::waiters::WaitLimits::default(),
+    );
     let mut g = c.benchmark_group("herd_complete_wakes_all");
     g.sample_size(20);
     let mut round = 0u64;

@@ -327,7 +327,7 @@ pub fn info_text(node: &Node, wanted: &[String]) -> String {
             o,
             "total_connections_received:{}\r\nrejected_connections:{}\r\ntotal_commands_processed:{}\r\n\
              claims_acquired:{}\r\nclaims_recovered:{}\r\nreplays:{}\r\nhits_after_wait:{}\r\nwaits_parked:{}\r\n\
-             waits_timed_out:{}\r\ninflight_conflicts:{}\r\nfenced:{}\r\nlease_lapses:{}\r\nmismatches:{}\r\n\
+             waits_timed_out:{}\r\nwaits_refused:{}\r\ninflight_conflicts:{}\r\nfenced:{}\r\nlease_lapses:{}\r\nmismatches:{}\r\n\
              oom_refusals:{}\r\nrecords_completed:{}\r\nexpired_records:{}\r\ntoobig_refusals:{}\r\n\
              protocol_errors:{}\r\noutput_limit_disconnects:{}\r\nclient_budget_disconnects:{}\r\n\
              client_write_timeouts:{}\r\nauth_failures:{}\r\nprotected_mode_refusals:{}\r\n",
@@ -340,6 +340,7 @@ pub fn info_text(node: &Node, wanted: &[String]) -> String {
             w.hits_after_wait.load(Ordering::Relaxed),
             w.parked_total.load(Ordering::Relaxed),
             w.timed_out.load(Ordering::Relaxed),
+            w.refused.load(Ordering::Relaxed),
             c.conflicts,
             c.fenced,
             c.lapses,

@@ -110,6 +110,10 @@ pub struct RawConfig {
     pub max_retain_ms: u64,
     /// Longest WAIT, ms.
     pub max_wait_ms: u64,
+    /// Requests waiting (WAIT) on one key at once, at most.
+    pub max_waiters_per_key: usize,
+    /// Requests waiting (WAIT) at once on the whole server, at most.
+    pub max_waiters: usize,
     /// Largest key, bytes.
     pub max_key_bytes: usize,
     /// Largest value, bytes.
@@ -192,6 +196,8 @@ impl Default for RawConfig {
             default_retain_ms: 86_400_000,
             max_retain_ms: 30 * 86_400_000,
             max_wait_ms: 300_000,
+            max_waiters_per_key: 10_000,
+            max_waiters: 100_000,
             max_key_bytes: 1024,
             max_value_bytes: 1024 * 1024,
             max_journal_bytes: 4096,
@@ -292,6 +298,8 @@ pub struct Config {
     pub expire_batch: usize,
     /// Most requests in progress per connection.
     pub max_pending_per_connection: usize,
+    /// Bounds on parked (waiting) requests.
+    pub wait_limits: crate::waiters::WaitLimits,
     /// Wrong passwords accepted per second, server-wide; past it, every
     /// AUTH waits for the next second.
     pub max_auth_failures_per_sec: u64,
@@ -385,6 +393,8 @@ macro_rules! numeric_keys {
             default_retain_ms,
             max_retain_ms,
             max_wait_ms,
+            max_waiters_per_key,
+            max_waiters,
             max_key_bytes,
             max_value_bytes,
             max_journal_bytes,
@@ -672,6 +682,8 @@ impl RawConfig {
             self.max_pending_per_connection as u64,
         )?;
         positive("max_auth_failures_per_sec", self.max_auth_failures_per_sec)?;
+        positive("max_waiters_per_key", self.max_waiters_per_key as u64)?;
+        positive("max_waiters", self.max_waiters as u64)?;
         if self.memory_headroom_percent > 100 {
             return Err(invalid(
                 "memory_headroom_percent",
@@ -847,6 +859,10 @@ impl RawConfig {
             expire_batch: self.expire_batch,
             max_pending_per_connection: self.max_pending_per_connection,
             max_auth_failures_per_sec: self.max_auth_failures_per_sec,
+            wait_limits: crate::waiters::WaitLimits {
+                per_key: self.max_waiters_per_key,
+                total: self.max_waiters,
+            },
             log: self.log.clone(),
             worker_threads: self.worker_threads,
             raw: kept,

@@ -73,7 +73,7 @@ impl Node {
         if engine.stats().limits != Some(config.memory) {
             engine.detach(Op::SetLimits(config.memory));
         }
-        let waiters = Waiters::new(Arc::clone(&engine), config.defaults);
+        let waiters = Waiters::new(Arc::clone(&engine), config.defaults, config.wait_limits);
         let clients = Clients::with_budget(config.max_client_memory_bytes);
         Node(Arc::new(Inner {
             engine,

@@ -62,6 +62,8 @@ pub struct WaitStats {
     pub timed_out: AtomicU64,
     /// Waits parked so far.
     pub parked_total: AtomicU64,
+    /// Waits refused at `max_waiters_per_key` or `max_waiters`.
+    pub refused: AtomicU64,
     /// Waits parked now.
     pub parked_now: AtomicU64,
 }
@@ -113,11 +115,30 @@ struct Shard {
     last_event: u64,
 }
 
+/// Bounds on parked requests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WaitLimits {
+    /// On one key, at most.
+    pub per_key: usize,
+    /// On the whole server, at most.
+    pub total: usize,
+}
+
+impl Default for WaitLimits {
+    fn default() -> Self {
+        WaitLimits {
+            per_key: 10_000,
+            total: 100_000,
+        }
+    }
+}
+
 /// The registry of parked requests, keyed by record key.
 pub struct Waiters {
     shards: Box<[CachePadded<Mutex<Shard>>]>,
     engine: Arc<Engine>,
     defaults: Defaults,
+    limits: WaitLimits,
     next_id: AtomicU64,
     /// Distinguishes the attempt ids made up by this process.
     tag: u64,
@@ -148,7 +169,7 @@ fn engine_error(e: &crate::engine::EngineError) -> Reply {
 impl Waiters {
     /// An empty registry over `engine`, subscribed to its key events.
     /// `defaults` resolve the options a waiting CLAIM left out.
-    pub fn new(engine: Arc<Engine>, defaults: Defaults) -> Arc<Self> {
+    pub fn new(engine: Arc<Engine>, defaults: Defaults, limits: WaitLimits) -> Arc<Self> {
         let hasher = std::hash::RandomState::new();
         let tag = hasher.hash_one(std::process::id());
         let waiters = Arc::new(Waiters {
@@ -157,6 +178,7 @@ impl Waiters {
                 .collect(),
             engine: Arc::clone(&engine),
             defaults,
+            limits,
             next_id: AtomicU64::new(1),
             tag,
             hasher,
@@ -282,6 +304,9 @@ impl Waiters {
             }
             let mut sh = self.shard(key).lock();
             if let Some(q) = sh.queues.get_mut(key) {
+                if let Some(full) = self.full(q.list.len()) {
+                    return Ok(full);
+                }
                 let seen = q.seen;
                 let parked = self.enqueue(&mut sh, key, ask, seen, None);
                 drop(sh);
@@ -302,6 +327,10 @@ impl Waiters {
             }
             let remaining = in_flight(&reply).unwrap_or(0);
             let mut sh = self.shard(key).lock();
+            let queued = sh.queues.get(key).map_or(0, |q| q.list.len());
+            if let Some(full) = self.full(queued) {
+                return Ok(full);
+            }
             if sh.last_event > index && !sh.queues.contains_key(key) {
                 // An event may have passed between the ask and now.
                 let seen = self.engine.read(Read::Settle(key));
@@ -313,6 +342,23 @@ impl Waiters {
             return Err(self.enqueue(&mut sh, key, ask, index, Some(remaining)));
         }
         Ok(self.ask_now(&ask).await)
+    }
+
+    /// The refusal of one more waiter on a key that has `queued`, if the
+    /// per-key or the total bound is reached.
+    fn full(&self, queued: usize) -> Option<Reply> {
+        let why = if queued >= self.limits.per_key {
+            "too many requests are waiting on this key (max_waiters_per_key): retry later or without WAIT"
+        } else if self.parked() >= self.limits.total as u64 {
+            "too many requests are waiting on this server (max_waiters): retry later or without WAIT"
+        } else {
+            return None;
+        };
+        self.stats.refused.fetch_add(1, Ordering::Relaxed);
+        Some(Reply::Error(idem_protocol::ServerError::new(
+            idem_protocol::ErrorCode::TryAgain,
+            why,
+        )))
     }
 
     /// Adds a waiter to `key`'s queue (made if missing, with a lease timer

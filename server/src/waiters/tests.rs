@@ -27,7 +27,7 @@ fn setup() -> (Arc<Engine>, Arc<Waiters>) {
         },
         Clock::starting_at(1_000_000),
     ));
-    let waiters = Waiters::new(Arc::clone(&engine), DEFAULTS);
+    let waiters = Waiters::new(Arc::clone(&engine), DEFAULTS, super::WaitLimits::default());
     (engine, waiters)
 }
 
