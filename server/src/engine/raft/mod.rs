@@ -651,7 +651,13 @@ impl RaftEngine {
         RaftInfo {
             term: m.current_term,
             last_log_index: m.last_log_index.unwrap_or(0),
-            commit_index: self.log.committed_index(),
+            // What openraft last saved as committed; an applied entry is
+            // committed too (a follower that caught up by a snapshot saves
+            // nothing until the next commit).
+            commit_index: self
+                .log
+                .committed_index()
+                .max(m.last_applied.map_or(0, |l| l.index)),
             applied_index: m.last_applied.map_or(0, |l| l.index),
             snapshot_index: snapshots.last_log_id.map_or(0, |l| l.index),
             snapshots_built: snapshots.built,
