@@ -674,47 +674,49 @@ fn converged(registry: &Registry, n: u64) -> Option<u64> {
     seen.map(|(i, _)| i)
 }
 
-/// Who runs, who leads, in which term.
-fn roles(registry: &Registry) -> String {
+/// Each running node's engine state, by id, formatted by `show` and
+/// joined with `sep`.
+fn per_node(
+    registry: &Registry,
+    sep: &str,
+    show: impl Fn(u64, idem_server::engine::raft::RaftInfo, &Node) -> String,
+) -> String {
     let r = registry.lock().unwrap();
     let mut ids: Vec<&u64> = r.keys().collect();
     ids.sort();
     ids.iter()
         .map(|id| {
-            let i = r[*id]
+            let node = &r[*id];
+            let info = node
                 .engine()
                 .raft_info()
                 .map(|(i, _)| i)
                 .unwrap_or_default();
-            format!("n{id}:t{}{}", i.term, if i.leader { "L" } else { "" })
+            show(**id, info, node)
         })
         .collect::<Vec<_>>()
-        .join(" ")
+        .join(sep)
+}
+
+/// Who runs, who leads, in which term.
+fn roles(registry: &Registry) -> String {
+    per_node(registry, " ", |id, i, _| {
+        format!("n{id}:t{}{}", i.term, if i.leader { "L" } else { "" })
+    })
 }
 
 fn describe(registry: &Registry) -> String {
-    let r = registry.lock().unwrap();
-    let mut ids: Vec<&u64> = r.keys().collect();
-    ids.sort();
-    ids.iter()
-        .map(|id| {
-            let info = r[*id]
-                .engine()
-                .raft_info()
-                .map(|(i, _)| i)
-                .unwrap_or_default();
-            format!(
-                "n{id}: term {} leader {} commit {} applied {} last {} records {}",
-                info.term,
-                info.leader,
-                info.commit_index,
-                info.applied_index,
-                info.last_log_index,
-                r[*id].engine().len()
-            )
-        })
-        .collect::<Vec<_>>()
-        .join("; ")
+    per_node(registry, "; ", |id, info, node| {
+        format!(
+            "n{id}: term {} leader {} commit {} applied {} last {} records {}",
+            info.term,
+            info.leader,
+            info.commit_index,
+            info.applied_index,
+            info.last_log_index,
+            node.engine().len()
+        )
+    })
 }
 
 /// The seeds to run: `IDEM_SIM_SEED` alone, or the first `IDEM_SIM_SEEDS`

@@ -225,65 +225,27 @@ async fn a_password_may_be_given_as_its_sha256() {
 async fn redis_cli_and_redis_py_authenticate_unchanged() {
     let s = Idemd::start_with(&[], &["--requirepass", PASS]).await;
     if crate::t07_redis_tools::tool("redis-cli").is_some() {
-        let (h, p) = (s.addr.ip().to_string(), s.addr.port().to_string());
-        let out = Command::new("redis-cli")
-            .args([
-                "-h",
-                &h,
-                "-p",
-                &p,
-                "--no-auth-warning",
-                "-a",
-                PASS,
-                "CLAIM",
-                "cli-key",
-            ])
-            .output()
-            .unwrap();
-        assert_eq!(
-            String::from_utf8_lossy(&out.stdout).lines().next(),
-            Some("ACQUIRED")
-        );
-        let out = Command::new("redis-cli")
-            .args([
-                "-h",
-                &h,
-                "-p",
-                &p,
-                "--no-auth-warning",
-                "--user",
-                "default",
-                "--pass",
-                PASS,
-                "-3",
-                "INSPECT",
-                "cli-key",
-            ])
-            .output()
-            .unwrap();
-        assert!(
-            String::from_utf8_lossy(&out.stdout).contains("in_flight"),
-            "{:?}",
-            out
-        );
-        let out = Command::new("redis-cli")
-            .args([
-                "-h",
-                &h,
-                "-p",
-                &p,
-                "--no-auth-warning",
-                "-a",
-                "wrong",
-                "PING",
-            ])
-            .output()
-            .unwrap();
-        let text = format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
+        // stdout, then stderr, of redis-cli with `args` against the server.
+        let cli = |args: &[&str]| {
+            let (h, p) = (s.addr.ip().to_string(), s.addr.port().to_string());
+            let out = Command::new("redis-cli")
+                .args(["-h", &h, "-p", &p, "--no-auth-warning"])
+                .args(args)
+                .output()
+                .unwrap();
+            format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            )
+        };
+        let out = cli(&["-a", PASS, "CLAIM", "cli-key"]);
+        assert_eq!(out.lines().next(), Some("ACQUIRED"), "{out}");
+        let out = cli(&[
+            "--user", "default", "--pass", PASS, "-3", "INSPECT", "cli-key",
+        ]);
+        assert!(out.contains("in_flight"), "{out}");
+        let text = cli(&["-a", "wrong", "PING"]);
         assert!(
             text.contains("WRONGPASS") || text.contains("NOAUTH"),
             "{text}"

@@ -81,14 +81,9 @@ pub fn hello(node: &Node, session: &mut Session, h: Hello) -> Reply {
     }
     match h.version {
         None => {}
-        Some(2) => session.version = Version::Resp2,
         Some(3) => session.version = Version::Resp3,
-        Some(_) => {
-            return Reply::Error(ServerError::new(
-                ErrorCode::NoProto,
-                "unsupported protocol version",
-            ));
-        }
+        // 2: the versions other than 2 and 3 were refused above.
+        Some(_) => session.version = Version::Resp2,
     }
     let proto = if session.version == Version::Resp3 {
         3

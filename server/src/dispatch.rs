@@ -129,34 +129,14 @@ pub fn dispatch(node: &Node, session: &mut Session, cmd: Command) -> Action {
             admin::NOAUTH,
         )));
     }
-    if (matches!(cmd, Command::Auth(_)) || matches!(&cmd, Command::Hello(h) if h.auth.is_some()))
-        && let Some(wait) = auth_throttled(node)
-    {
-        // Too many wrong passwords this second: not checked; the
-        // client may try again once the second is over.
-        return Action::Block(Box::pin(async move {
-            tokio::time::sleep(wait).await;
-            Reply::Error(ServerError::new(
-                ErrorCode::TryAgain,
-                "too many wrong passwords on this server lately (max_auth_failures_per_sec): AUTH again",
-            ))
-        }));
-    }
-    if let Command::Auth(a) = &cmd {
-        let checked = admin::check_password(node, a.username.as_deref(), &a.password);
-        if checked.is_ok() {
-            session.authenticated = true;
-        }
-        return auth_answer(node, checked.map_or_else(Reply::Error, |()| Reply::Ok));
-    }
-    if let Command::Hello(h) = cmd {
-        return auth_answer(node, admin::hello(node, session, h));
-    }
     if cmd.key().is_some() {
         return record(node, session, cmd);
     }
     if let Command::Cluster(c) = cmd {
         return crate::cluster_admin::cluster(node, c);
+    }
+    if matches!(cmd, Command::Auth(_) | Command::Hello(_)) {
+        return authenticate(node, session, cmd);
     }
     Action::Reply(match cmd {
         Command::Ping(p) => match p.message {
@@ -177,6 +157,38 @@ pub fn dispatch(node: &Node, session: &mut Session, cmd: Command) -> Action {
 /// How long a failed `AUTH` takes to answer: guessing is slow, and later
 /// commands of the connection wait behind it; other clients do not.
 const AUTH_FAILURE_DELAY: std::time::Duration = std::time::Duration::from_millis(200);
+
+/// `AUTH`, and `HELLO` (which may carry `AUTH`): past
+/// `max_auth_failures_per_sec` wrong passwords this second, a password is
+/// not checked but answered `-TRYAGAIN` once the second is over.
+fn authenticate(node: &Node, session: &mut Session, cmd: Command) -> Action {
+    let checks_password = match &cmd {
+        Command::Auth(_) => true,
+        Command::Hello(h) => h.auth.is_some(),
+        _ => false,
+    };
+    if checks_password && let Some(wait) = auth_throttled(node) {
+        return Action::Block(Box::pin(async move {
+            tokio::time::sleep(wait).await;
+            Reply::Error(ServerError::new(
+                ErrorCode::TryAgain,
+                "too many wrong passwords on this server lately (max_auth_failures_per_sec): AUTH again",
+            ))
+        }));
+    }
+    let reply = match cmd {
+        Command::Auth(a) => match admin::check_password(node, a.username.as_deref(), &a.password) {
+            Ok(()) => {
+                session.authenticated = true;
+                Reply::Ok
+            }
+            Err(e) => Reply::Error(e),
+        },
+        Command::Hello(h) => admin::hello(node, session, h),
+        _ => err("not an authentication command"),
+    };
+    auth_answer(node, reply)
+}
 
 /// How long an `AUTH` must wait before it is checked: until the next
 /// second once `max_auth_failures_per_sec` wrong passwords were given in
