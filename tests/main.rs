@@ -21,3 +21,4 @@ mod t13_cluster;
 mod t14_sim;
 mod t15_http;
 mod t16_auth;
+mod t17_acl;

@@ -128,7 +128,7 @@ async fn client_info_dbsize_command_config() {
     let expected = [
         "claim", "settle", "complete", "renew", "journal", "release", "abandon", "inspect",
         "forget", "ping", "echo", "hello", "auth", "quit", "info", "dbsize", "client", "command",
-        "config", "cluster",
+        "config", "cluster", "select", "acl",
     ];
     assert_eq!(
         int(&c.cmd(&["COMMAND", "COUNT"]).await),

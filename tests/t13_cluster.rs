@@ -560,9 +560,19 @@ async fn idem_client_runs_through_repeated_leader_kills() {
     }
 }
 
-/// The lease left on `key`, from INSPECT on `conn`.
+/// The lease left on `key`, from INSPECT on `conn` (a leader just elected
+/// answers -TRYAGAIN until it has applied its log: asked again).
 async fn lease_left(conn: &mut Conn, key: &str) -> i64 {
-    let r = conn.cmd(&["INSPECT", key]).await;
+    let mut r = conn.cmd(&["INSPECT", key]).await;
+    for _ in 0..100 {
+        match &r {
+            Frame::Error(e) if e.starts_with(b"TRYAGAIN") => {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                r = conn.cmd(&["INSPECT", key]).await;
+            }
+            _ => break,
+        }
+    }
     let Frame::Array(fields) = &r else {
         panic!("INSPECT {key} is a flat map: {r:?}")
     };

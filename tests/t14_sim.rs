@@ -205,12 +205,7 @@ async fn serve_client(
 ) -> std::io::Result<()> {
     let info = node.clients().register(addr, local);
     let id = info.id;
-    let mut session = Session {
-        info,
-        version: Version::Resp2,
-        authenticated: true,
-        writes_pending: false,
-    };
+    let mut session = Session::new(&node, info);
     let mut buf = BytesMut::new();
     let limits = Limits::for_replies();
     let result = async {

@@ -281,7 +281,7 @@ async fn redis_cli_and_redis_py_authenticate_unchanged() {
 
 /// An address of this host that is not loopback (the one it would use to
 /// reach another host; no packet is sent).
-fn outside_address() -> IpAddr {
+pub(crate) fn outside_address() -> IpAddr {
     let s = std::net::UdpSocket::bind("0.0.0.0:0").unwrap();
     s.connect("192.0.2.200:9").unwrap();
     let ip = s.local_addr().unwrap().ip();

@@ -31,8 +31,12 @@ pub enum ErrorKind {
     ClusterDown,
     /// The server asked to try again later (`-TRYAGAIN`) and retries ran out.
     TryAgain,
-    /// Authentication problems (`-NOAUTH`, `-NOPERM`, `-WRONGPASS`).
+    /// Authentication problems (`-NOAUTH`, `-WRONGPASS`): no or wrong
+    /// credentials, or the user is off.
     Auth,
+    /// The user may not run this command, or not on this key (`-NOPERM`):
+    /// its ACL rules do not allow it.
+    NoPerm,
     /// A request the server refused as invalid (`-ERR`, `-NOPROTO`).
     InvalidRequest,
     /// The server's reply did not match the protocol.
@@ -110,7 +114,8 @@ impl Error {
             ErrorCode::Moved => ErrorKind::Moved,
             ErrorCode::ClusterDown => ErrorKind::ClusterDown,
             ErrorCode::TryAgain => ErrorKind::TryAgain,
-            ErrorCode::NoAuth | ErrorCode::NoPerm | ErrorCode::WrongPass => ErrorKind::Auth,
+            ErrorCode::NoAuth | ErrorCode::WrongPass => ErrorKind::Auth,
+            ErrorCode::NoPerm => ErrorKind::NoPerm,
             _ => ErrorKind::InvalidRequest,
         };
         Error {

@@ -46,6 +46,10 @@ pub enum CommandId {
     Config,
     /// `CLUSTER`
     Cluster,
+    /// `SELECT`
+    Select,
+    /// `ACL`
+    Acl,
 }
 
 /// Command flags (a bit set).
@@ -150,6 +154,8 @@ pub const COMMANDS: &[CommandSpec] = &[
     spec(CommandId::Command, "command", -1, C, 0),
     spec(CommandId::Config, "config", -2, A, 0),
     spec(CommandId::Cluster, "cluster", -2, A, 0),
+    spec(CommandId::Select, "select", 2, C, 0),
+    spec(CommandId::Acl, "acl", -2, A, 0),
 ];
 
 /// The spec of the command named `name` (any case).

@@ -5,10 +5,13 @@ use std::fmt::Write;
 use std::sync::atomic::Ordering;
 
 use bytes::Bytes;
-use idem_protocol::cmd::{ClientCmd, CommandCmd, ConfigCmd, Hello};
+use idem_protocol::cmd::{AclCmd, ClientCmd, CommandCmd, ConfigCmd, Hello};
 use idem_protocol::spec::{COMMANDS, CommandSpec};
 use idem_protocol::{ErrorCode, Frame, Reply, ServerError, Version};
 
+use std::sync::Arc;
+
+use crate::acl::{Denial, User};
 use crate::metrics::get;
 use crate::node::Node;
 use crate::session::Session;
@@ -30,35 +33,30 @@ pub const NOAUTH_HELLO: &str = "HELLO must be called with the client already aut
 /// `-WRONGPASS`, as Redis words it (clients match on it).
 pub const WRONGPASS: &str = "invalid username-password pair or user is disabled.";
 
-/// Checks `user` (`None`: the default user) and `password` against the
-/// configured password: `Ok` on a match, else the error to reply with.
+/// The user `user` (`None`: the default user) if `password` is one of
+/// its own and it is on; else the error to reply with (a refusal is
+/// logged for `ACL LOG`).
 pub fn check_password(
     node: &Node,
+    session: &Session,
     user: Option<&[u8]>,
     password: &[u8],
-) -> Result<(), ServerError> {
-    use sha2::{Digest, Sha256};
-    let Some(want) = node.config().password_sha256 else {
-        // As in Redis: without a password the default user takes any
-        // (`AUTH default x`, `HELLO 3 AUTH default x`); `AUTH x` is an error.
-        return match user {
-            None => Err(ServerError::new(ErrorCode::Err, NO_PASSWORD)),
-            Some(b"default") => Ok(()),
-            Some(_) => Err(ServerError::new(ErrorCode::WrongPass, WRONGPASS)),
-        };
-    };
-    let got: [u8; 32] = Sha256::digest(password).into();
-    // Every byte compared, whatever matched before.
-    let diff = want
-        .iter()
-        .zip(got.iter())
-        .fold(0u8, |acc, (a, b)| acc | (a ^ b));
-    let user_ok = user.is_none_or(|u| u == b"default");
-    if diff == 0 && user_ok {
-        Ok(())
-    } else {
-        Err(ServerError::new(ErrorCode::WrongPass, WRONGPASS))
+) -> Result<Arc<User>, ServerError> {
+    let acl = node.acl();
+    // As in Redis: `AUTH x` while the default user takes no password is a
+    // configuration mistake worth saying so (`AUTH default x` is fine).
+    if user.is_none() && acl.open() {
+        return Err(ServerError::new(ErrorCode::Err, NO_PASSWORD));
     }
+    acl.authenticate(user, password).ok_or_else(|| {
+        node.log_denial(Denial {
+            reason: "auth",
+            object: "AUTH".into(),
+            username: String::from_utf8_lossy(user.unwrap_or(b"default")).into_owned(),
+            client_info: session.info.line(),
+        });
+        ServerError::new(ErrorCode::WrongPass, WRONGPASS)
+    })
 }
 
 /// `HELLO`: switches the protocol version and names the connection
@@ -72,11 +70,12 @@ pub fn hello(node: &Node, session: &mut Session, h: Hello) -> Reply {
         ));
     }
     if let Some((user, password)) = &h.auth {
-        if let Err(e) = check_password(node, Some(user), password) {
-            return Reply::Error(e);
+        let epoch = node.acl_epoch();
+        match check_password(node, session, Some(user), password) {
+            Ok(u) => session.log_in(u, epoch),
+            Err(e) => return Reply::Error(e),
         }
-        session.authenticated = true;
-    } else if !session.authenticated {
+    } else if session.user.is_none() {
         return Reply::Error(ServerError::new(ErrorCode::NoAuth, NOAUTH_HELLO));
     }
     match h.version {
@@ -125,7 +124,98 @@ pub fn client(node: &Node, session: &mut Session, c: ClientCmd) -> Reply {
         ),
         ClientCmd::List => Reply::Frame(Frame::Bulk(Bytes::from(node.clients().list()))),
         ClientCmd::Info => Reply::Frame(Frame::Bulk(Bytes::from(session.info.line() + "\n"))),
+        ClientCmd::SetInfo { attr, value } => {
+            let mut lib = session.info.lib.lock();
+            if attr == "lib-name" {
+                lib.0 = Some(value);
+            } else {
+                lib.1 = Some(value);
+            }
+            Reply::Ok
+        }
         _ => err("unsupported CLIENT subcommand"),
+    }
+}
+
+fn bulk(s: impl Into<Bytes>) -> Frame {
+    Frame::Bulk(s.into())
+}
+
+fn bulk_str(s: &str) -> Frame {
+    Frame::Bulk(Bytes::copy_from_slice(s.as_bytes()))
+}
+
+/// `ACL WHOAMI|LIST|USERS|CAT|LOAD|LOG`.
+pub fn acl(node: &Node, session: &Session, c: AclCmd) -> Reply {
+    match c {
+        AclCmd::WhoAmI => Reply::Frame(
+            session
+                .user
+                .as_ref()
+                .map_or(Frame::Null, |u| bulk_str(u.name())),
+        ),
+        AclCmd::List => Reply::Frame(Frame::Array(
+            node.acl().users().map(|u| bulk(u.describe())).collect(),
+        )),
+        AclCmd::Users => Reply::Frame(Frame::Array(
+            node.acl().users().map(|u| bulk_str(u.name())).collect(),
+        )),
+        AclCmd::Cat(None) => Reply::Frame(Frame::Array(
+            crate::acl::category_names().map(bulk_str).collect(),
+        )),
+        AclCmd::Cat(Some(name)) => {
+            match crate::acl::category_commands(&String::from_utf8_lossy(&name)) {
+                Some(cmds) => Reply::Frame(Frame::Array(cmds.into_iter().map(bulk_str).collect())),
+                None => Reply::Error(ServerError::owned(
+                    ErrorCode::Err,
+                    format!("Unknown category '{}'", String::from_utf8_lossy(&name)),
+                )),
+            }
+        }
+        AclCmd::Load => match node.config().reload_acl() {
+            Ok(acl) => {
+                node.set_acl(acl);
+                Reply::Ok
+            }
+            Err(e) => Reply::Error(ServerError::owned(ErrorCode::Err, e)),
+        },
+        AclCmd::LogReset => {
+            node.acl_log().lock().reset();
+            Reply::Ok
+        }
+        AclCmd::Log(n) => {
+            let now_ms = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64);
+            let log = node.acl_log().lock();
+            let entries = log
+                .latest(n.map_or(10, |n| usize::try_from(n).unwrap_or(usize::MAX)))
+                .map(|e| {
+                    let d = &e.denial;
+                    let s = |k: &'static str| Frame::Bulk(Bytes::from_static(k.as_bytes()));
+                    Frame::Map(vec![
+                        (s("count"), Frame::Integer(e.count as i64)),
+                        (s("reason"), bulk_str(d.reason)),
+                        (s("context"), s("toplevel")),
+                        (s("object"), bulk_str(&d.object)),
+                        (s("username"), bulk_str(&d.username)),
+                        (
+                            s("age-seconds"),
+                            Frame::Double(now_ms.saturating_sub(e.created_ms) as f64 / 1000.0),
+                        ),
+                        (s("client-info"), bulk_str(&d.client_info)),
+                        (s("entry-id"), Frame::Integer(e.entry_id as i64)),
+                        (s("timestamp-created"), Frame::Integer(e.created_ms as i64)),
+                        (
+                            s("timestamp-last-updated"),
+                            Frame::Integer(e.updated_ms as i64),
+                        ),
+                    ])
+                })
+                .collect();
+            Reply::Frame(Frame::Array(entries))
+        }
+        _ => err("unsupported ACL subcommand"),
     }
 }
 
@@ -325,7 +415,8 @@ pub fn info_text(node: &Node, wanted: &[String]) -> String {
              waits_timed_out:{}\r\nwaits_refused:{}\r\ninflight_conflicts:{}\r\nfenced:{}\r\nlease_lapses:{}\r\nmismatches:{}\r\n\
              oom_refusals:{}\r\nrecords_completed:{}\r\nexpired_records:{}\r\ntoobig_refusals:{}\r\n\
              protocol_errors:{}\r\noutput_limit_disconnects:{}\r\nclient_budget_disconnects:{}\r\n\
-             client_write_timeouts:{}\r\nauth_failures:{}\r\nprotected_mode_refusals:{}\r\n",
+             client_write_timeouts:{}\r\nauth_failures:{}\r\nprotected_mode_refusals:{}\r\n\
+             acl_access_denied_auth:{}\r\nacl_access_denied_cmd:{}\r\nacl_access_denied_key:{}\r\n",
             get(&m.connections),
             get(&m.rejected),
             get(&m.commands),
@@ -350,6 +441,9 @@ pub fn info_text(node: &Node, wanted: &[String]) -> String {
             get(&m.write_timeouts),
             get(&m.auth_failures),
             get(&m.protected_mode_refusals),
+            get(&m.auth_failures),
+            get(&m.acl_denied_cmd),
+            get(&m.acl_denied_key),
         );
     });
     section("keyspace", &|o| {

@@ -22,6 +22,10 @@ pub struct ClientInfo {
     pub since: Instant,
     /// `CLIENT SETNAME`.
     pub name: Mutex<Option<Bytes>>,
+    /// The user it acts as (empty until it authenticates).
+    pub user: Mutex<Arc<str>>,
+    /// `CLIENT SETINFO LIB-NAME` and `LIB-VER`.
+    pub lib: Mutex<(Option<Bytes>, Option<Bytes>)>,
     /// The last command's name and when it ran (ms since `since`).
     pub last: Mutex<(&'static str, u64)>,
     /// Protocol version (2 or 3).
@@ -43,8 +47,9 @@ impl ClientInfo {
         let (cmd, at) = *self.last.lock();
         let age = self.since.elapsed();
         let idle = (age.as_millis() as u64).saturating_sub(at) / 1000;
+        let (lib_name, lib_ver) = self.lib.lock().clone();
         format!(
-            "id={} addr={} laddr={} name={} age={} idle={} omem={} cmd={} resp={}",
+            "id={} addr={} laddr={} name={} age={} idle={} omem={} cmd={} user={} resp={} lib-name={} lib-ver={}",
             self.id,
             self.addr,
             self.laddr,
@@ -53,8 +58,19 @@ impl ClientInfo {
             idle,
             self.owed.load(Ordering::Relaxed),
             cmd,
-            self.resp.load(Ordering::Relaxed)
+            self.user.lock(),
+            self.resp.load(Ordering::Relaxed),
+            String::from_utf8_lossy(&lib_name.unwrap_or_default()),
+            String::from_utf8_lossy(&lib_ver.unwrap_or_default()),
         )
+    }
+
+    /// Records the user the connection acts as.
+    pub fn set_user(&self, name: &str) {
+        let mut u = self.user.lock();
+        if &**u != name {
+            *u = Arc::from(name);
+        }
     }
 }
 
@@ -178,6 +194,8 @@ impl Clients {
             laddr,
             since: Instant::now(),
             name: Mutex::new(None),
+            user: Mutex::new(Arc::from("")),
+            lib: Mutex::new((None, None)),
             last: Mutex::new(("NULL", 0)),
             resp: AtomicU64::new(2),
             owed: AtomicU64::new(0),

@@ -75,8 +75,15 @@ pub struct RawConfig {
     /// The default user's password (`AUTH password`), or `#` and its
     /// SHA-256 in hex; empty: none (every connection is authenticated).
     pub requirepass: String,
-    /// With no password set, clients connecting from other hosts than this
-    /// one are refused (`-DENIED`).
+    /// Users, one Redis ACL rule line each (`payments on #<sha256> ~payments:*
+    /// +@idem`, the leading `user` optional). Not with `aclfile`.
+    pub users: Vec<String>,
+    /// A file of users, one `user NAME rules...` line each (`ACL LOAD`
+    /// rereads it). Not with `users`.
+    pub aclfile: String,
+    /// While anyone may connect without a password (the default user is on
+    /// and `nopass`), clients connecting from other hosts than this one are
+    /// refused (`-DENIED`).
     pub protected_mode: bool,
     /// `CLUSTER PROMOTE` refuses a learner further behind than this many
     /// entries.
@@ -180,6 +187,8 @@ impl Default for RawConfig {
             initial_cluster: String::new(),
             cluster_secret: String::new(),
             requirepass: String::new(),
+            users: Vec::new(),
+            aclfile: String::new(),
             protected_mode: true,
             promote_max_lag_entries: 1000,
             election_timeout_ms: 300,
@@ -262,9 +271,13 @@ pub enum ConfigError {
 pub struct Config {
     /// Address to listen on.
     pub listen: SocketAddr,
-    /// SHA-256 of the default user's password; `None`: no password.
-    pub password_sha256: Option<[u8; 32]>,
-    /// Refuse clients from other hosts while no password is set.
+    /// The users (from `requirepass`, `users` or `aclfile`), as loaded at
+    /// start (`ACL LOAD` replaces the node's copy).
+    pub acl: std::sync::Arc<crate::acl::Acl>,
+    /// The ACL file, if users come from one.
+    pub aclfile: Option<std::path::PathBuf>,
+    /// Refuse clients from other hosts while anyone may connect without a
+    /// password.
     pub protected_mode: bool,
     /// Storage engine.
     pub engine: EngineKind,
@@ -309,6 +322,24 @@ pub struct Config {
     pub worker_threads: usize,
     /// The raw form, for `CONFIG GET`.
     pub raw: RawConfig,
+}
+
+impl Config {
+    /// Reads the ACL file again (`ACL LOAD`): the users it defines, the
+    /// default user from `requirepass` unless the file defines it.
+    ///
+    /// # Errors
+    ///
+    /// With no ACL file configured, or when it cannot be read or has a bad
+    /// line (the users in force then stay).
+    pub fn reload_acl(&self) -> Result<crate::acl::Acl, String> {
+        let Some(path) = &self.aclfile else {
+            return Err("this server has no aclfile configured: its users come from the configuration (requirepass, users) and change with a restart".into());
+        };
+        let password = password_hash(&self.raw.requirepass).map_err(|e| e.to_string())?;
+        let lines = crate::acl::Acl::read_file(path)?;
+        crate::acl::Acl::build(password, lines.iter().map(|(o, l)| (o.clone(), l.as_str())))
+    }
 }
 
 /// Limits on what one request may carry.
@@ -358,6 +389,18 @@ fn password_hash(requirepass: &str) -> Result<Option<[u8; 32]>, ConfigError> {
         return Ok(Some(out));
     }
     Ok(Some(Sha256::digest(requirepass.as_bytes()).into()))
+}
+
+/// Whether a rule line defines the user `name`.
+fn defines(line: &str, name: &str) -> bool {
+    let mut w = line.split_whitespace();
+    let first = w.next();
+    let n = if first == Some("user") {
+        w.next()
+    } else {
+        first
+    };
+    n == Some(name)
 }
 
 fn invalid(key: &'static str, reason: impl Into<String>) -> ConfigError {
@@ -477,6 +520,11 @@ impl RawConfig {
                     "initial_cluster" => self.initial_cluster = value.to_owned(),
                     "cluster_secret" => self.cluster_secret = value.to_owned(),
                     "requirepass" => self.requirepass = value.to_owned(),
+                    // One rule line per line of the value; each setting adds.
+                    "users" => self.users.extend(
+                        value.lines().map(str::trim).filter(|l| !l.is_empty()).map(str::to_owned),
+                    ),
+                    "aclfile" => self.aclfile = value.to_owned(),
                     "protected_mode" => {
                         self.protected_mode = match value.trim().to_ascii_lowercase().as_str() {
                             "yes" | "true" | "on" | "1" => true,
@@ -509,6 +557,9 @@ impl RawConfig {
                     // Never shown: only whether one is set.
                     ("cluster_secret", if self.cluster_secret.is_empty() { String::new() } else { "(set)".into() }),
                     ("requirepass", if self.requirepass.is_empty() { String::new() } else { "(set)".into() }),
+                    // Validated configurations hold them with hashed passwords.
+                    ("users", self.users.join("\n")),
+                    ("aclfile", self.aclfile.clone()),
                     ("protected_mode", if self.protected_mode { "yes" } else { "no" }.into()),
                     ("log", self.log.clone()),
                     $((stringify!($name), self.$name.to_string()),)*
@@ -516,6 +567,36 @@ impl RawConfig {
             };
         }
         numeric_keys!(keys)
+    }
+
+    /// The users: `requirepass` and `users`, or `aclfile`.
+    fn acl(
+        &self,
+        password: Option<[u8; 32]>,
+    ) -> Result<(crate::acl::Acl, Option<std::path::PathBuf>), ConfigError> {
+        use crate::acl::Acl;
+        if self.aclfile.trim().is_empty() {
+            let lines = self
+                .users
+                .iter()
+                .enumerate()
+                .map(|(i, l)| (format!("users[{i}]"), l.as_str()));
+            return Ok((
+                Acl::build(password, lines).map_err(|e| invalid("users", e))?,
+                None,
+            ));
+        }
+        if !self.users.is_empty() {
+            return Err(invalid(
+                "aclfile",
+                "users are defined both in `users` and in an ACL file: keep one",
+            ));
+        }
+        let path = std::path::PathBuf::from(self.aclfile.trim());
+        let lines = Acl::read_file(&path).map_err(|e| invalid("aclfile", e))?;
+        let acl = Acl::build(password, lines.iter().map(|(o, l)| (o.clone(), l.as_str())))
+            .map_err(|e| invalid("aclfile", e))?;
+        Ok((acl, Some(path)))
     }
 
     /// Checks the cluster keys.
@@ -788,8 +869,9 @@ impl RawConfig {
         };
         let cluster = self.cluster_config(listen, engine)?;
         let password_sha256 = password_hash(&self.requirepass)?;
-        // The password itself is not kept: the configuration shown and
-        // debugged holds its hash.
+        let (acl, aclfile) = self.acl(password_sha256)?;
+        // Passwords themselves are not kept: the configuration shown and
+        // debugged holds their hashes.
         let mut kept = self.clone();
         if let Some(h) = password_sha256 {
             kept.requirepass = format!(
@@ -797,9 +879,19 @@ impl RawConfig {
                 h.iter().map(|b| format!("{b:02x}")).collect::<String>()
             );
         }
+        if !self.users.is_empty() {
+            kept.users = acl
+                .users()
+                .filter(|u| {
+                    u.name() != "default" || self.users.iter().any(|l| defines(l, "default"))
+                })
+                .map(|u| u.describe())
+                .collect();
+        }
         Ok(Config {
             listen,
-            password_sha256,
+            acl: std::sync::Arc::new(acl),
+            aclfile,
             protected_mode: self.protected_mode,
             engine,
             raft: crate::engine::raft::RaftConfig {

@@ -52,12 +52,7 @@ pub async fn serve(node: Node, socket: TcpStream, addr: SocketAddr, stop: watch:
     let laddr = socket.local_addr().unwrap_or(node.local_addr());
     let info = node.clients().register(addr, laddr);
     let id = info.id;
-    let session = Session {
-        info,
-        version: Version::Resp2,
-        authenticated: node.config().password_sha256.is_none(),
-        writes_pending: false,
-    };
+    let session = Session::new(&node, info);
     if let Err(e) = run(&node, socket, session, stop).await {
         debug!(client = id, error = %e, "connection ended with an error");
     }

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use idem_protocol::{Command, ErrorCode, Flags, Frame, Reply, ServerError};
 
+use crate::acl::{Denial, Denied, User};
 use crate::admin;
 use crate::config::RequestLimits;
 use crate::engine::{Submission, Submitted};
@@ -121,13 +122,29 @@ pub fn dispatch(node: &Node, session: &mut Session, cmd: Command) -> Action {
         let mut last = session.info.last.lock();
         *last = (cmd.name(), session.info.since.elapsed().as_millis() as u64);
     }
-    if !session.authenticated
-        && !matches!(cmd, Command::Auth(_) | Command::Hello(_) | Command::Quit)
-    {
-        return Action::Reply(Reply::Error(ServerError::new(
-            ErrorCode::NoAuth,
-            admin::NOAUTH,
-        )));
+    if let Err(closed) = refresh_user(node, session) {
+        return closed;
+    }
+    match &session.user {
+        None if !matches!(cmd, Command::Auth(_) | Command::Hello(_) | Command::Quit) => {
+            return Action::Reply(Reply::Error(ServerError::new(
+                ErrorCode::NoAuth,
+                admin::NOAUTH,
+            )));
+        }
+        Some(user) => match user.check(&cmd) {
+            Ok(()) => {}
+            // INFO is @admin, but cluster clients (redis-py's RedisCluster)
+            // read `cluster_enabled` from it before anything else: without
+            // the right to INFO, a user gets that section alone.
+            Err(Denied::Command("info")) => {
+                return Action::Reply(admin::info(node, &[Bytes::from_static(b"cluster")]));
+            }
+            Err(denied) => {
+                return Action::Reply(Reply::Error(refuse(node, session, user, denied, &cmd)));
+            }
+        },
+        None => {}
     }
     if cmd.key().is_some() {
         return record(node, session, cmd);
@@ -150,8 +167,87 @@ pub fn dispatch(node: &Node, session: &mut Session, cmd: Command) -> Action {
         Command::Client(c) => admin::client(node, session, c),
         Command::Command(c) => admin::command(c),
         Command::Config(c) => admin::config(node, c),
+        Command::Acl(c) => admin::acl(node, session, c),
+        Command::Select(0) => Reply::Ok,
+        Command::Select(_) => err("DB index is out of range"),
         _ => err("unsupported command"),
     })
+}
+
+/// Looks the connection's user up again after `ACL LOAD`: its new rules
+/// apply from this command on; a user removed or turned off closes the
+/// connection.
+fn refresh_user(node: &Node, session: &mut Session) -> Result<(), Action> {
+    let epoch = node.acl_epoch();
+    if epoch == session.acl_epoch {
+        return Ok(());
+    }
+    session.acl_epoch = epoch;
+    let Some(user) = &session.user else {
+        return Ok(());
+    };
+    match node.acl().user(user.name()) {
+        Some(now) if now.enabled() => {
+            session.user = Some(Arc::clone(now));
+            Ok(())
+        }
+        _ => Err(Action::Close(Reply::Error(ServerError::new(
+            ErrorCode::NoAuth,
+            "the user of this connection was removed or turned off (ACL LOAD)",
+        )))),
+    }
+}
+
+/// The `-NOPERM` for a refused command, logged for `ACL LOG`.
+fn refuse(
+    node: &Node,
+    session: &Session,
+    user: &User,
+    denied: Denied,
+    cmd: &Command,
+) -> ServerError {
+    let (reason, object, message) = match denied {
+        Denied::Command(name) => {
+            bump(&node.metrics().acl_denied_cmd);
+            (
+                "command",
+                name.to_owned(),
+                format!(
+                    "User {} has no permissions to run the '{name}' command",
+                    user.name()
+                ),
+            )
+        }
+        Denied::Wait(name) => {
+            bump(&node.metrics().acl_denied_cmd);
+            (
+                "command",
+                format!("{name} WAIT"),
+                format!(
+                    "User {} has no permissions to run the '{name}' command with WAIT above 0 (waiting needs +@blocking)",
+                    user.name()
+                ),
+            )
+        }
+        Denied::Key => {
+            bump(&node.metrics().acl_denied_key);
+            (
+                "key",
+                String::from_utf8_lossy(cmd.key().map_or(&[][..], |k| &k[..])).into_owned(),
+                format!(
+                    "User {} has no permissions to access one of the keys used as arguments",
+                    user.name()
+                ),
+            )
+        }
+    };
+    node.log_denial(Denial {
+        reason,
+        object,
+        username: user.name().to_owned(),
+        client_info: session.info.line(),
+    });
+    ServerError::owned(ErrorCode::NoPerm, message)
 }
 
 /// How long a failed `AUTH` takes to answer: guessing is slow, and later
@@ -177,13 +273,16 @@ fn authenticate(node: &Node, session: &mut Session, cmd: Command) -> Action {
         }));
     }
     let reply = match cmd {
-        Command::Auth(a) => match admin::check_password(node, a.username.as_deref(), &a.password) {
-            Ok(()) => {
-                session.authenticated = true;
-                Reply::Ok
+        Command::Auth(a) => {
+            let epoch = node.acl_epoch();
+            match admin::check_password(node, session, a.username.as_deref(), &a.password) {
+                Ok(user) => {
+                    session.log_in(user, epoch);
+                    Reply::Ok
+                }
+                Err(e) => Reply::Error(e),
             }
-            Err(e) => Reply::Error(e),
-        },
+        }
         Command::Hello(h) => admin::hello(node, session, h),
         _ => err("not an authentication command"),
     };
@@ -273,7 +372,17 @@ fn record(node: &Node, session: &Session, cmd: Command) -> Action {
             // served and memory freed at the same point everywhere.
             engine.expire_soon(key);
         }
-        return Action::Reply(seen.reply.unwrap_or_else(|| err("no reply")));
+        let mut reply = seen.reply.unwrap_or_else(|| err("no reply"));
+        // The fence and attempt id are an owner's: shown only to users who
+        // may write the key.
+        if let Reply::Inspect(Some(info)) = &mut reply
+            && let (Some(user), Some(key)) = (&session.user, cmd.key())
+            && !user.may_own(key)
+        {
+            info.fence = 0;
+            info.attempt = None;
+        }
+        return Action::Reply(reply);
     }
     let Some(op) = Op::from_command(cmd, &node.config().defaults) else {
         return Action::Reply(err("not a record command"));

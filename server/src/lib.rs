@@ -19,6 +19,7 @@
 //!   expiry proposer.
 //! - [`waiters`]: server-side waiting beside the store, driven by the
 //!   engine's key events.
+//! - [`acl`]: users, their passwords, key patterns and commands.
 //! - [`clock`], [`clients`], [`metrics`]: time, the client registry,
 //!   counters.
 //!
@@ -37,6 +38,7 @@
 
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
+pub mod acl;
 pub mod admin;
 pub mod clients;
 pub mod clock;

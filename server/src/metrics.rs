@@ -22,6 +22,10 @@ pub struct Metrics {
     pub write_timeouts: AtomicU64,
     /// `AUTH` (and `HELLO ... AUTH`) refused with WRONGPASS.
     pub auth_failures: AtomicU64,
+    /// Commands refused with NOPERM: the command (or a wait) not allowed.
+    pub acl_denied_cmd: AtomicU64,
+    /// Commands refused with NOPERM: a key outside the user's patterns.
+    pub acl_denied_key: AtomicU64,
     /// Clients refused by protected mode.
     pub protected_mode_refusals: AtomicU64,
     /// The second (since start) of the current AUTH failure window, and

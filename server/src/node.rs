@@ -3,8 +3,13 @@
 //! the client registry and the counters).
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
+
+use parking_lot::{Mutex, RwLock};
+
+use crate::acl::{Acl, AclLog, Denial};
 
 use crate::clients::Clients;
 use crate::clock::Clock;
@@ -25,6 +30,12 @@ struct Inner {
     /// The address configured, until the listener is bound.
     configured: SocketAddr,
     bound: OnceLock<SocketAddr>,
+    /// The users in force (`ACL LOAD` replaces them).
+    acl: RwLock<Arc<Acl>>,
+    /// Bumped at each `ACL LOAD`: connections then look their user up again.
+    acl_epoch: AtomicU64,
+    /// The latest denials (`ACL LOG`).
+    acl_log: Mutex<AclLog>,
 }
 
 /// A node of Idem: a cheap handle.
@@ -75,9 +86,13 @@ impl Node {
         }
         let waiters = Waiters::new(Arc::clone(&engine), config.defaults, config.wait_limits);
         let clients = Clients::with_budget(config.max_client_memory_bytes);
+        let acl = RwLock::new(Arc::clone(&config.acl));
         Node(Arc::new(Inner {
             engine,
             waiters,
+            acl,
+            acl_epoch: AtomicU64::new(0),
+            acl_log: Mutex::new(AclLog::default()),
             config,
             clients,
             metrics: Metrics::default(),
@@ -125,5 +140,35 @@ impl Node {
     /// Records the address the listener got (once).
     pub fn set_bound(&self, addr: SocketAddr) {
         let _ = self.0.bound.set(addr);
+    }
+
+    /// The users in force.
+    pub fn acl(&self) -> Arc<Acl> {
+        Arc::clone(&self.0.acl.read())
+    }
+
+    /// Which generation of users is in force (bumped by [`Node::set_acl`]).
+    pub fn acl_epoch(&self) -> u64 {
+        self.0.acl_epoch.load(Ordering::Acquire)
+    }
+
+    /// Puts `acl` in force: connections look their user up again before
+    /// their next command.
+    pub fn set_acl(&self, acl: Acl) {
+        *self.0.acl.write() = Arc::new(acl);
+        self.0.acl_epoch.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// Logs a denial (`ACL LOG`).
+    pub fn log_denial(&self, denial: Denial) {
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        self.0.acl_log.lock().add(denial, now_ms);
+    }
+
+    /// The denial log.
+    pub fn acl_log(&self) -> &Mutex<AclLog> {
+        &self.0.acl_log
     }
 }

@@ -117,10 +117,25 @@ impl Server {
         reconcile_fd_limit(&mut config);
         let listen = config.listen;
         let backlog = config.tcp_backlog;
+        // On port 0 the port is known only once bound: bound first, so the
+        // address the node advertises (CLUSTER SLOTS, MOVED) is the real
+        // one. Otherwise the port opens only once the log is replayed.
+        let early = if listen.port() == 0 {
+            let l = bind_listener(listen, backlog)?;
+            if config.raw.advertise.trim().is_empty() {
+                config.raft.cluster.client_advertise = l.local_addr()?.to_string();
+            }
+            Some(l)
+        } else {
+            None
+        };
         let node = Node::start(config, listen)
             .await
             .map_err(io::Error::other)?;
-        let listener = bind_listener(listen, backlog)?;
+        let listener = match early {
+            Some(l) => l,
+            None => bind_listener(listen, backlog)?,
+        };
         node.set_bound(listener.local_addr()?);
         Ok(Server { listener, node })
     }
@@ -182,8 +197,7 @@ impl Server {
                 }
             };
             bump(&node.metrics().connections);
-            if config.protected_mode && config.password_sha256.is_none() && !is_loopback(addr.ip())
-            {
+            if config.protected_mode && node.acl().open() && !is_loopback(addr.ip()) {
                 bump(&node.metrics().protected_mode_refusals);
                 tokio::spawn(async move {
                     let _ = tokio::time::timeout(REJECT_TIMEOUT, async {

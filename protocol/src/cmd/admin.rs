@@ -175,6 +175,14 @@ pub enum ClientCmd {
     List,
     /// `CLIENT INFO`
     Info,
+    /// `CLIENT SETINFO LIB-NAME|LIB-VER value`: what a client library says
+    /// about itself (shown in `CLIENT LIST`).
+    SetInfo {
+        /// `lib-name` or `lib-ver`, lower case.
+        attr: &'static str,
+        /// The value (printable, no spaces).
+        value: Bytes,
+    },
 }
 
 /// A connection name shows in `CLIENT LIST` lines: printable ASCII
@@ -203,6 +211,20 @@ impl ClientCmd {
             ClientCmd::List
         } else if sub.eq_ignore_ascii_case(b"INFO") {
             ClientCmd::Info
+        } else if sub.eq_ignore_ascii_case(b"SETINFO") {
+            let attr = args.required()?;
+            let attr = if attr.eq_ignore_ascii_case(b"LIB-NAME") {
+                "lib-name"
+            } else if attr.eq_ignore_ascii_case(b"LIB-VER") {
+                "lib-ver"
+            } else {
+                return Err(CommandError::Syntax(
+                    "unrecognized option for CLIENT SETINFO: use LIB-NAME or LIB-VER",
+                ));
+            };
+            let value = args.required()?;
+            check_client_name(&value)?;
+            ClientCmd::SetInfo { attr, value }
         } else {
             return Err(CommandError::UnknownSubcommand {
                 command: "client",
@@ -221,6 +243,11 @@ impl ClientCmd {
             ClientCmd::GetName => out.push(word("GETNAME")),
             ClientCmd::List => out.push(word("LIST")),
             ClientCmd::Info => out.push(word("INFO")),
+            ClientCmd::SetInfo { attr, value } => out.extend([
+                word("SETINFO"),
+                Frame::Bulk(Bytes::from_static(attr.as_bytes())),
+                Frame::Bulk(value.clone()),
+            ]),
         }
     }
 }
@@ -309,6 +336,79 @@ impl ConfigCmd {
                 out.push(word("GET"));
                 out.extend(p.iter().cloned().map(Frame::Bulk));
             }
+        }
+    }
+}
+
+/// `ACL` subcommands (users are defined in the configuration or the ACL
+/// file; there is no `ACL SETUSER`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum AclCmd {
+    /// `ACL WHOAMI`: the connection's user.
+    WhoAmI,
+    /// `ACL LIST`: every user as a rule line (passwords as hashes).
+    List,
+    /// `ACL USERS`: the user names.
+    Users,
+    /// `ACL CAT [category]`: the categories, or the commands of one.
+    Cat(Option<Bytes>),
+    /// `ACL LOAD`: reread the ACL file.
+    Load,
+    /// `ACL LOG [count]`: the latest denials, newest first (10 by default).
+    Log(Option<u64>),
+    /// `ACL LOG RESET`: forget the denials logged.
+    LogReset,
+}
+
+impl AclCmd {
+    pub(crate) fn parse(args: &mut Args) -> Result<Self, CommandError> {
+        let sub = args.required()?;
+        let is = |w: &str| sub.eq_ignore_ascii_case(w.as_bytes());
+        let c = if is("WHOAMI") {
+            AclCmd::WhoAmI
+        } else if is("LIST") {
+            AclCmd::List
+        } else if is("USERS") {
+            AclCmd::Users
+        } else if is("CAT") {
+            AclCmd::Cat(args.next())
+        } else if is("LOAD") {
+            AclCmd::Load
+        } else if is("LOG") {
+            match args.next() {
+                None => AclCmd::Log(None),
+                Some(a) if a.eq_ignore_ascii_case(b"RESET") => AclCmd::LogReset,
+                Some(a) => AclCmd::Log(Some(
+                    crate::frame::parse_u64(&a).ok_or(CommandError::NotAnInteger("count"))?,
+                )),
+            }
+        } else {
+            return Err(CommandError::UnknownSubcommand {
+                command: "acl",
+                sub,
+            });
+        };
+        args.finish_ref()?;
+        Ok(c)
+    }
+
+    pub(crate) fn write_args(&self, out: &mut Vec<Frame>) {
+        out.push(word("ACL"));
+        match self {
+            AclCmd::WhoAmI => out.push(word("WHOAMI")),
+            AclCmd::List => out.push(word("LIST")),
+            AclCmd::Users => out.push(word("USERS")),
+            AclCmd::Cat(c) => {
+                out.push(word("CAT"));
+                out.extend(c.iter().cloned().map(Frame::Bulk));
+            }
+            AclCmd::Load => out.push(word("LOAD")),
+            AclCmd::Log(n) => {
+                out.push(word("LOG"));
+                out.extend(n.map(num));
+            }
+            AclCmd::LogReset => out.extend([word("LOG"), word("RESET")]),
         }
     }
 }

@@ -17,7 +17,7 @@ mod renew;
 mod settle;
 
 pub use abandon::Abandon;
-pub use admin::{Auth, ClientCmd, CommandCmd, ConfigCmd, Echo, Hello, Info, Ping};
+pub use admin::{AclCmd, Auth, ClientCmd, CommandCmd, ConfigCmd, Echo, Hello, Info, Ping};
 pub use claim::{Claim, OnExpire};
 pub use cluster::ClusterCmd;
 pub use complete::Complete;
@@ -78,6 +78,10 @@ pub enum Command {
     Config(ConfigCmd),
     /// `CLUSTER INFO|NODES|MYID|SLOTS|SHARDS|KEYSLOT|MEMBERS|ADD|PROMOTE|REMOVE`
     Cluster(ClusterCmd),
+    /// `SELECT index` (only database 0 exists)
+    Select(u64),
+    /// `ACL WHOAMI|LIST|USERS|CAT|LOAD|LOG`
+    Acl(AclCmd),
 }
 
 impl Command {
@@ -139,6 +143,13 @@ impl Command {
             CommandId::Inspect => parse!(Inspect, Inspect, "inspect"),
             CommandId::Command => parse!(Command, CommandCmd, "command"),
             CommandId::Complete => parse!(Complete, Complete, "complete"),
+            CommandId::Select => {
+                let mut args = Args::new("select", it);
+                let index = args.required()?;
+                args.finish()?;
+                Command::Select(parse_u64(&index).ok_or(CommandError::NotAnInteger("DB index"))?)
+            }
+            CommandId::Acl => parse!(Acl, AclCmd, "acl"),
         };
         Ok(cmd)
     }
@@ -167,6 +178,8 @@ impl Command {
             Command::Command(c) => c.write_args(&mut out),
             Command::Config(c) => c.write_args(&mut out),
             Command::Cluster(c) => c.write_args(&mut out),
+            Command::Select(i) => out.extend([word("SELECT"), num(*i)]),
+            Command::Acl(c) => c.write_args(&mut out),
         }
         Frame::Array(out)
     }
@@ -194,6 +207,8 @@ impl Command {
             Command::Command(_) => CommandId::Command,
             Command::Config(_) => CommandId::Config,
             Command::Cluster(_) => CommandId::Cluster,
+            Command::Select(_) => CommandId::Select,
+            Command::Acl(_) => CommandId::Acl,
         }
     }
 

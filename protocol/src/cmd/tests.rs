@@ -115,6 +115,20 @@ pub(crate) fn all_commands() -> Vec<Command> {
         }),
         Command::Cluster(ClusterCmd::Promote(4)),
         Command::Cluster(ClusterCmd::Remove(4)),
+        Command::Client(ClientCmd::SetInfo {
+            attr: "lib-name",
+            value: b("redis-rs"),
+        }),
+        Command::Select(0),
+        Command::Acl(AclCmd::WhoAmI),
+        Command::Acl(AclCmd::List),
+        Command::Acl(AclCmd::Users),
+        Command::Acl(AclCmd::Cat(None)),
+        Command::Acl(AclCmd::Cat(Some(b("idem")))),
+        Command::Acl(AclCmd::Load),
+        Command::Acl(AclCmd::Log(None)),
+        Command::Acl(AclCmd::Log(Some(5))),
+        Command::Acl(AclCmd::LogReset),
     ]
 }
 
@@ -172,6 +186,15 @@ variants! {
     "cluster add" => Command::Cluster(ClusterCmd::Add { .. }),
     "cluster promote" => Command::Cluster(ClusterCmd::Promote(_)),
     "cluster remove" => Command::Cluster(ClusterCmd::Remove(_)),
+    "client setinfo" => Command::Client(ClientCmd::SetInfo { .. }),
+    "select" => Command::Select(_),
+    "acl whoami" => Command::Acl(AclCmd::WhoAmI),
+    "acl list" => Command::Acl(AclCmd::List),
+    "acl users" => Command::Acl(AclCmd::Users),
+    "acl cat" => Command::Acl(AclCmd::Cat(_)),
+    "acl load" => Command::Acl(AclCmd::Load),
+    "acl log" => Command::Acl(AclCmd::Log(_)),
+    "acl log reset" => Command::Acl(AclCmd::LogReset),
 }
 
 #[test]
@@ -292,6 +315,29 @@ fn bad_commands_get_clear_errors() {
         Err(E::UnknownSubcommand { .. })
     ));
     assert_eq!(parse("CONFIG GET"), Err(E::WrongArity("config|get")));
+    assert_eq!(parse("SELECT x"), Err(E::NotAnInteger("DB index")));
+    assert_eq!(parse("SELECT 0 1"), Err(E::WrongArity("select")));
+    assert_eq!(parse("ACL LOG x"), Err(E::NotAnInteger("count")));
+    assert_eq!(parse("ACL WHOAMI x"), Err(E::WrongArity("acl")));
+    assert!(matches!(
+        parse("ACL SETUSER x"),
+        Err(E::UnknownSubcommand { .. })
+    ));
+    assert!(matches!(
+        parse("CLIENT SETINFO LIB-COLOR red"),
+        Err(E::Syntax(_))
+    ));
+    assert!(matches!(
+        Command::from_args(vec![b("CLIENT"), b("SETINFO"), b("LIB-NAME"), b("a b")]),
+        Err(E::Syntax(_))
+    ));
+    assert_eq!(
+        parse("client setinfo lib-ver 1.8.1"),
+        Ok(Command::Client(ClientCmd::SetInfo {
+            attr: "lib-ver",
+            value: b("1.8.1")
+        }))
+    );
     assert!(Command::from_args(vec![]).is_err());
     assert_eq!(
         Command::from_frame(crate::Frame::Integer(1)),

@@ -143,8 +143,16 @@ struct Args {
     /// show in the process list.
     #[arg(long, value_name = "PASSWORD")]
     requirepass: Option<String>,
-    /// yes (default): with no password set, refuse clients from other
-    /// hosts; no: accept them.
+    /// A user, as a Redis ACL rule line (`payments on #<sha256> ~payments:*
+    /// +@idem`); repeat for more. Prefer the config file or `aclfile`.
+    #[arg(long = "user", value_name = "RULES")]
+    users: Vec<String>,
+    /// A file of users, one `user NAME rules...` line each (`ACL LOAD`
+    /// rereads it).
+    #[arg(long, value_name = "FILE")]
+    aclfile: Option<String>,
+    /// yes (default): while anyone may connect without a password, refuse
+    /// clients from other hosts; no: accept them.
     #[arg(long, value_name = "yes|no")]
     protected_mode: Option<String>,
     /// Configuration file (TOML); `IDEM_CONFIG` also names one.
@@ -174,7 +182,15 @@ fn main() -> anyhow::Result<()> {
         ("initial_cluster", args.initial_cluster),
         ("requirepass", args.requirepass),
         ("protected_mode", args.protected_mode),
+        ("aclfile", args.aclfile),
     ];
+    if !args.users.is_empty() {
+        // Flags replace the users of the file and the environment.
+        raw.users.clear();
+        for rule in &args.users {
+            raw.set("users", rule)?;
+        }
+    }
     for (key, value) in flags {
         if let Some(v) = value {
             raw.set(key, &v)?;
