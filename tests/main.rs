@@ -22,3 +22,4 @@ mod t14_sim;
 mod t15_http;
 mod t16_auth;
 mod t17_acl;
+mod t18_tls;

@@ -25,7 +25,7 @@ use std::fmt::Write as _;
 use std::sync::Arc;
 
 use idem_protocol::Command;
-use idem_protocol::cmd::{AclCmd, ClientCmd, ClusterCmd};
+use idem_protocol::cmd::{AclCmd, ClientCmd, ClusterCmd, ConfigCmd};
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
@@ -114,6 +114,7 @@ const UNITS: &[Unit] = &[
     unit("info", ADMIN | DANGEROUS | SLOW),
     unit("dbsize", ADMIN | SLOW),
     unit("config|get", ADMIN | DANGEROUS | SLOW),
+    unit("config|reload-tls", ADMIN | DANGEROUS | SLOW),
     unit("cluster|info", CONNECTION | SLOW),
     unit("cluster|nodes", CONNECTION | SLOW),
     unit("cluster|myid", CONNECTION | SLOW),
@@ -169,7 +170,8 @@ fn unit_of(cmd: &Command) -> Option<usize> {
             ClientCmd::List => "client|list",
             _ => "client|list",
         },
-        Command::Config(_) => "config|get",
+        Command::Config(ConfigCmd::Get(_)) => "config|get",
+        Command::Config(_) => "config|reload-tls",
         Command::Cluster(c) => match c {
             ClusterCmd::Info => "cluster|info",
             ClusterCmd::Nodes => "cluster|nodes",

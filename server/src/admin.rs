@@ -250,8 +250,10 @@ pub fn command(c: CommandCmd) -> Reply {
 
 /// `CONFIG GET pattern ...`.
 pub fn config(node: &Node, c: ConfigCmd) -> Reply {
-    let ConfigCmd::Get(patterns) = c else {
-        return err("unsupported CONFIG subcommand");
+    let patterns = match c {
+        ConfigCmd::Get(p) => p,
+        ConfigCmd::ReloadTls => return reload_tls(node),
+        _ => return err("unsupported CONFIG subcommand"),
     };
     // Prepared once: lowercased, runs of `*` collapsed, and the count of
     // bytes a key must have at least; so a huge pattern costs one pass, not
@@ -270,6 +272,24 @@ pub fn config(node: &Node, c: ConfigCmd) -> Reply {
         }
     }
     Reply::Frame(Frame::Map(pairs))
+}
+
+/// `CONFIG RELOAD-TLS` (and SIGHUP): reads the TLS files again; new
+/// connections use them, open ones keep theirs.
+pub fn reload_tls(node: &Node) -> Reply {
+    let Some(tls) = &node.config().tls else {
+        return err("TLS is not configured (tls_listen, tls_cluster)");
+    };
+    match tls.reload() {
+        Ok(()) => {
+            tracing::info!("TLS certificates reloaded");
+            Reply::Ok
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "TLS certificates not reloaded: the ones in force stay");
+            Reply::Error(ServerError::owned(ErrorCode::Err, e))
+        }
+    }
 }
 
 /// `INFO [section ...]`.
@@ -416,7 +436,8 @@ pub fn info_text(node: &Node, wanted: &[String]) -> String {
              oom_refusals:{}\r\nrecords_completed:{}\r\nexpired_records:{}\r\ntoobig_refusals:{}\r\n\
              protocol_errors:{}\r\noutput_limit_disconnects:{}\r\nclient_budget_disconnects:{}\r\n\
              client_write_timeouts:{}\r\nauth_failures:{}\r\nprotected_mode_refusals:{}\r\n\
-             acl_access_denied_auth:{}\r\nacl_access_denied_cmd:{}\r\nacl_access_denied_key:{}\r\n",
+             acl_access_denied_auth:{}\r\nacl_access_denied_cmd:{}\r\nacl_access_denied_key:{}\r\n\
+             tls_handshake_failures:{}\r\n",
             get(&m.connections),
             get(&m.rejected),
             get(&m.commands),
@@ -444,6 +465,7 @@ pub fn info_text(node: &Node, wanted: &[String]) -> String {
             get(&m.auth_failures),
             get(&m.acl_denied_cmd),
             get(&m.acl_denied_key),
+            get(&m.tls_handshake_failures),
         );
     });
     section("keyspace", &|o| {

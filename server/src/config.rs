@@ -85,6 +85,25 @@ pub struct RawConfig {
     /// and `nopass`), clients connecting from other hosts than this one are
     /// refused (`-DENIED`).
     pub protected_mode: bool,
+    /// Where TLS clients connect, HOST:PORT; empty: no TLS listener.
+    pub tls_listen: String,
+    /// The server's certificate chain (PEM).
+    pub tls_cert_file: String,
+    /// Its private key (PEM).
+    pub tls_key_file: String,
+    /// The CA that signs client and peer certificates (PEM).
+    pub tls_ca_cert_file: String,
+    /// `yes`, `no` or `optional`: whether TLS clients must present a
+    /// certificate signed by the CA (empty: `yes` with a CA, else `no`).
+    pub tls_auth_clients: String,
+    /// `CN`: a client certificate's CN logs the connection in as the ACL
+    /// user of that name; `off`.
+    pub tls_auth_clients_user: String,
+    /// Peers talk TLS to each other, certificates checked both ways.
+    pub tls_cluster: bool,
+    /// The address MOVED and CLUSTER SLOTS give TLS clients (default: the
+    /// TLS listen address).
+    pub tls_advertise: String,
     /// `CLUSTER PROMOTE` refuses a learner further behind than this many
     /// entries.
     pub promote_max_lag_entries: u64,
@@ -190,6 +209,14 @@ impl Default for RawConfig {
             users: Vec::new(),
             aclfile: String::new(),
             protected_mode: true,
+            tls_listen: String::new(),
+            tls_cert_file: String::new(),
+            tls_key_file: String::new(),
+            tls_ca_cert_file: String::new(),
+            tls_auth_clients: String::new(),
+            tls_auth_clients_user: "off".into(),
+            tls_cluster: false,
+            tls_advertise: String::new(),
             promote_max_lag_entries: 1000,
             election_timeout_ms: 300,
             max_pending_proposals: 65_536,
@@ -276,6 +303,8 @@ pub struct Config {
     pub acl: std::sync::Arc<crate::acl::Acl>,
     /// The ACL file, if users come from one.
     pub aclfile: Option<std::path::PathBuf>,
+    /// TLS, for clients (`tls_listen`) and peers (`tls_cluster`).
+    pub tls: Option<std::sync::Arc<crate::tls::Tls>>,
     /// Refuse clients from other hosts while anyone may connect without a
     /// password.
     pub protected_mode: bool,
@@ -389,6 +418,14 @@ fn password_hash(requirepass: &str) -> Result<Option<[u8; 32]>, ConfigError> {
         return Ok(Some(out));
     }
     Ok(Some(Sha256::digest(requirepass.as_bytes()).into()))
+}
+
+fn yes_no(key: &'static str, value: &str) -> Result<bool, ConfigError> {
+    match value.trim().to_ascii_lowercase().as_str() {
+        "yes" | "true" | "on" | "1" => Ok(true),
+        "no" | "false" | "off" | "0" => Ok(false),
+        _ => Err(invalid(key, format!("'{value}' is not yes or no"))),
+    }
 }
 
 /// Whether a rule line defines the user `name`.
@@ -525,13 +562,15 @@ impl RawConfig {
                         value.lines().map(str::trim).filter(|l| !l.is_empty()).map(str::to_owned),
                     ),
                     "aclfile" => self.aclfile = value.to_owned(),
-                    "protected_mode" => {
-                        self.protected_mode = match value.trim().to_ascii_lowercase().as_str() {
-                            "yes" | "true" | "on" | "1" => true,
-                            "no" | "false" | "off" | "0" => false,
-                            _ => return Err(invalid("protected_mode", format!("'{value}' is not yes or no"))),
-                        }
-                    }
+                    "tls_listen" => self.tls_listen = value.to_owned(),
+                    "tls_cert_file" => self.tls_cert_file = value.to_owned(),
+                    "tls_key_file" => self.tls_key_file = value.to_owned(),
+                    "tls_ca_cert_file" => self.tls_ca_cert_file = value.to_owned(),
+                    "tls_auth_clients" => self.tls_auth_clients = value.to_owned(),
+                    "tls_auth_clients_user" => self.tls_auth_clients_user = value.to_owned(),
+                    "tls_cluster" => self.tls_cluster = yes_no("tls_cluster", value)?,
+                    "tls_advertise" => self.tls_advertise = value.to_owned(),
+                    "protected_mode" => self.protected_mode = yes_no("protected_mode", value)?,
                     "log" => self.log = value.to_owned(),
                     $(stringify!($name) => self.$name = num(stringify!($name), value)?,)*
                     _ => return Err(invalid("environment", format!("unknown key IDEM_{}", key.to_ascii_uppercase()))),
@@ -560,6 +599,14 @@ impl RawConfig {
                     // Validated configurations hold them with hashed passwords.
                     ("users", self.users.join("\n")),
                     ("aclfile", self.aclfile.clone()),
+                    ("tls_listen", self.tls_listen.clone()),
+                    ("tls_cert_file", self.tls_cert_file.clone()),
+                    ("tls_key_file", self.tls_key_file.clone()),
+                    ("tls_ca_cert_file", self.tls_ca_cert_file.clone()),
+                    ("tls_auth_clients", self.tls_auth_clients.clone()),
+                    ("tls_auth_clients_user", self.tls_auth_clients_user.clone()),
+                    ("tls_cluster", if self.tls_cluster { "yes" } else { "no" }.into()),
+                    ("tls_advertise", self.tls_advertise.clone()),
                     ("protected_mode", if self.protected_mode { "yes" } else { "no" }.into()),
                     ("log", self.log.clone()),
                     $((stringify!($name), self.$name.to_string()),)*
@@ -567,6 +614,80 @@ impl RawConfig {
             };
         }
         numeric_keys!(keys)
+    }
+
+    /// The TLS keys: `None` when neither a TLS listener nor TLS between
+    /// peers is configured.
+    fn tls(&self) -> Result<Option<crate::tls::TlsSettings>, ConfigError> {
+        use crate::tls::{AuthClients, TlsSettings};
+        let listen = match self.tls_listen.trim() {
+            "" => None,
+            v => Some(v.parse::<SocketAddr>().map_err(|_| {
+                invalid(
+                    "tls_listen",
+                    format!("'{v}' is not HOST:PORT (an IP address and a port)"),
+                )
+            })?),
+        };
+        if listen.is_none() && !self.tls_cluster {
+            return Ok(None);
+        }
+        let file = |key: &'static str, v: &str| -> Result<std::path::PathBuf, ConfigError> {
+            match v.trim() {
+                "" => Err(invalid(key, "TLS (tls_listen or tls_cluster) needs it")),
+                p => Ok(p.into()),
+            }
+        };
+        let ca_cert_file = match self.tls_ca_cert_file.trim() {
+            "" => None,
+            p => Some(std::path::PathBuf::from(p)),
+        };
+        let auth_clients = match self.tls_auth_clients.trim().to_ascii_lowercase().as_str() {
+            "" if ca_cert_file.is_some() => AuthClients::Yes,
+            "" | "no" => AuthClients::No,
+            "yes" => AuthClients::Yes,
+            "optional" => AuthClients::Optional,
+            v => {
+                return Err(invalid(
+                    "tls_auth_clients",
+                    format!("'{v}' is not yes, no or optional"),
+                ));
+            }
+        };
+        if auth_clients != AuthClients::No && ca_cert_file.is_none() {
+            return Err(invalid(
+                "tls_auth_clients",
+                "checking client certificates needs tls_ca_cert_file",
+            ));
+        }
+        let auth_clients_user_cn = match self
+            .tls_auth_clients_user
+            .trim()
+            .to_ascii_lowercase()
+            .as_str()
+        {
+            "cn" => true,
+            "off" | "" => false,
+            v => {
+                return Err(invalid(
+                    "tls_auth_clients_user",
+                    format!("'{v}' is not CN or off"),
+                ));
+            }
+        };
+        let v = self.tls_advertise.trim();
+        if !v.is_empty() && v.parse::<SocketAddr>().is_err() {
+            return Err(invalid("tls_advertise", format!("'{v}' is not HOST:PORT")));
+        }
+        Ok(Some(TlsSettings {
+            listen,
+            cert_file: file("tls_cert_file", &self.tls_cert_file)?,
+            key_file: file("tls_key_file", &self.tls_key_file)?,
+            ca_cert_file,
+            auth_clients,
+            auth_clients_user_cn,
+            cluster: self.tls_cluster,
+        }))
     }
 
     /// The users: `requirepass` and `users`, or `aclfile`.
@@ -870,6 +991,12 @@ impl RawConfig {
         let cluster = self.cluster_config(listen, engine)?;
         let password_sha256 = password_hash(&self.requirepass)?;
         let (acl, aclfile) = self.acl(password_sha256)?;
+        let tls = match self.tls()? {
+            Some(t) => Some(std::sync::Arc::new(
+                crate::tls::Tls::new(t).map_err(|e| invalid("tls_cert_file", e))?,
+            )),
+            None => None,
+        };
         // Passwords themselves are not kept: the configuration shown and
         // debugged holds their hashes.
         let mut kept = self.clone();
@@ -892,6 +1019,7 @@ impl RawConfig {
             listen,
             acl: std::sync::Arc::new(acl),
             aclfile,
+            tls: tls.clone(),
             protected_mode: self.protected_mode,
             engine,
             raft: crate::engine::raft::RaftConfig {
@@ -899,6 +1027,7 @@ impl RawConfig {
                 node_id: self.node_id,
                 election_timeout_ms: self.election_timeout_ms,
                 cluster,
+                tls,
                 max_pending_proposals: self.max_pending_proposals,
                 max_batch_bytes: self.max_batch_bytes,
                 proposal_timeout_ms: self.proposal_timeout_ms,

@@ -53,7 +53,61 @@ pub async fn serve(node: Node, socket: TcpStream, addr: SocketAddr, stop: watch:
     let info = node.clients().register(addr, laddr);
     let id = info.id;
     let session = Session::new(&node, info);
-    if let Err(e) = run(&node, socket, session, stop).await {
+    if let Err(e) = socket.set_nodelay(true) {
+        debug!(client = id, error = %e, "cannot set TCP_NODELAY");
+    }
+    let result = run(
+        &node,
+        &mut TcpRead(&socket),
+        &mut TcpWrite(&socket),
+        session,
+        stop,
+    )
+    .await;
+    if let Err(e) = result {
+        debug!(client = id, error = %e, "connection ended with an error");
+    }
+    node.clients().unregister(id);
+}
+
+/// Serves a TLS connection (handshake done) as [`serve`] does; with
+/// `tls_auth_clients_user = CN`, a client certificate whose CN names an
+/// ACL user that is on logs the connection in as that user.
+pub async fn serve_tls(
+    node: Node,
+    stream: tokio_rustls::server::TlsStream<TcpStream>,
+    addr: SocketAddr,
+    laddr: SocketAddr,
+    stop: watch::Receiver<bool>,
+) {
+    let info = node.clients().register(addr, laddr);
+    let id = info.id;
+    let mut session = Session::new(&node, info);
+    let by_cn = node
+        .config()
+        .tls
+        .as_ref()
+        .is_some_and(|t| t.settings().auth_clients_user_cn);
+    if by_cn
+        && let Some(cn) = stream
+            .get_ref()
+            .1
+            .peer_certificates()
+            .and_then(|c| c.first())
+            .and_then(|c| crate::tls::common_name(c))
+    {
+        let epoch = node.acl_epoch();
+        if let Some(user) = node.acl().user(&cn).filter(|u| u.enabled()) {
+            session.log_in(std::sync::Arc::clone(user), epoch);
+        }
+    }
+    let (r, w) = tokio::io::split(stream);
+    let mut writer = StreamWrite {
+        inner: w,
+        dirty: false,
+    };
+    let result = run(&node, &mut StreamRead(r), &mut writer, session, stop).await;
+    if let Err(e) = result {
         debug!(client = id, error = %e, "connection ended with an error");
     }
     node.clients().unregister(id);
@@ -202,6 +256,162 @@ thread_local! {
         std::cell::RefCell::new(vec![0; SCRATCH].into_boxed_slice());
 }
 
+/// Counts the memory of `out` against the server-wide client budget, if
+/// it changed since `accounted`. False when this client is evicted (it is
+/// to close); when others were evicted to make room, lets them close (and
+/// free their buffers) before this one adds more.
+async fn charge(node: &Node, info: &ClientInfo, accounted: &mut u64, out: &OutBuf) -> bool {
+    let owed = out.memory() as u64;
+    if owed == *accounted {
+        return true;
+    }
+    let found = node.clients().account(info, *accounted, owed);
+    *accounted = owed;
+    match found {
+        Accounted::Evicted => false,
+        Accounted::EvictedOthers => {
+            tokio::task::yield_now().await;
+            true
+        }
+        Accounted::Ok => true,
+    }
+}
+
+/// Lets go of a buffer's memory once it is empty: an idle connection then
+/// holds no buffers (a few hundred bytes of state in all), and one large
+/// reply does not stay allocated after it was written.
+fn release_if_empty(buf: &mut BytesMut) {
+    if buf.is_empty() && buf.capacity() > 0 {
+        *buf = BytesMut::new();
+    }
+}
+
+/// The reading side of a connection.
+trait Reader {
+    /// Reads what is there into `buf`, waiting until something is: 0 once
+    /// the peer has closed.
+    async fn read_some(&mut self, buf: &mut BytesMut) -> std::io::Result<usize>;
+    /// Waits for news of the peer without reading: `true` once it has
+    /// closed; `false` when only data arrived.
+    async fn read_closed(&mut self) -> std::io::Result<bool>;
+}
+
+/// The writing side of a connection.
+trait Writer {
+    /// Writes as much of `out` as goes now (`WouldBlock` when nothing).
+    fn try_write_out(&mut self, out: &OutBuf) -> std::io::Result<usize>;
+    /// Writes as much of `out` as goes, waiting until some does; with
+    /// `out` empty, only pushes out what is buffered (see [`Writer::dirty`]).
+    /// Cancel-safe: what it returns is what was taken.
+    async fn write_some(&mut self, out: &OutBuf) -> std::io::Result<usize>;
+    /// Whether bytes taken are still buffered below (TLS records not yet
+    /// on the socket): `write_some` with nothing pushes them.
+    fn dirty(&self) -> bool {
+        false
+    }
+    /// Closes the writing side.
+    async fn shutdown(&mut self) -> std::io::Result<()>;
+}
+
+/// Plain TCP, read through readiness (both sides share the socket).
+struct TcpRead<'a>(&'a TcpStream);
+/// Plain TCP, written through readiness.
+struct TcpWrite<'a>(&'a TcpStream);
+
+impl Reader for TcpRead<'_> {
+    async fn read_some(&mut self, buf: &mut BytesMut) -> std::io::Result<usize> {
+        read_some(self.0, buf).await
+    }
+
+    async fn read_closed(&mut self) -> std::io::Result<bool> {
+        read_closed(self.0).await
+    }
+}
+
+impl Writer for TcpWrite<'_> {
+    fn try_write_out(&mut self, out: &OutBuf) -> std::io::Result<usize> {
+        try_write_out(self.0, out)
+    }
+
+    async fn write_some(&mut self, out: &OutBuf) -> std::io::Result<usize> {
+        write_some(self.0, out).await
+    }
+
+    async fn shutdown(&mut self) -> std::io::Result<()> {
+        // Shutting down the write side of a shared TcpStream needs no `&mut`.
+        rustix::net::shutdown(self.0, rustix::net::Shutdown::Write).map_err(std::io::Error::from)
+    }
+}
+
+/// Any byte stream (TLS), read through `AsyncRead`.
+struct StreamRead<R>(R);
+/// Any byte stream (TLS), written through `AsyncWrite`; `dirty` while
+/// what it took may still be buffered.
+struct StreamWrite<W> {
+    inner: W,
+    dirty: bool,
+}
+
+impl<R: tokio::io::AsyncRead + Unpin> Reader for StreamRead<R> {
+    async fn read_some(&mut self, buf: &mut BytesMut) -> std::io::Result<usize> {
+        use tokio::io::AsyncReadExt;
+        buf.reserve(16 * 1024);
+        self.0.read_buf(buf).await
+    }
+
+    async fn read_closed(&mut self) -> std::io::Result<bool> {
+        // A TLS record cannot be looked at without reading it: a client
+        // that leaves while its read-ahead is full is noticed when the
+        // parked request is answered.
+        std::future::pending().await
+    }
+}
+
+impl<W: tokio::io::AsyncWrite + Unpin> Writer for StreamWrite<W> {
+    fn try_write_out(&mut self, _out: &OutBuf) -> std::io::Result<usize> {
+        // Every write goes through `write_some`, which keeps track of what
+        // is still to be flushed.
+        Err(std::io::ErrorKind::WouldBlock.into())
+    }
+
+    async fn write_some(&mut self, out: &OutBuf) -> std::io::Result<usize> {
+        if self.dirty {
+            self.inner.flush().await?;
+            self.dirty = false;
+        }
+        if out.is_empty() {
+            return Ok(0);
+        }
+        // Returns as soon as the bytes are taken: no await point after it,
+        // so a cancelled call never loses track of bytes taken.
+        let n = poll_fn(|cx| {
+            std::pin::Pin::new(&mut self.inner).poll_write_vectored(cx, &out_slices(out))
+        })
+        .await?;
+        self.dirty = true;
+        Ok(n)
+    }
+
+    fn dirty(&self) -> bool {
+        self.dirty
+    }
+
+    async fn shutdown(&mut self) -> std::io::Result<()> {
+        self.inner.flush().await?;
+        self.inner.shutdown().await
+    }
+}
+
+/// The slices of `out`, for a vectored write.
+fn out_slices(out: &OutBuf) -> Vec<std::io::IoSlice<'_>> {
+    if let Some(bytes) = out.as_contiguous() {
+        return vec![std::io::IoSlice::new(bytes)];
+    }
+    let mut slices = [std::io::IoSlice::new(&[]); MAX_SLICES];
+    let n = out.slices(&mut slices);
+    slices[..n].to_vec()
+}
+
 /// Reads what the socket has into `buf` (through the thread's scratch
 /// buffer).
 ///
@@ -233,36 +443,6 @@ async fn read_some(socket: &TcpStream, buf: &mut BytesMut) -> std::io::Result<us
             (Err(e), None) => return Err(e),
             (Ok(n), None) => return Ok(n),
         }
-    }
-}
-
-/// Counts the memory of `out` against the server-wide client budget, if
-/// it changed since `accounted`. False when this client is evicted (it is
-/// to close); when others were evicted to make room, lets them close (and
-/// free their buffers) before this one adds more.
-async fn charge(node: &Node, info: &ClientInfo, accounted: &mut u64, out: &OutBuf) -> bool {
-    let owed = out.memory() as u64;
-    if owed == *accounted {
-        return true;
-    }
-    let found = node.clients().account(info, *accounted, owed);
-    *accounted = owed;
-    match found {
-        Accounted::Evicted => false,
-        Accounted::EvictedOthers => {
-            tokio::task::yield_now().await;
-            true
-        }
-        Accounted::Ok => true,
-    }
-}
-
-/// Lets go of a buffer's memory once it is empty: an idle connection then
-/// holds no buffers (a few hundred bytes of state in all), and one large
-/// reply does not stay allocated after it was written.
-fn release_if_empty(buf: &mut BytesMut) {
-    if buf.is_empty() && buf.capacity() > 0 {
-        *buf = BytesMut::new();
     }
 }
 
@@ -306,9 +486,12 @@ async fn write_some(socket: &TcpStream, out: &OutBuf) -> std::io::Result<usize> 
 }
 
 /// Writes all of `out`.
-async fn write_all(socket: &TcpStream, out: &mut OutBuf) -> std::io::Result<()> {
-    while !out.is_empty() {
-        let n = write_some(socket, out).await?;
+async fn write_all(writer: &mut impl Writer, out: &mut OutBuf) -> std::io::Result<()> {
+    while !out.is_empty() || writer.dirty() {
+        let n = writer.write_some(out).await?;
+        if n == 0 && out.is_empty() {
+            continue;
+        }
         if n == 0 {
             return Err(std::io::ErrorKind::WriteZero.into());
         }
@@ -319,11 +502,11 @@ async fn write_all(socket: &TcpStream, out: &mut OutBuf) -> std::io::Result<()> 
 
 async fn run(
     node: &Node,
-    mut socket: TcpStream,
+    reader: &mut impl Reader,
+    writer: &mut impl Writer,
     mut session: Session,
     mut stop: watch::Receiver<bool>,
 ) -> std::io::Result<()> {
-    socket.set_nodelay(true)?;
     let config = node.config();
     let limits = config.limits.frame;
     let max_out = config.max_output_buffer_bytes;
@@ -444,14 +627,14 @@ async fn run(
         }
         if closing && pending.is_empty() && held.is_none() {
             // Write what is owed (bounded in time), then close.
-            let _ = tokio::time::timeout(CLOSE_FLUSH, write_all(&socket, &mut out)).await;
-            let _ = socket.shutdown().await;
+            let _ = tokio::time::timeout(CLOSE_FLUSH, write_all(writer, &mut out)).await;
+            let _ = writer.shutdown().await;
             return Ok(());
         }
         // Write eagerly: the socket almost always takes the replies at once,
         // which saves a turn through the select below.
         if !out.is_empty() {
-            match try_write_out(&socket, &out) {
+            match writer.try_write_out(&out) {
                 Ok(n) => {
                     if n > 0 {
                         stalled_since = None;
@@ -507,29 +690,31 @@ async fn run(
                     }
                 }
             }
-            n = write_some(&socket, &out), if !out.is_empty() => {
+            n = writer.write_some(&out), if !out.is_empty() || writer.dirty() => {
                 let n = n?;
-                if n == 0 {
+                if n == 0 && !out.is_empty() {
                     return Ok(());
                 }
-                stalled_since = None;
-                out.advance(n);
+                if n > 0 {
+                    stalled_since = None;
+                    out.advance(n);
+                }
             }
-            n = read_some(&socket, &mut inbuf), if can_read => {
-                if n? == 0 {
+            // Reading; or, parked with its read-ahead full, not reading any
+            // more but still noticing a client that leaves (the peer's FIN
+            // or RST shows as read-closed readiness without reading).
+            gone = async {
+                if can_read {
+                    // Bytes alone are not activity: a request trickled in a
+                    // byte at a time counts as idle until it is whole.
+                    reader.read_some(&mut inbuf).await.map(|n| n == 0)
+                } else {
+                    reader.read_closed().await
+                }
+            }, if can_read || (pending.blocked && !closing) => {
+                if gone? {
                     // The client is gone (or half-closed): a parked request
                     // is withdrawn; replies already due are still written.
-                    pending.withdraw_blocking();
-                    closing = true;
-                }
-                // Bytes alone are not activity: a request trickled in a byte
-                // at a time counts as idle until it is whole.
-            }
-            // Parked with its read-ahead full: not read any more, but a
-            // client that leaves is still noticed (the peer's FIN or RST
-            // shows as read-closed readiness without reading).
-            gone = read_closed(&socket), if pending.blocked && !can_read && !closing => {
-                if gone? {
                     pending.withdraw_blocking();
                     closing = true;
                 }

@@ -53,6 +53,7 @@ pub mod reclaim;
 pub mod server;
 pub mod session;
 pub mod store;
+pub mod tls;
 pub mod waiters;
 
 pub use config::Config;

@@ -26,6 +26,9 @@ pub struct Metrics {
     pub acl_denied_cmd: AtomicU64,
     /// Commands refused with NOPERM: a key outside the user's patterns.
     pub acl_denied_key: AtomicU64,
+    /// TLS handshakes that failed or timed out (a wrong CA, no client
+    /// certificate where one is required, a plain-text client).
+    pub tls_handshake_failures: AtomicU64,
     /// Clients refused by protected mode.
     pub protected_mode_refusals: AtomicU64,
     /// The second (since start) of the current AUTH failure window, and

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::io::AsyncWriteExt;
-use tokio::net::{TcpListener, TcpSocket};
+use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::sync::{Semaphore, mpsc, watch};
 use tracing::{info, warn};
 
@@ -102,7 +102,20 @@ pub fn bind_listener(addr: SocketAddr, backlog: u32) -> io::Result<TcpListener> 
 /// A bound, not yet running server.
 pub struct Server {
     listener: TcpListener,
+    /// The TLS listener (`tls_listen`).
+    tls_listener: Option<TcpListener>,
     node: Node,
+}
+
+/// How long a TLS client may take to finish its handshake.
+const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Accepts from `l`, or never when there is none.
+async fn accept_from(l: Option<&TcpListener>) -> io::Result<(TcpStream, SocketAddr)> {
+    match l {
+        Some(l) => l.accept().await,
+        None => std::future::pending().await,
+    }
 }
 
 impl Server {
@@ -137,7 +150,15 @@ impl Server {
             None => bind_listener(listen, backlog)?,
         };
         node.set_bound(listener.local_addr()?);
-        Ok(Server { listener, node })
+        let tls_listener = match node.config().tls.as_ref().and_then(|t| t.settings().listen) {
+            Some(addr) => Some(bind_listener(addr, backlog)?),
+            None => None,
+        };
+        Ok(Server {
+            listener,
+            tls_listener,
+            node,
+        })
     }
 
     /// The node this server serves.
@@ -154,7 +175,11 @@ impl Server {
     /// parked requests with `-TRYAGAIN`, lets every connection write what it
     /// owes, and returns once all have closed.
     pub async fn run(self, shutdown: impl Future<Output = ()>) -> io::Result<()> {
-        let Server { listener, node } = self;
+        let Server {
+            listener,
+            tls_listener,
+            node,
+        } = self;
         let (stop_tx, stop_rx) = watch::channel(false);
         let (done_tx, mut done_rx) = mpsc::channel::<()>(1);
         let config = node.config();
@@ -166,14 +191,18 @@ impl Server {
             stop_rx.clone(),
         ));
         info!(addr = %node.local_addr(), engine = config.engine.as_str(), "idemd listening");
+        if let Some(l) = &tls_listener {
+            info!(addr = %l.local_addr()?, "idemd listening for TLS clients");
+        }
         tokio::pin!(shutdown);
         let mut backoff = ACCEPT_BACKOFF;
         let mut failures = 0u64;
         let mut warned: Option<tokio::time::Instant> = None;
         loop {
-            let accepted = tokio::select! {
+            let (accepted, secure) = tokio::select! {
                 _ = &mut shutdown => break,
-                a = listener.accept() => a,
+                a = listener.accept() => (a, false),
+                a = accept_from(tls_listener.as_ref()) => (a, true),
             };
             let (mut socket, addr) = match accepted {
                 Ok(a) => {
@@ -197,6 +226,23 @@ impl Server {
                 }
             };
             bump(&node.metrics().connections);
+            if secure {
+                // The checks below answer in clear text: for TLS they are
+                // made once the handshake is done.
+                let Ok(permit) = Arc::clone(&limit).try_acquire_owned() else {
+                    bump(&node.metrics().rejected);
+                    continue;
+                };
+                let node = node.clone();
+                let stop = stop_rx.clone();
+                let done = done_tx.clone();
+                tokio::spawn(async move {
+                    serve_tls(node, socket, addr, stop).await;
+                    drop(permit);
+                    drop(done);
+                });
+                continue;
+            }
             if config.protected_mode && node.acl().open() && !is_loopback(addr.ip()) {
                 bump(&node.metrics().protected_mode_refusals);
                 tokio::spawn(async move {
@@ -232,6 +278,7 @@ impl Server {
         }
         info!("shutting down: draining connections");
         drop(listener);
+        drop(tls_listener);
         let _ = stop_tx.send(true);
         drop(done_tx);
         let _ = done_rx.recv().await;
@@ -240,4 +287,39 @@ impl Server {
         info!("shutdown complete");
         Ok(())
     }
+}
+
+/// Completes a TLS client's handshake (bounded in time), applies protected
+/// mode, and serves it.
+async fn serve_tls(node: Node, socket: TcpStream, addr: SocketAddr, stop: watch::Receiver<bool>) {
+    let Some(tls) = node.config().tls.clone() else {
+        return;
+    };
+    let laddr = socket.local_addr().unwrap_or(node.local_addr());
+    let _ = socket.set_nodelay(true);
+    let handshake =
+        tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, tls.acceptor().accept(socket)).await;
+    let mut stream = match handshake {
+        Ok(Ok(s)) => s,
+        Ok(Err(e)) => {
+            bump(&node.metrics().tls_handshake_failures);
+            tracing::debug!(client = %addr, error = %e, "TLS handshake failed");
+            return;
+        }
+        Err(_) => {
+            bump(&node.metrics().tls_handshake_failures);
+            tracing::debug!(client = %addr, "TLS handshake timed out");
+            return;
+        }
+    };
+    if node.config().protected_mode && node.acl().open() && !is_loopback(addr.ip()) {
+        bump(&node.metrics().protected_mode_refusals);
+        let _ = tokio::time::timeout(REJECT_TIMEOUT, async {
+            let _ = stream.write_all(DENIED.as_bytes()).await;
+            let _ = stream.shutdown().await;
+        })
+        .await;
+        return;
+    }
+    crate::connection::serve_tls(node, stream, addr, laddr, stop).await;
 }

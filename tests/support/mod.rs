@@ -8,6 +8,7 @@ use std::time::Duration;
 
 pub mod cluster;
 pub mod history;
+pub mod pki;
 
 use bytes::{Bytes, BytesMut};
 use idem_protocol::{ClaimReply, Frame, Limits, SettleReply, Version, decode, encode};

@@ -303,13 +303,16 @@ impl CommandCmd {
     }
 }
 
-/// `CONFIG GET pattern [pattern ...]` (the only subcommand: the server's
-/// configuration is read-only at run time).
+/// `CONFIG GET pattern [pattern ...]` and `CONFIG RELOAD-TLS` (the
+/// server's configuration is otherwise read-only at run time).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum ConfigCmd {
     /// `CONFIG GET` with glob patterns.
     Get(Vec<Bytes>),
+    /// `CONFIG RELOAD-TLS`: read the TLS certificate, key and CA files
+    /// again.
+    ReloadTls,
 }
 
 impl ConfigCmd {
@@ -321,6 +324,9 @@ impl ConfigCmd {
                 return Err(CommandError::WrongArity("config|get"));
             }
             Ok(ConfigCmd::Get(patterns))
+        } else if sub.eq_ignore_ascii_case(b"RELOAD-TLS") {
+            args.finish_ref()?;
+            Ok(ConfigCmd::ReloadTls)
         } else {
             Err(CommandError::UnknownSubcommand {
                 command: "config",
@@ -336,6 +342,7 @@ impl ConfigCmd {
                 out.push(word("GET"));
                 out.extend(p.iter().cloned().map(Frame::Bulk));
             }
+            ConfigCmd::ReloadTls => out.push(word("RELOAD-TLS")),
         }
     }
 }

@@ -155,6 +155,32 @@ struct Args {
     /// clients from other hosts; no: accept them.
     #[arg(long, value_name = "yes|no")]
     protected_mode: Option<String>,
+    /// Where TLS clients connect (a second listener beside --listen).
+    #[arg(long, value_name = "HOST:PORT")]
+    tls_listen: Option<String>,
+    /// The server's certificate chain (PEM).
+    #[arg(long, value_name = "FILE")]
+    tls_cert_file: Option<String>,
+    /// Its private key (PEM).
+    #[arg(long, value_name = "FILE")]
+    tls_key_file: Option<String>,
+    /// The CA that signs client and peer certificates (PEM).
+    #[arg(long, value_name = "FILE")]
+    tls_ca_cert_file: Option<String>,
+    /// Whether TLS clients must present a certificate signed by the CA
+    /// (default: yes when a CA is given).
+    #[arg(long, value_name = "yes|no|optional")]
+    tls_auth_clients: Option<String>,
+    /// CN: a client certificate's CN logs the connection in as that ACL
+    /// user; off (default).
+    #[arg(long, value_name = "CN|off")]
+    tls_auth_clients_user: Option<String>,
+    /// Peers talk TLS to each other (certificates checked both ways).
+    #[arg(long, value_name = "yes|no")]
+    tls_cluster: Option<String>,
+    /// The address MOVED and CLUSTER SLOTS give TLS clients.
+    #[arg(long, value_name = "HOST:PORT")]
+    tls_advertise: Option<String>,
     /// Configuration file (TOML); `IDEM_CONFIG` also names one.
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
@@ -183,6 +209,14 @@ fn main() -> anyhow::Result<()> {
         ("requirepass", args.requirepass),
         ("protected_mode", args.protected_mode),
         ("aclfile", args.aclfile),
+        ("tls_listen", args.tls_listen),
+        ("tls_cert_file", args.tls_cert_file),
+        ("tls_key_file", args.tls_key_file),
+        ("tls_ca_cert_file", args.tls_ca_cert_file),
+        ("tls_auth_clients", args.tls_auth_clients),
+        ("tls_auth_clients_user", args.tls_auth_clients_user),
+        ("tls_cluster", args.tls_cluster),
+        ("tls_advertise", args.tls_advertise),
     ];
     if !args.users.is_empty() {
         // Flags replace the users of the file and the environment.
@@ -233,8 +267,23 @@ fn main() -> anyhow::Result<()> {
         println!("idemd listening on {}", server.local_addr());
         let threads = tokio::runtime::Handle::current().metrics().num_workers();
         tokio::spawn(return_memory_when_quiet(server.node().clone(), threads));
+        tokio::spawn(reload_tls_on_sighup(server.node().clone()));
         server.run(shutdown_signal()).await.context("server failed")
     })
+}
+
+/// SIGHUP rereads the TLS certificate, key and CA files (as `CONFIG
+/// RELOAD-TLS` does).
+async fn reload_tls_on_sighup(node: idem_server::node::Node) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let Ok(mut hup) = signal(SignalKind::hangup()) else {
+        return;
+    };
+    while hup.recv().await.is_some() {
+        if node.config().tls.is_some() {
+            let _ = idem_server::admin::reload_tls(&node);
+        }
+    }
 }
 
 async fn shutdown_signal() {

@@ -98,6 +98,9 @@ pub struct RaftConfig {
     pub election_timeout_ms: u64,
     /// Peers, addresses and bootstrap.
     pub cluster: cluster::ClusterConfig,
+    /// TLS between peers (`tls_cluster`): connections made and accepted
+    /// are TLS, certificates checked both ways against the CA.
+    pub tls: Option<Arc<crate::tls::Tls>>,
 }
 
 /// Why the raft engine could not start.
@@ -217,9 +220,11 @@ fn serve_peers(
     listener: &mut Option<tokio::net::TcpListener>,
     incoming: &mut Option<peer::Incoming>,
     peers: &Arc<peer::Peers>,
+    tls: Option<&Arc<crate::tls::Tls>>,
 ) {
     if let Some(l) = listener.take() {
-        tokio::spawn(peer::serve(l, Arc::clone(peers)));
+        let tls = tls.filter(|t| t.settings().cluster).cloned();
+        tokio::spawn(peer::serve(l, Arc::clone(peers), tls));
     }
     if let Some(rx) = incoming.take() {
         tokio::spawn(peer::serve_incoming(rx, Arc::clone(peers)));
@@ -286,7 +291,11 @@ impl RaftEngine {
             cfg.cluster.client_advertise.clone(),
             cfg.cluster.secret.clone(),
             data_dir.clone(),
-            io.dialer.unwrap_or_else(|| Arc::new(peer::TcpDialer)),
+            io.dialer
+                .unwrap_or_else(|| match cfg.tls.clone().filter(|t| t.settings().cluster) {
+                    Some(tls) => Arc::new(peer::TlsDialer(tls)),
+                    None => Arc::new(peer::TcpDialer),
+                }),
         )
         .map_err(|reason| StartError::DataDir {
             path: data_dir.clone(),
@@ -356,7 +365,7 @@ impl RaftEngine {
         // it answers Raft traffic (so what it finds is not its own doing).
         let mut listener = listener;
         if initialized || lowest {
-            serve_peers(&mut listener, &mut incoming, &peers);
+            serve_peers(&mut listener, &mut incoming, &peers, cfg.tls.as_ref());
         }
         if !initialized {
             if clustered {
@@ -373,7 +382,7 @@ impl RaftEngine {
                 info!(dir = %data_dir.display(), "initialized a new single-node raft group");
             }
         }
-        serve_peers(&mut listener, &mut incoming, &peers);
+        serve_peers(&mut listener, &mut incoming, &peers, cfg.tls.as_ref());
         let clock = store.stats().clock;
         let role = cluster::Role::new(
             Clock::starting_at(if clock == 0 {

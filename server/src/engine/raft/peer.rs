@@ -86,6 +86,37 @@ pub trait PeerStream: AsyncRead + AsyncWrite + Send + Sync + Unpin + 'static {}
 
 impl<T: AsyncRead + AsyncWrite + Send + Sync + Unpin + 'static> PeerStream for T {}
 
+/// Dials over TLS (`tls_cluster`): the peer's certificate must be signed
+/// by the CA and name the host of its peer address; this node presents its
+/// own.
+#[derive(Debug, Clone)]
+pub struct TlsDialer(pub Arc<crate::tls::Tls>);
+
+impl Dialer for TlsDialer {
+    fn dial(&self, addr: &str) -> Dialing {
+        let addr = addr.to_owned();
+        let connector = self.0.peer_connector();
+        Box::pin(async move {
+            let connector = connector.ok_or_else(|| std::io::Error::other("tls_cluster is off"))?;
+            let host = match addr.parse::<SocketAddr>() {
+                Ok(a) => rustls_pki_types::ServerName::IpAddress(a.ip().into()),
+                Err(_) => {
+                    let host = addr.rsplit_once(':').map_or(addr.as_str(), |(h, _)| h);
+                    rustls_pki_types::ServerName::try_from(host.to_owned())
+                        .map_err(|e| std::io::Error::other(format!("peer address {addr}: {e}")))?
+                }
+            };
+            let stream = TcpStream::connect(&addr).await?;
+            let _ = stream.set_nodelay(true);
+            let tls = connector.connect(host, stream).await?;
+            Ok(Box::new(tls) as Box<dyn PeerStream>)
+        })
+    }
+}
+
+/// How long a peer may take to finish its TLS handshake.
+const PEER_TLS_HANDSHAKE: Duration = Duration::from_secs(10);
+
 /// A connection being made to a peer.
 pub type Dialing = Pin<Box<dyn Future<Output = std::io::Result<Box<dyn PeerStream>>> + Send>>;
 
@@ -556,7 +587,11 @@ fn cut_off() -> std::io::Error {
 }
 
 /// Serves peer connections on `listener` until the process ends.
-pub async fn serve(listener: TcpListener, peers: Arc<Peers>) {
+///
+/// With `tls` (`tls_cluster`), each connection completes a TLS handshake
+/// (a certificate of the CA required) before the cluster secret is checked
+/// inside it.
+pub async fn serve(listener: TcpListener, peers: Arc<Peers>, tls: Option<Arc<crate::tls::Tls>>) {
     loop {
         let (stream, addr) = match listener.accept().await {
             Ok(x) => x,
@@ -567,7 +602,19 @@ pub async fn serve(listener: TcpListener, peers: Arc<Peers>) {
             }
         };
         let _ = stream.set_nodelay(true);
-        serve_stream(Box::new(stream), addr, &peers);
+        match tls.as_ref().and_then(|t| t.peer_acceptor()) {
+            None => serve_stream(Box::new(stream), addr, &peers),
+            Some(acceptor) => {
+                let peers = Arc::clone(&peers);
+                tokio::spawn(async move {
+                    match tokio::time::timeout(PEER_TLS_HANDSHAKE, acceptor.accept(stream)).await {
+                        Ok(Ok(s)) => serve_stream(Box::new(s), addr, &peers),
+                        Ok(Err(e)) => warn!(%addr, error = %e, "peer TLS handshake failed"),
+                        Err(_) => warn!(%addr, "peer TLS handshake timed out"),
+                    }
+                });
+            }
+        }
     }
 }
 
@@ -1143,7 +1190,7 @@ mod tests {
         }
         let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = l.local_addr().unwrap().to_string();
-        tokio::spawn(serve(l, Arc::clone(&peers)));
+        tokio::spawn(serve(l, Arc::clone(&peers), None));
         (peers, addr)
     }
 

@@ -74,6 +74,7 @@ fn cfg(dir: &TempDir) -> RaftConfig {
         min_free_disk_bytes: 0,
         election_timeout_ms: 500,
         cluster: Default::default(),
+        tls: None,
     }
 }
 
