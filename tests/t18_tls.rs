@@ -370,10 +370,16 @@ async fn a_cluster_talks_tls_between_peers() {
     std::fs::create_dir_all(&dir.0).unwrap();
     let ca = Ca::new("Idem cluster CA");
     let ca_file = ca.write(&dir.0, "ca.crt");
+    let tls_ports: Vec<u16> = (1..=3).map(|_| free_port()).collect();
     let env: Vec<Vec<(String, String)>> = (1..=3)
         .map(|id| {
             let cert = ca.server(&dir.0, &format!("node-{id}"));
             vec![
+                (
+                    "IDEM_TLS_LISTEN".to_owned(),
+                    format!("127.0.0.1:{}", tls_ports[id - 1]),
+                ),
+                ("IDEM_TLS_AUTH_CLIENTS".to_owned(), "no".to_owned()),
                 ("IDEM_TLS_CLUSTER".to_owned(), "yes".to_owned()),
                 (
                     "IDEM_TLS_CERT_FILE".to_owned(),
@@ -407,6 +413,32 @@ async fn a_cluster_talks_tls_between_peers() {
     let mut conn = c.members[l2].conn().await;
     let settled = conn.cmd(&["SETTLE", "tls-peer-key"]).await;
     assert!(format!("{settled:?}").contains("COMPLETED"), "{settled:?}");
+    // Redirects name the leader's address of the client's kind: its TLS
+    // listener for TLS clients, its plain one for the others.
+    let f = (0..3).find(|&i| i != l && i != l2).unwrap();
+    let leader_tls = format!("127.0.0.1:{}", tls_ports[c.members[l2].id as usize - 1]);
+    let follower_tls = SocketAddr::from(([127, 0, 0, 1], tls_ports[c.members[f].id as usize - 1]));
+    let mut t = TlsConn::connect(follower_tls, client_config(&ca.pem, None))
+        .await
+        .unwrap();
+    let moved = t.cmd(&["CLAIM", "tls-moved"]).await.unwrap();
+    let text = format!("{moved:?}");
+    assert!(
+        text.contains("MOVED") && text.contains(&leader_tls),
+        "{text}"
+    );
+    let mut plain = c.members[f].conn().await;
+    let moved = plain.cmd(&["CLAIM", "tls-moved"]).await;
+    let text = format!("{moved:?}");
+    assert!(
+        text.contains(&c.members[l2].client.to_string()) && !text.contains('+'),
+        "{text}"
+    );
+    let slots = format!("{:?}", t.cmd(&["CLUSTER", "SLOTS"]).await.unwrap());
+    assert!(
+        slots.contains(&tls_ports[c.members[l2].id as usize - 1].to_string()),
+        "{slots}"
+    );
     // The old leader comes back over TLS and catches up.
     let id = c.members[l].id;
     let e: Vec<(&str, &str)> = env[id as usize - 1]

@@ -15,7 +15,9 @@ use openraft::ServerState;
 
 use crate::dispatch::Action;
 use crate::engine::raft::MembershipChange;
-use crate::engine::raft::cluster::{ChangeError, ClusterView, MemberAddr, MemberView};
+use crate::engine::raft::cluster::{
+    ChangeError, ClusterView, MemberAddr, MemberView, client_addr_for,
+};
 use crate::node::Node;
 
 /// Redis's reply where cluster mode is off.
@@ -52,15 +54,19 @@ fn role_name(v: &ClusterView, m: &MemberView) -> &'static str {
     }
 }
 
-/// Runs a `CLUSTER` subcommand.
-pub fn cluster(node: &Node, c: ClusterCmd) -> Action {
+/// Runs a `CLUSTER` subcommand; `tls`: for a client of the TLS listener
+/// (addresses shown are the TLS ones).
+pub fn cluster(node: &Node, c: ClusterCmd, tls: bool) -> Action {
     if let ClusterCmd::KeySlot(key) = &c {
         return Action::Reply(Reply::Frame(Frame::Integer(i64::from(key_slot(key)))));
     }
     let Some(raft) = node.engine().raft_engine() else {
         return Action::Reply(Reply::Error(ServerError::new(ErrorCode::Err, DISABLED)));
     };
-    let view = raft.cluster_view();
+    let mut view = raft.cluster_view();
+    for m in &mut view.members {
+        m.addr.client = client_addr_for(&m.addr.client, tls).to_owned();
+    }
     let reply = match c {
         ClusterCmd::Info => {
             let info = raft.info();

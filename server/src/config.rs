@@ -744,13 +744,23 @@ impl RawConfig {
         };
         let initial_cluster = parse_initial_cluster(&self.initial_cluster)
             .map_err(|e| invalid("initial_cluster", e))?;
-        let client_advertise = match self.advertise.trim() {
+        let mut client_advertise = match self.advertise.trim() {
             "" => listen.to_string(),
             v => {
                 addr("advertise", v)?;
                 v.to_owned()
             }
         };
+        // With a TLS listener, the address TLS clients are sent to rides
+        // along: `PLAIN+TLS` (see `cluster::client_addr_for`).
+        let tls_addr = match (self.tls_advertise.trim(), self.tls_listen.trim()) {
+            ("", "") => None,
+            ("", v) => Some(addr("tls_listen", v)?.to_string()),
+            (v, _) => Some(addr("tls_advertise", v)?.to_string()),
+        };
+        if let Some(t) = tls_addr {
+            client_advertise = format!("{client_advertise}+{t}");
+        }
         let peer_advertise = match (self.peer_advertise.trim(), peer_listen) {
             ("", Some(p)) => p.to_string(),
             ("", None) => String::new(),

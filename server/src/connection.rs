@@ -83,6 +83,7 @@ pub async fn serve_tls(
     let info = node.clients().register(addr, laddr);
     let id = info.id;
     let mut session = Session::new(&node, info);
+    session.tls = true;
     let by_cn = node
         .config()
         .tls

@@ -108,11 +108,22 @@ fn validate(cmd: &Command, l: &RequestLimits) -> Result<(), ServerError> {
     Ok(())
 }
 
-fn reply_of(result: Submitted) -> Reply {
+fn reply_of(result: Submitted, tls: bool) -> Reply {
     match result {
         Ok(applied) => applied.reply,
-        Err(e) => Reply::Error(e.to_server_error()),
+        Err(e) => Reply::Error(for_client(e.to_server_error(), tls)),
     }
+}
+
+/// A `-MOVED` names the address this client's kind connects to (plain or
+/// TLS, see `cluster::client_addr_for`).
+fn for_client(e: ServerError, tls: bool) -> ServerError {
+    if e.code != ErrorCode::Moved || !e.message.contains('+') {
+        return e;
+    }
+    let (slot, addr) = e.message.split_once(' ').unwrap_or(("0", &e.message));
+    let addr = crate::engine::raft::cluster::client_addr_for(addr, tls);
+    ServerError::owned(ErrorCode::Moved, format!("{slot} {addr}"))
 }
 
 /// Runs one command.
@@ -150,7 +161,7 @@ pub fn dispatch(node: &Node, session: &mut Session, cmd: Command) -> Action {
         return record(node, session, cmd);
     }
     if let Command::Cluster(c) = cmd {
-        return crate::cluster_admin::cluster(node, c);
+        return crate::cluster_admin::cluster(node, c, session.tls);
     }
     if matches!(cmd, Command::Auth(_) | Command::Hello(_)) {
         return authenticate(node, session, cmd);
@@ -344,7 +355,7 @@ fn record(node: &Node, session: &Session, cmd: Command) -> Action {
     // Only the serving leader answers record commands, reads included;
     // elsewhere: -MOVED to the leader, -TRYAGAIN or -CLUSTERDOWN.
     if let Err(e) = node.engine().route(cmd.key().map(|k| &k[..])) {
-        return Action::Reply(Reply::Error(e.to_server_error()));
+        return Action::Reply(Reply::Error(for_client(e.to_server_error(), session.tls)));
     }
     let wait = match &cmd {
         Command::Claim(c) => c.wait_ms.unwrap_or(0),
@@ -399,13 +410,14 @@ fn record(node: &Node, session: &Session, cmd: Command) -> Action {
             return Action::Reply(reply);
         }
     }
+    let tls = session.tls;
     match engine.submit(op) {
         Submission::Ready(Some(Ok(applied))) => Action::Reply(applied.reply),
         // Not proposed yet (the queue is full): nothing after it on this
         // connection may run before it, or it could be overtaken.
         waiting @ Submission::Waiting(_) => {
-            Action::Block(Box::pin(async move { reply_of(waiting.await) }))
+            Action::Block(Box::pin(async move { reply_of(waiting.await, tls) }))
         }
-        later => Action::Pending(Box::pin(async move { reply_of(later.await) })),
+        later => Action::Pending(Box::pin(async move { reply_of(later.await, tls) })),
     }
 }

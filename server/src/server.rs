@@ -136,7 +136,9 @@ impl Server {
         let early = if listen.port() == 0 {
             let l = bind_listener(listen, backlog)?;
             if config.raw.advertise.trim().is_empty() {
-                config.raft.cluster.client_advertise = l.local_addr()?.to_string();
+                let adv = &mut config.raft.cluster.client_advertise;
+                let tls = adv.split_once('+').map(|(_, t)| format!("+{t}"));
+                *adv = format!("{}{}", l.local_addr()?, tls.unwrap_or_default());
             }
             Some(l)
         } else {

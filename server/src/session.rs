@@ -19,6 +19,9 @@ pub struct Session {
     pub user: Option<Arc<User>>,
     /// The generation of users `user` was looked up in.
     pub acl_epoch: u64,
+    /// The connection came through the TLS listener: redirects name TLS
+    /// addresses.
+    pub tls: bool,
     /// Writes of this connection are still on their way through the log:
     /// a command that could be answered from the store must not be (it
     /// would not see them).
@@ -38,6 +41,7 @@ impl Session {
             version: Version::Resp2,
             user,
             acl_epoch: epoch,
+            tls: false,
             writes_pending: false,
         }
     }

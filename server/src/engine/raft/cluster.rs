@@ -42,6 +42,18 @@ use crate::clock::Clock;
 use crate::engine::EngineError;
 use crate::store::Store;
 
+/// The address a client should be sent to, from a member's advertised
+/// client address: `HOST:PORT`, or `HOST:PORT+TLSHOST:TLSPORT` when the
+/// member has a TLS listener (TLS clients get the second; a member without
+/// one gives them its plain address).
+pub fn client_addr_for(advertised: &str, tls: bool) -> &str {
+    match advertised.split_once('+') {
+        Some((_, t)) if tls => t,
+        Some((plain, _)) => plain,
+        None => advertised,
+    }
+}
+
 /// A member's two addresses (and the ids removed from the cluster, which
 /// every member's entry carries).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -821,8 +833,13 @@ pub async fn add_member(
         retired: view.retired.clone(),
         ..addr
     };
-    for (what, a) in [("peer", &addr.peer), ("client", &addr.client)] {
-        if a.parse::<SocketAddr>().is_err() {
+    let (plain, tls) = addr.client.split_once('+').unwrap_or((&addr.client, ""));
+    for (what, a) in [
+        ("peer", addr.peer.as_str()),
+        ("client", plain),
+        ("TLS client", tls),
+    ] {
+        if (what != "TLS client" || !a.is_empty()) && a.parse::<SocketAddr>().is_err() {
             return Err(ChangeError::Refused(format!(
                 "'{a}' is not a {what} address (IP:PORT)"
             )));
