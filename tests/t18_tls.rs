@@ -485,3 +485,59 @@ async fn a_cluster_talks_tls_between_peers() {
     let read = tokio::time::timeout(Duration::from_secs(5), raw.read_to_end(&mut got)).await;
     assert!(read.is_ok() && !String::from_utf8_lossy(&got).contains("PONG"));
 }
+
+/// idem-client over TLS: `idems://` with credentials, the CA and a client
+/// certificate; a server it cannot trust is a TLS error, not retried.
+#[tokio::test]
+async fn idem_client_speaks_tls() {
+    use idem_client::{ClaimOutcome, Client, ClientConfig, ErrorKind};
+    let s = start(
+        "tls-client",
+        &[
+            "--user",
+            "default off",
+            "--user",
+            "svc on >svc-pw ~* +@idem +@connection",
+        ],
+    )
+    .await;
+    let cert = s.ca.client(&s.dir, "svc");
+    let config = || {
+        ClientConfig::default()
+            .tls_ca_pem(s.ca.pem.clone())
+            .tls_client_cert_pem(cert.cert_pem.clone(), cert.key_pem.clone())
+    };
+    let url = format!("idems://svc:svc-pw@localhost:{}", s.tls.port());
+    let c = Client::connect_with_config(url.as_str(), config())
+        .await
+        .unwrap();
+    let ClaimOutcome::Acquired(claim) = c.claim("client-tls").await.unwrap() else {
+        panic!("not acquired")
+    };
+    claim.complete(b"paid".to_vec()).await.unwrap();
+    let mut plain = s.server.conn().await;
+    assert_eq!(plain.cmd(&["AUTH", "svc", "svc-pw"]).await, ok());
+    assert!(format!("{:?}", plain.cmd(&["SETTLE", "client-tls"]).await).contains("paid"));
+    // By IP address, the name the certificate carries too.
+    let by_ip = format!("idems://svc:svc-pw@127.0.0.1:{}", s.tls.port());
+    let c = Client::connect_with_config(by_ip.as_str(), config())
+        .await
+        .unwrap();
+    assert!(c.claim("client-tls-2").await.is_ok());
+    // A CA that did not sign the server's certificate.
+    let other = Ca::new("not the server's");
+    let e = Client::connect_with_config(
+        url.as_str(),
+        ClientConfig::default().tls_ca_pem(other.pem.clone()),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Tls, "{e}");
+    assert!(!e.is_retryable());
+    // The plain port does not speak TLS: a TLS error too, not a hang.
+    let to_plain = format!("idems://svc:svc-pw@{}", s.server.addr);
+    let e = Client::connect_with_config(to_plain.as_str(), config())
+        .await
+        .unwrap_err();
+    assert!(matches!(e.kind(), ErrorKind::Tls | ErrorKind::Io), "{e}");
+}

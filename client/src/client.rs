@@ -91,6 +91,8 @@ pub(crate) struct Inner {
     /// Waiting requests in progress, at most `max_waiting_connections`.
     waiting_slots: Arc<tokio::sync::Semaphore>,
     pub(crate) stats: Counters,
+    /// TLS, if the client talks it (built once from the config).
+    tls: Option<Arc<crate::tls::Tls>>,
 }
 
 /// The client's counters (see [`ClientStats`]).
@@ -140,9 +142,13 @@ fn parse_addresses(addrs: &str) -> Result<Vec<String>> {
     Ok(parse_target(addrs)?.0)
 }
 
+/// What an address or URL names: the nodes, the credentials of an
+/// `idem://user:password@...` URL, and whether it is `idems://` (TLS).
+type Target = (Vec<String>, Option<Credentials>, bool);
+
 /// The addresses, and the credentials of an `idem://user:password@...`
 /// URL (percent-decoded; an empty user is the default user).
-pub(crate) fn parse_target(addrs: &str) -> Result<(Vec<String>, Option<Credentials>)> {
+pub(crate) fn parse_target(addrs: &str) -> Result<Target> {
     let (scheme, rest) = match addrs.split_once("://") {
         Some((scheme, rest)) => (Some(scheme), rest),
         None => (None, addrs),
@@ -152,7 +158,7 @@ pub(crate) fn parse_target(addrs: &str) -> Result<(Vec<String>, Option<Credentia
     // may hold anything (percent-encoding is decoded). Errors never quote
     // them.
     let rest = match (scheme, rest.rsplit_once('@')) {
-        (Some("idem"), Some((userinfo, hosts))) => {
+        (Some("idem" | "idems"), Some((userinfo, hosts))) => {
             let bad = |why: &str| {
                 Error::new(
                     ErrorKind::InvalidAddress,
@@ -190,7 +196,7 @@ pub(crate) fn parse_target(addrs: &str) -> Result<(Vec<String>, Option<Credentia
             out.push(one);
         }
     }
-    Ok((out, credentials))
+    Ok((out, credentials, scheme == Some("idems")))
 }
 
 /// `%XX` escapes decoded (UTF-8).
@@ -217,13 +223,12 @@ fn parse_address(addr: &str) -> Result<String> {
     let invalid = |why: &str| {
         Error::new(
             ErrorKind::InvalidAddress,
-            format!("'{addr}': {why} (expected host:port or idem://host:port)"),
+            format!("'{addr}': {why} (expected host:port, idem://host:port or idems://host:port)"),
         )
     };
     let rest = match addr.split_once("://") {
         None => addr,
-        Some(("idem", rest)) => rest,
-        Some(("idems", _)) => return Err(invalid("TLS (idems://) is not supported yet")),
+        Some(("idem" | "idems", rest)) => rest,
         Some((scheme, _)) => return Err(invalid(&format!("unknown scheme '{scheme}'"))),
     };
     let rest = rest.strip_suffix('/').unwrap_or(rest);
@@ -409,8 +414,9 @@ impl Client {
     /// Connects to `addr` with the default configuration: `host:port` or
     /// an `idem://host:port` URL, with credentials if the server has a
     /// password: `idem://:password@host:port` or
-    /// `idem://user:password@host:port` (percent-encoded; `idems://`, TLS,
-    /// is refused until it is supported, not ignored). For a
+    /// `idem://user:password@host:port` (percent-encoded). `idems://...`
+    /// talks TLS (feature `tls`; the CA comes from
+    /// [`ClientConfig::tls_ca_pem`]). For a
     /// cluster, give several nodes separated by commas
     /// (`h1:7379,h2:7379,h3:7379`): the client starts with the first that
     /// answers and follows `-MOVED` to the leader.
@@ -424,11 +430,15 @@ impl Client {
         addr: impl Into<String>,
         config: ClientConfig,
     ) -> Result<Client> {
-        let (seeds, credentials) = parse_target(&addr.into())?;
+        let (seeds, credentials, tls) = parse_target(&addr.into())?;
         let mut config = config;
         if config.credentials.is_none() {
             config.credentials = credentials;
         }
+        if tls {
+            config.tls.enabled = true;
+        }
+        let tls = crate::tls::Tls::new(&config.tls)?;
         let addr = seeds[0].clone();
         let client = Client {
             inner: Arc::new(Inner {
@@ -441,6 +451,7 @@ impl Client {
                     config.max_waiting_connections,
                 )),
                 stats: Counters::default(),
+                tls,
                 config,
             }),
         };
@@ -527,7 +538,12 @@ impl Client {
 
     /// Opens a connection to `addr` and checks that it is an Idem server.
     async fn open_checked(&self, addr: &str) -> Result<Connection> {
-        let conn = Connection::open(addr, self.inner.config.connect_timeout).await?;
+        let conn = Connection::open(
+            addr,
+            self.inner.config.connect_timeout,
+            self.inner.tls.as_deref(),
+        )
+        .await?;
         if let Some(c) = &self.inner.config.credentials {
             let mut args = vec![Bytes::from_static(b"AUTH")];
             if let Some(user) = &c.user {
@@ -1318,13 +1334,13 @@ mod tests {
             ("idem://127.0.0.1:7379", "127.0.0.1:7379"),
             ("idem://localhost:7379/", "localhost:7379"),
             ("idem://[::1]:7379", "[::1]:7379"),
+            ("idems://localhost:7379", "localhost:7379"),
         ] {
             assert_eq!(parse_address(given).unwrap(), want, "{given}");
         }
         for (given, why) in [
             ("localhost", "no host:port"),
             ("redis://localhost:6379", "unknown scheme 'redis'"),
-            ("idems://localhost:7379", "TLS"),
             ("idem://:p%zz@localhost:7379", "percent-encoding"),
             ("idem://svc@localhost:7379", "no password"),
             ("user:pw@localhost:7379", "need an idem:// URL"),
@@ -1349,19 +1365,25 @@ mod tests {
 
     #[test]
     fn credentials_in_urls() {
-        let (seeds, c) = parse_target("idem://svc:p%40ss%3Aw@a:7379,b:7379").unwrap();
+        let (seeds, c, tls) = parse_target("idem://svc:p%40ss%3Aw@a:7379,b:7379").unwrap();
         assert_eq!(seeds, ["a:7379", "b:7379"]);
+        assert!(!tls);
+        let (seeds, c2, tls) = parse_target("idems://u:p@a:7379").unwrap();
+        assert_eq!(
+            (seeds.len(), c2.unwrap().password.as_str(), tls),
+            (1, "p", true)
+        );
         let c = c.unwrap();
         assert_eq!(
             (c.user.as_deref(), c.password.as_str()),
             (Some("svc"), "p@ss:w")
         );
-        let (_, c) = parse_target("idem://:secret@a:7379").unwrap();
+        let (_, c, _) = parse_target("idem://:secret@a:7379").unwrap();
         let c = c.unwrap();
         assert_eq!((c.user, c.password.as_str()), (None, "secret"));
         assert!(parse_target("a:7379").unwrap().1.is_none());
         // '@' and ',' in a password; errors never quote it.
-        let (seeds, c) = parse_target("idem://:p@s,s@a:7379,b:7379").unwrap();
+        let (seeds, c, _) = parse_target("idem://:p@s,s@a:7379,b:7379").unwrap();
         assert_eq!((seeds.len(), c.unwrap().password.as_str()), (2, "p@s,s"));
         for bad in [
             "idem://:hunter2@a",
@@ -1371,8 +1393,30 @@ mod tests {
             let e = parse_target(bad).unwrap_err().to_string();
             assert!(!e.contains("hunter2"), "{e}");
         }
-        // Never shown by Debug.
-        let cfg = crate::ClientConfig::default().password("hunter2");
-        assert!(!format!("{cfg:?}").contains("hunter2"));
+        // Never shown by Debug, nor a TLS key.
+        let cfg = crate::ClientConfig::default()
+            .password("hunter2")
+            .tls_client_cert_pem("CERT", "hunter3-key");
+        let shown = format!("{cfg:?}");
+        assert!(
+            !shown.contains("hunter2") && !shown.contains("hunter3"),
+            "{shown}"
+        );
+    }
+
+    /// TLS without what it needs is refused at once, saying what is
+    /// missing (the feature, or the CA to trust).
+    #[tokio::test]
+    async fn tls_without_what_it_needs_is_refused() {
+        let e = crate::Client::connect("idems://localhost:1")
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind(), crate::ErrorKind::InvalidAddress);
+        let want = if cfg!(feature = "tls") {
+            "tls_ca_pem"
+        } else {
+            "`tls` feature"
+        };
+        assert!(e.to_string().contains(want), "{e}");
     }
 }

@@ -25,6 +25,32 @@ pub struct ClientConfig {
     pub(crate) deadline: Duration,
     pub(crate) max_waiting_connections: usize,
     pub(crate) credentials: Option<Credentials>,
+    pub(crate) tls: TlsOptions,
+}
+
+/// TLS settings (feature `tls`): whether to use it, what to trust, what to
+/// present.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub(crate) struct TlsOptions {
+    pub(crate) enabled: bool,
+    /// CA certificates to trust, PEM.
+    pub(crate) ca_pem: Option<Vec<u8>>,
+    /// A client certificate chain and its key, PEM.
+    pub(crate) client_cert: Option<(Vec<u8>, Vec<u8>)>,
+    /// The name the server's certificate must carry (default: the host of
+    /// the address).
+    pub(crate) server_name: Option<String>,
+}
+
+impl std::fmt::Debug for TlsOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TlsOptions")
+            .field("enabled", &self.enabled)
+            .field("ca_pem", &self.ca_pem.as_ref().map(|p| p.len()))
+            .field("client_cert", &self.client_cert.as_ref().map(|_| "(set)"))
+            .field("server_name", &self.server_name)
+            .finish()
+    }
 }
 
 /// A user and password sent with `AUTH` on every new connection.
@@ -60,6 +86,7 @@ impl Default for ClientConfig {
             deadline: Duration::from_secs(10),
             max_waiting_connections: 256,
             credentials: None,
+            tls: TlsOptions::default(),
         }
     }
 }
@@ -164,6 +191,45 @@ impl ClientConfig {
             user: Some(user.into()),
             password: password.into(),
         });
+        self
+    }
+
+    /// Talks TLS to the server (as an `idems://` URL does); needs the
+    /// `tls` feature (without it, connecting fails with
+    /// [`InvalidAddress`](crate::ErrorKind::InvalidAddress)). The server's
+    /// certificate must be signed by a CA given with
+    /// [`tls_ca_pem`](Self::tls_ca_pem) and name the host connected to
+    /// (or [`tls_server_name`](Self::tls_server_name)).
+    pub fn tls(mut self, enabled: bool) -> Self {
+        self.tls.enabled = enabled;
+        self
+    }
+
+    /// The CA certificates (PEM) that sign the server's certificate; turns
+    /// TLS on.
+    pub fn tls_ca_pem(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.tls.enabled = true;
+        self.tls.ca_pem = Some(pem.into());
+        self
+    }
+
+    /// A client certificate chain and its private key (PEM), for servers
+    /// that require one (`tls_auth_clients`); turns TLS on. The key is not
+    /// shown by `Debug`.
+    pub fn tls_client_cert_pem(
+        mut self,
+        cert: impl Into<Vec<u8>>,
+        key: impl Into<Vec<u8>>,
+    ) -> Self {
+        self.tls.enabled = true;
+        self.tls.client_cert = Some((cert.into(), key.into()));
+        self
+    }
+
+    /// The name the server's certificate must carry, when it is not the
+    /// host connected to (a DNS name or an IP address).
+    pub fn tls_server_name(mut self, name: impl Into<String>) -> Self {
+        self.tls.server_name = Some(name.into());
         self
     }
 

@@ -21,12 +21,13 @@ use std::time::Duration;
 
 use bytes::{Buf, BytesMut};
 use idem_protocol::{Frame, Limits, Version, decode, encode};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::{Notify, mpsc, oneshot};
 use tracing::debug;
 
 use crate::error::{Error, ErrorKind, Result};
+use crate::tls::Tls;
 
 type Reply = oneshot::Sender<Result<Frame>>;
 
@@ -55,22 +56,44 @@ pub(crate) struct Connection {
 }
 
 impl Connection {
-    /// Connects to `addr` within `timeout` and starts the driving task.
-    pub(crate) async fn open(addr: &str, timeout: Duration) -> Result<Connection> {
-        let stream = match tokio::time::timeout(timeout, TcpStream::connect(addr)).await {
+    /// Connects to `addr` (with TLS when `tls` is given: handshake
+    /// included) within `timeout` and starts the driving task.
+    pub(crate) async fn open(
+        addr: &str,
+        timeout: Duration,
+        tls: Option<&Tls>,
+    ) -> Result<Connection> {
+        let timed_out = || {
+            Error::new(
+                ErrorKind::Timeout,
+                format!("connecting to {addr} timed out"),
+            )
+        };
+        let deadline = tokio::time::Instant::now() + timeout;
+        let stream = match tokio::time::timeout_at(deadline, TcpStream::connect(addr)).await {
             Ok(Ok(s)) => s,
             Ok(Err(e)) => return Err(Error::io(e)),
-            Err(_) => {
-                return Err(Error::new(
-                    ErrorKind::Timeout,
-                    format!("connecting to {addr} timed out"),
-                ));
-            }
+            Err(_) => return Err(timed_out()),
         };
         stream.set_nodelay(true).map_err(Error::io)?;
         let (tx, rx) = mpsc::channel(REQUEST_QUEUE);
         let kill = Arc::new(Notify::new());
-        tokio::spawn(drive(stream, rx, Arc::clone(&kill)));
+        match tls {
+            None => {
+                let (rd, wr) = stream.into_split();
+                tokio::spawn(drive(rd, wr, false, rx, Arc::clone(&kill)));
+            }
+            #[cfg(feature = "tls")]
+            Some(tls) => {
+                let stream = tokio::time::timeout_at(deadline, tls.connect(addr, stream))
+                    .await
+                    .map_err(|_| timed_out())??;
+                let (rd, wr) = tokio::io::split(stream);
+                tokio::spawn(drive(rd, wr, true, rx, Arc::clone(&kill)));
+            }
+            #[cfg(not(feature = "tls"))]
+            Some(_) => unreachable!("a Tls exists only with the tls feature"),
+        }
         Ok(Connection { tx, kill })
     }
 
@@ -116,8 +139,37 @@ impl Connection {
     }
 }
 
-async fn drive(mut stream: TcpStream, mut rx: mpsc::Receiver<Request>, kill: Arc<Notify>) {
-    let (mut rd, mut wr) = stream.split();
+/// Writes what it can of `out` (none if empty), after pushing out what a
+/// previous write left buffered when `dirty` (TLS records not yet on the
+/// socket). `None`: only pushed. Cancel-safe: a write returns as soon as
+/// bytes are taken.
+async fn write_or_flush<W: AsyncWrite + Unpin>(
+    wr: &mut W,
+    out: &[u8],
+    dirty: bool,
+) -> std::io::Result<Option<usize>> {
+    if dirty {
+        wr.flush().await?;
+    }
+    if out.is_empty() {
+        return Ok(None);
+    }
+    wr.write(out).await.map(Some)
+}
+
+/// Drives one connection. `buffers`: the writer may keep bytes it took
+/// (TLS), so they are flushed once nothing else is to be written.
+async fn drive<R, W>(
+    mut rd: R,
+    mut wr: W,
+    buffers: bool,
+    mut rx: mpsc::Receiver<Request>,
+    kill: Arc<Notify>,
+) where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    let mut dirty = false;
     let limits = Limits::for_replies();
     let mut pending: VecDeque<Reply> = VecDeque::new();
     let mut out = BytesMut::with_capacity(8 * 1024);
@@ -143,9 +195,13 @@ async fn drive(mut stream: TcpStream, mut rx: mpsc::Receiver<Request>, kill: Arc
                 }
                 None => accepting = false,
             },
-            n = wr.write(&out), if !out.is_empty() => match n {
-                Ok(0) => break Error::new(ErrorKind::ConnectionClosed, "server closed the connection"),
-                Ok(n) => out.advance(n),
+            n = write_or_flush(&mut wr, &out, dirty), if !out.is_empty() || dirty => match n {
+                Ok(None) => dirty = false,
+                Ok(Some(0)) => break Error::new(ErrorKind::ConnectionClosed, "server closed the connection"),
+                Ok(Some(n)) => {
+                    out.advance(n);
+                    dirty = buffers;
+                }
                 Err(e) => break Error::io(e),
             },
             n = rd.read_buf(&mut inbuf) => match n {

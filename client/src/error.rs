@@ -37,6 +37,10 @@ pub enum ErrorKind {
     /// The user may not run this command, or not on this key (`-NOPERM`):
     /// its ACL rules do not allow it.
     NoPerm,
+    /// The TLS handshake failed: the server's certificate is not trusted
+    /// or does not name it, or the server refused (or wanted) a client
+    /// certificate.
+    Tls,
     /// A request the server refused as invalid (`-ERR`, `-NOPROTO`).
     InvalidRequest,
     /// The server's reply did not match the protocol.
@@ -97,8 +101,14 @@ impl Error {
     }
 
     pub(crate) fn io(e: std::io::Error) -> Self {
+        #[cfg(feature = "tls")]
+        let tls = e
+            .get_ref()
+            .is_some_and(|inner| inner.downcast_ref::<rustls::Error>().is_some());
+        #[cfg(not(feature = "tls"))]
+        let tls = false;
         Error {
-            kind: ErrorKind::Io,
+            kind: if tls { ErrorKind::Tls } else { ErrorKind::Io },
             detail: e.to_string(),
             attempt: None,
             source: Some(Box::new(e)),

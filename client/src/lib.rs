@@ -85,6 +85,7 @@ mod connection;
 mod error;
 mod key;
 mod run;
+mod tls;
 
 pub use bytes::{self, Bytes};
 pub use claim::{Claim, ClaimCtx};
