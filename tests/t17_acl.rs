@@ -329,6 +329,20 @@ async fn acl_load_rereads_the_file_and_applies_it_to_open_connections() {
     let mut again = s.conn().await;
     assert!(error_text(&again.cmd(&["AUTH", "t2", "t2-pw"]).await).starts_with("WRONGPASS"));
 
+    // t1's old password is revoked: its open connection is closed (it must
+    // log in with the new one); the admin's stays.
+    write(&format!(
+        "user default off\n\
+         user admin on #{} allkeys +@all\n\
+         user t1 on >t1-new ~t1:* ~shared:* +@idem\n",
+        sha256_hex("admin-pw")
+    ));
+    assert_eq!(admin.cmd(&["ACL", "LOAD"]).await, ok());
+    let gone = t1.cmd(&["CLAIM", "t1:1"]).await;
+    assert!(error_text(&gone).contains("revoked"), "{gone:?}");
+    assert!(t1.closed().await);
+    let mut t1 = login(&s, "t1", "t1-new").await;
+
     // A bad file is refused with its line, and the users in force stay.
     write("user default off\nuser t1 on +@nosuch\n");
     let e = error_text(&admin.cmd(&["ACL", "LOAD"]).await);
@@ -370,6 +384,23 @@ async fn protected_mode_counts_users_only_with_the_default_user_closed() {
     let s = Idemd::start_with(
         &[],
         &["--listen", "0.0.0.0:0", "--user", "t on >pw ~* +@all"],
+    )
+    .await;
+    let mut r = Conn::connect(std::net::SocketAddr::new(outside, s.addr.port())).await;
+    assert!(error_text(&r.read().await.expect("a reply")).starts_with("DENIED"));
+    drop(s);
+    // The default user off, but another user takes any password: still
+    // open, still refused.
+    let s = Idemd::start_with(
+        &[],
+        &[
+            "--listen",
+            "0.0.0.0:0",
+            "--user",
+            "default off",
+            "--user",
+            "anyone on nopass ~* +@all",
+        ],
     )
     .await;
     let mut r = Conn::connect(std::net::SocketAddr::new(outside, s.addr.port())).await;

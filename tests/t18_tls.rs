@@ -290,11 +290,11 @@ async fn bad_tls_settings_stop_the_start() {
         assert!(!out.status.success(), "{args:?} started");
         String::from_utf8_lossy(&out.stderr).into_owned()
     };
-    let e = run(&["--tls-listen", "127.0.0.1:0"]);
+    let e = run(&["--tls-listen", "127.0.0.1:7380"]);
     assert!(e.contains("tls_cert_file"), "{e}");
     let e = run(&[
         "--tls-listen",
-        "127.0.0.1:0",
+        "127.0.0.1:7380",
         "--tls-cert-file",
         "/nonexistent.crt",
         "--tls-key-file",
@@ -303,7 +303,7 @@ async fn bad_tls_settings_stop_the_start() {
     assert!(e.contains("/nonexistent.crt"), "{e}");
     let e = run(&[
         "--tls-listen",
-        "127.0.0.1:0",
+        "127.0.0.1:7380",
         "--tls-cert-file",
         "a",
         "--tls-key-file",
@@ -314,6 +314,28 @@ async fn bad_tls_settings_stop_the_start() {
     assert!(e.contains("tls_ca_cert_file"), "{e}");
     let e = run(&["--tls-listen", "nowhere"]);
     assert!(e.contains("tls_listen"), "{e}");
+    let e = run(&[
+        "--tls-listen",
+        "127.0.0.1:0",
+        "--tls-cert-file",
+        "a",
+        "--tls-key-file",
+        "b",
+    ]);
+    assert!(e.contains("tls_listen") && e.contains("port"), "{e}");
+    let e = run(&["--tls-advertise", "127.0.0.1:7380"]);
+    assert!(e.contains("tls_listen"), "{e}");
+    let e = run(&[
+        "--tls-listen",
+        "127.0.0.1:7380",
+        "--tls-cert-file",
+        "a",
+        "--tls-key-file",
+        "b",
+        "--tls-auth-clients-user",
+        "CN",
+    ]);
+    assert!(e.contains("tls_auth_clients_user"), "{e}");
 }
 
 /// redis-cli --tls and redis-rs rediss:// with client certificates.

@@ -375,6 +375,14 @@ impl User {
         self.enabled
     }
 
+    /// Whether every way into `before` (the same user as it was) still
+    /// lets one in as `self`: no password removed, `nopass` not revoked.
+    /// (A connection does not remember which password it gave.)
+    pub fn keeps_credentials_of(&self, before: &User) -> bool {
+        self.nopass
+            || (!before.nopass && before.passwords.iter().all(|p| self.passwords.contains(p)))
+    }
+
     /// Whether any password is accepted (`nopass`).
     pub fn nopass(&self) -> bool {
         self.nopass
@@ -509,10 +517,11 @@ impl User {
             return Err(Denied::Wait(UNITS[u].name));
         }
         if let Some(key) = cmd.key() {
-            let access = if UNITS[u].cats & READ != 0 {
-                KEY_READ
-            } else {
-                KEY_WRITE
+            // CLAIM writes, and reads: it answers a completed key's value.
+            let access = match cmd {
+                Command::Claim(_) => KEY_READ | KEY_WRITE,
+                _ if UNITS[u].cats & READ != 0 => KEY_READ,
+                _ => KEY_WRITE,
             };
             if !self.key_allowed(key, access) {
                 return Err(Denied::Key);
@@ -726,10 +735,11 @@ impl Acl {
         (d.enabled && d.nopass).then(|| Arc::clone(d))
     }
 
-    /// Whether anyone reaches the server without a password (the default
-    /// user is on and `nopass`): protected mode then refuses other hosts.
+    /// Whether anyone can use the server without knowing a password: some
+    /// user that is on takes any (`nopass`; the default user with no
+    /// `requirepass` is one). Protected mode then refuses other hosts.
     pub fn open(&self) -> bool {
-        self.initial_user().is_some()
+        self.users.values().any(|u| u.enabled && u.nopass)
     }
 
     /// The user `name` (`None`: the default user) if it is on and

@@ -172,13 +172,17 @@ pub fn acl(node: &Node, session: &Session, c: AclCmd) -> Reply {
                 )),
             }
         }
-        AclCmd::Load => match node.config().reload_acl() {
-            Ok(acl) => {
-                node.set_acl(acl);
-                Reply::Ok
+        AclCmd::Load => {
+            // One load at a time: the file read last is the one in force.
+            let _one = node.acl_loading().lock();
+            match node.config().reload_acl() {
+                Ok(acl) => {
+                    node.set_acl(acl);
+                    Reply::Ok
+                }
+                Err(e) => Reply::Error(ServerError::owned(ErrorCode::Err, e)),
             }
-            Err(e) => Reply::Error(ServerError::owned(ErrorCode::Err, e)),
-        },
+        }
         AclCmd::LogReset => {
             node.acl_log().lock().reset();
             Reply::Ok

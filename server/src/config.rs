@@ -305,6 +305,9 @@ pub struct Config {
     pub aclfile: Option<std::path::PathBuf>,
     /// TLS, for clients (`tls_listen`) and peers (`tls_cluster`).
     pub tls: Option<std::sync::Arc<crate::tls::Tls>>,
+    /// This node advertises a TLS client address beside its plain one
+    /// (`PLAIN+TLS`): redirects are cut to each client's kind.
+    pub advertises_tls: bool,
     /// Refuse clients from other hosts while anyone may connect without a
     /// password.
     pub protected_mode: bool,
@@ -629,6 +632,12 @@ impl RawConfig {
                 )
             })?),
         };
+        if listen.is_none() && !self.tls_advertise.trim().is_empty() {
+            return Err(invalid(
+                "tls_advertise",
+                "needs tls_listen (a TLS listener to advertise)",
+            ));
+        }
         if listen.is_none() && !self.tls_cluster {
             return Ok(None);
         }
@@ -678,6 +687,15 @@ impl RawConfig {
         let v = self.tls_advertise.trim();
         if !v.is_empty() && v.parse::<SocketAddr>().is_err() {
             return Err(invalid("tls_advertise", format!("'{v}' is not HOST:PORT")));
+        }
+        if listen.is_some_and(|l| l.port() == 0) {
+            return Err(invalid("tls_listen", "needs a port (0 is not supported)"));
+        }
+        if auth_clients_user_cn && auth_clients == AuthClients::No {
+            return Err(invalid(
+                "tls_auth_clients_user",
+                "CN logins need client certificates: tls_auth_clients yes or optional",
+            ));
         }
         Ok(Some(TlsSettings {
             listen,
@@ -999,6 +1017,7 @@ impl RawConfig {
             }
         };
         let cluster = self.cluster_config(listen, engine)?;
+        let advertises_tls = cluster.client_advertise.contains('+');
         let password_sha256 = password_hash(&self.requirepass)?;
         let (acl, aclfile) = self.acl(password_sha256)?;
         let tls = match self.tls()? {
@@ -1030,6 +1049,7 @@ impl RawConfig {
             acl: std::sync::Arc::new(acl),
             aclfile,
             tls: tls.clone(),
+            advertises_tls,
             protected_mode: self.protected_mode,
             engine,
             raft: crate::engine::raft::RaftConfig {

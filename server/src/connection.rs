@@ -293,7 +293,9 @@ trait Reader {
     /// the peer has closed.
     async fn read_some(&mut self, buf: &mut BytesMut) -> std::io::Result<usize>;
     /// Waits for news of the peer without reading: `true` once it has
-    /// closed; `false` when only data arrived.
+    /// closed; `false` when only data arrived. (TLS cannot look without
+    /// reading: it never returns, and a TLS client that leaves while its
+    /// read-ahead is full is noticed when its parked request is answered.)
     async fn read_closed(&mut self) -> std::io::Result<bool>;
 }
 
@@ -628,8 +630,11 @@ async fn run(
         }
         if closing && pending.is_empty() && held.is_none() {
             // Write what is owed (bounded in time), then close.
-            let _ = tokio::time::timeout(CLOSE_FLUSH, write_all(writer, &mut out)).await;
-            let _ = writer.shutdown().await;
+            let _ = tokio::time::timeout(CLOSE_FLUSH, async {
+                let _ = write_all(writer, &mut out).await;
+                let _ = writer.shutdown().await;
+            })
+            .await;
             return Ok(());
         }
         // Write eagerly: the socket almost always takes the replies at once,
@@ -702,8 +707,9 @@ async fn run(
                 }
             }
             // Reading; or, parked with its read-ahead full, not reading any
-            // more but still noticing a client that leaves (the peer's FIN
-            // or RST shows as read-closed readiness without reading).
+            // more but still noticing a client that leaves (over TCP the
+            // peer's FIN or RST shows as read-closed readiness without
+            // reading; see `Reader::read_closed` for TLS).
             gone = async {
                 if can_read {
                     // Bytes alone are not activity: a request trickled in a

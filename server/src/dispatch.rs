@@ -108,26 +108,53 @@ fn validate(cmd: &Command, l: &RequestLimits) -> Result<(), ServerError> {
     Ok(())
 }
 
-fn reply_of(result: Submitted, tls: bool) -> Reply {
+fn reply_of(result: Submitted) -> Reply {
     match result {
         Ok(applied) => applied.reply,
-        Err(e) => Reply::Error(for_client(e.to_server_error(), tls)),
+        Err(e) => Reply::Error(e.to_server_error()),
     }
 }
 
 /// A `-MOVED` names the address this client's kind connects to (plain or
 /// TLS, see `cluster::client_addr_for`).
-fn for_client(e: ServerError, tls: bool) -> ServerError {
-    if e.code != ErrorCode::Moved || !e.message.contains('+') {
-        return e;
+fn for_client(reply: Reply, tls: bool) -> Reply {
+    match reply {
+        Reply::Error(e) if e.code == ErrorCode::Moved && e.message.contains('+') => {
+            let (slot, addr) = e.message.split_once(' ').unwrap_or(("0", &e.message));
+            let addr = crate::engine::raft::cluster::client_addr_for(addr, tls);
+            Reply::Error(ServerError::owned(
+                ErrorCode::Moved,
+                format!("{slot} {addr}"),
+            ))
+        }
+        other => other,
     }
-    let (slot, addr) = e.message.split_once(' ').unwrap_or(("0", &e.message));
-    let addr = crate::engine::raft::cluster::client_addr_for(addr, tls);
-    ServerError::owned(ErrorCode::Moved, format!("{slot} {addr}"))
+}
+
+/// Every redirect of `action`, whenever it is answered (a parked wait,
+/// a write, a membership change), names the address of the client's kind.
+fn redirects_for(action: Action, tls: bool) -> Action {
+    match action {
+        Action::Reply(r) => Action::Reply(for_client(r, tls)),
+        Action::Close(r) => Action::Close(for_client(r, tls)),
+        Action::Pending(f) => Action::Pending(Box::pin(async move { for_client(f.await, tls) })),
+        Action::Block(f) => Action::Block(Box::pin(async move { for_client(f.await, tls) })),
+    }
 }
 
 /// Runs one command.
 pub fn dispatch(node: &Node, session: &mut Session, cmd: Command) -> Action {
+    let action = run(node, session, cmd);
+    // Nodes with a TLS listener advertise `PLAIN+TLS`: redirects are cut
+    // to the client's kind (other nodes pay nothing for it).
+    if node.config().advertises_tls {
+        redirects_for(action, session.tls)
+    } else {
+        action
+    }
+}
+
+fn run(node: &Node, session: &mut Session, cmd: Command) -> Action {
     bump(&node.metrics().commands);
     {
         let mut last = session.info.last.lock();
@@ -186,8 +213,8 @@ pub fn dispatch(node: &Node, session: &mut Session, cmd: Command) -> Action {
 }
 
 /// Looks the connection's user up again after `ACL LOAD`: its new rules
-/// apply from this command on; a user removed or turned off closes the
-/// connection.
+/// apply from this command on; a user removed or turned off, or one of
+/// whose passwords was revoked, closes the connection.
 fn refresh_user(node: &Node, session: &mut Session) -> Result<(), Action> {
     let epoch = node.acl_epoch();
     if epoch == session.acl_epoch {
@@ -198,13 +225,13 @@ fn refresh_user(node: &Node, session: &mut Session) -> Result<(), Action> {
         return Ok(());
     };
     match node.acl().user(user.name()) {
-        Some(now) if now.enabled() => {
+        Some(now) if now.enabled() && now.keeps_credentials_of(user) => {
             session.user = Some(Arc::clone(now));
             Ok(())
         }
         _ => Err(Action::Close(Reply::Error(ServerError::new(
             ErrorCode::NoAuth,
-            "the user of this connection was removed or turned off (ACL LOAD)",
+            "the user of this connection was removed or turned off, or a password of it was revoked (ACL LOAD): connect and authenticate again",
         )))),
     }
 }
@@ -355,7 +382,7 @@ fn record(node: &Node, session: &Session, cmd: Command) -> Action {
     // Only the serving leader answers record commands, reads included;
     // elsewhere: -MOVED to the leader, -TRYAGAIN or -CLUSTERDOWN.
     if let Err(e) = node.engine().route(cmd.key().map(|k| &k[..])) {
-        return Action::Reply(Reply::Error(for_client(e.to_server_error(), session.tls)));
+        return Action::Reply(Reply::Error(e.to_server_error()));
     }
     let wait = match &cmd {
         Command::Claim(c) => c.wait_ms.unwrap_or(0),
@@ -410,14 +437,13 @@ fn record(node: &Node, session: &Session, cmd: Command) -> Action {
             return Action::Reply(reply);
         }
     }
-    let tls = session.tls;
     match engine.submit(op) {
         Submission::Ready(Some(Ok(applied))) => Action::Reply(applied.reply),
         // Not proposed yet (the queue is full): nothing after it on this
         // connection may run before it, or it could be overtaken.
         waiting @ Submission::Waiting(_) => {
-            Action::Block(Box::pin(async move { reply_of(waiting.await, tls) }))
+            Action::Block(Box::pin(async move { reply_of(waiting.await) }))
         }
-        later => Action::Pending(Box::pin(async move { reply_of(later.await, tls) })),
+        later => Action::Pending(Box::pin(async move { reply_of(later.await) })),
     }
 }

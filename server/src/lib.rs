@@ -47,6 +47,7 @@ pub mod config;
 pub mod connection;
 pub mod dispatch;
 pub mod engine;
+pub mod fuzzing;
 pub mod metrics;
 pub mod node;
 pub mod reclaim;

@@ -36,6 +36,8 @@ struct Inner {
     acl_epoch: AtomicU64,
     /// The latest denials (`ACL LOG`).
     acl_log: Mutex<AclLog>,
+    /// Held while `ACL LOAD` reads the file and puts it in force.
+    acl_loading: Mutex<()>,
 }
 
 /// A node of Idem: a cheap handle.
@@ -93,6 +95,7 @@ impl Node {
             acl,
             acl_epoch: AtomicU64::new(0),
             acl_log: Mutex::new(AclLog::default()),
+            acl_loading: Mutex::new(()),
             config,
             clients,
             metrics: Metrics::default(),
@@ -165,6 +168,11 @@ impl Node {
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as u64);
         self.0.acl_log.lock().add(denial, now_ms);
+    }
+
+    /// Held by `ACL LOAD` from reading the file to putting it in force.
+    pub fn acl_loading(&self) -> &Mutex<()> {
+        &self.0.acl_loading
     }
 
     /// The denial log.

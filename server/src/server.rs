@@ -229,8 +229,12 @@ impl Server {
             };
             bump(&node.metrics().connections);
             if secure {
-                // The checks below answer in clear text: for TLS they are
-                // made once the handshake is done.
+                // Refused before the handshake (no reply: it would be clear
+                // text on a TLS port) and before taking a connection slot.
+                if config.protected_mode && node.acl().open() && !is_loopback(addr.ip()) {
+                    bump(&node.metrics().protected_mode_refusals);
+                    continue;
+                }
                 let Ok(permit) = Arc::clone(&limit).try_acquire_owned() else {
                     bump(&node.metrics().rejected);
                     continue;
@@ -291,17 +295,20 @@ impl Server {
     }
 }
 
-/// Completes a TLS client's handshake (bounded in time), applies protected
-/// mode, and serves it.
+/// Completes a TLS client's handshake (bounded in time, abandoned at
+/// shutdown) and serves it.
 async fn serve_tls(node: Node, socket: TcpStream, addr: SocketAddr, stop: watch::Receiver<bool>) {
     let Some(tls) = node.config().tls.clone() else {
         return;
     };
     let laddr = socket.local_addr().unwrap_or(node.local_addr());
     let _ = socket.set_nodelay(true);
-    let handshake =
-        tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, tls.acceptor().accept(socket)).await;
-    let mut stream = match handshake {
+    let mut stop_early = stop.clone();
+    let handshake = tokio::select! {
+        h = tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, tls.acceptor().accept(socket)) => h,
+        _ = stop_early.wait_for(|stopping| *stopping) => return,
+    };
+    let stream = match handshake {
         Ok(Ok(s)) => s,
         Ok(Err(e)) => {
             bump(&node.metrics().tls_handshake_failures);
@@ -314,14 +321,5 @@ async fn serve_tls(node: Node, socket: TcpStream, addr: SocketAddr, stop: watch:
             return;
         }
     };
-    if node.config().protected_mode && node.acl().open() && !is_loopback(addr.ip()) {
-        bump(&node.metrics().protected_mode_refusals);
-        let _ = tokio::time::timeout(REJECT_TIMEOUT, async {
-            let _ = stream.write_all(DENIED.as_bytes()).await;
-            let _ = stream.shutdown().await;
-        })
-        .await;
-        return;
-    }
     crate::connection::serve_tls(node, stream, addr, laddr, stop).await;
 }

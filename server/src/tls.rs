@@ -213,7 +213,7 @@ impl Tls {
     }
 }
 
-/// The CN of a certificate's subject (DER), if it has one.
+/// The CN of a certificate's subject (DER), if it has exactly one.
 pub fn common_name(cert: &[u8]) -> Option<String> {
     // Certificate ::= SEQUENCE { tbsCertificate SEQUENCE { [0] version
     // OPTIONAL, serialNumber, signature, issuer, validity, subject, ... } }
@@ -240,6 +240,10 @@ pub fn common_name(cert: &[u8]) -> Option<String> {
             set = rest;
             let (oid_tag, oid, value) = der(atv)?;
             if oid_tag == 0x06 && oid == [0x55, 0x04, 0x03] {
+                if cn.is_some() {
+                    // Two CNs: which user is meant is not clear.
+                    return None;
+                }
                 let (_, v, _) = der(value)?;
                 cn = Some(String::from_utf8_lossy(v).into_owned());
             }

@@ -165,8 +165,11 @@ fn read_and_write_key_patterns() {
     assert_eq!(u.check(&cmd("CLAIM mine:1")), Ok(()));
     assert!(!u.may_own(b"other:1"));
     assert!(u.may_own(b"mine:1"));
-    let w = user("user w on nopass %W~* +claim");
-    assert_eq!(w.check(&cmd("CLAIM x")), Ok(()));
+    // CLAIM reads too (it answers a completed key's value): write-only
+    // access is not enough; write-only suits the owner commands.
+    let w = user("user w on nopass %W~* +claim +complete");
+    assert_eq!(w.check(&cmd("CLAIM x")), Err(Denied::Key));
+    assert_eq!(w.check(&cmd("COMPLETE x 1 v")), Ok(()));
     let reader = user("user r on nopass allkeys +@read");
     assert!(!reader.may_own(b"x"), "no @write command: not an owner");
 }
@@ -194,6 +197,17 @@ fn passwords_are_hashes_and_users_can_be_off() {
     assert!(acl.authenticate(Some(b"nobody"), b"two").is_none());
     // The default user is open: no requirepass, no rule for it.
     assert!(acl.open());
+    // So is a server whose default user is off but another user takes any
+    // password.
+    let other = Acl::build(
+        None,
+        [
+            ("a".to_owned(), "user default off"),
+            ("b".to_owned(), "user anyone on nopass ~* +@all"),
+        ],
+    )
+    .unwrap();
+    assert!(other.open() && other.initial_user().is_none());
     assert!(acl.authenticate(None, b"anything").is_some());
     let listed = acl.user("p").unwrap().describe();
     assert_eq!(listed, format!("user p on #{hash} ~* +@all"));

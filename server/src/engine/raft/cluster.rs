@@ -833,13 +833,18 @@ pub async fn add_member(
         retired: view.retired.clone(),
         ..addr
     };
-    let (plain, tls) = addr.client.split_once('+').unwrap_or((&addr.client, ""));
+    let (plain, tls) = match addr.client.split_once('+') {
+        Some((p, t)) => (p, Some(t)),
+        None => (addr.client.as_str(), None),
+    };
     for (what, a) in [
-        ("peer", addr.peer.as_str()),
-        ("client", plain),
+        ("peer", Some(addr.peer.as_str())),
+        ("client", Some(plain)),
         ("TLS client", tls),
     ] {
-        if (what != "TLS client" || !a.is_empty()) && a.parse::<SocketAddr>().is_err() {
+        if let Some(a) = a
+            && a.parse::<SocketAddr>().is_err()
+        {
             return Err(ChangeError::Refused(format!(
                 "'{a}' is not a {what} address (IP:PORT)"
             )));

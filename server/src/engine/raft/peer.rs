@@ -541,6 +541,22 @@ type Conn = Framed<Box<dyn PeerStream>, LengthDelimitedCodec>;
 /// node had when it opened them.
 type PoolKey = (NodeId, String, Option<ClusterId>);
 
+/// For the fuzz target of the peer protocol: splits `data` into frames as
+/// a peer connection does, and reads each as every message a peer may send
+/// (none may panic, whatever the bytes).
+pub fn decode_for_fuzzing(data: &[u8]) {
+    use tokio_util::codec::Decoder;
+    let mut codec = codec(MAX_HANDSHAKE_FRAME);
+    let mut buf = bytes::BytesMut::from(data);
+    while let Ok(Some(frame)) = codec.decode(&mut buf) {
+        let _ = postcard::from_bytes::<Challenge>(&frame);
+        let _ = postcard::from_bytes::<Hello>(&frame);
+        let _ = postcard::from_bytes::<Welcome>(&frame);
+        let _ = postcard::from_bytes::<Request>(&frame);
+        let _ = postcard::from_bytes::<Response>(&frame);
+    }
+}
+
 fn codec(max: usize) -> LengthDelimitedCodec {
     LengthDelimitedCodec::builder()
         .max_frame_length(max)

@@ -1,0 +1,4 @@
+//! Fuzz target: see `idem_server::fuzzing::commands`.
+#![no_main]
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| idem_server::fuzzing::commands(data));
