@@ -656,7 +656,14 @@ fn format_double(d: f64) -> String {
     } else if d.is_nan() {
         "nan".into()
     } else {
-        format!("{d}")
+        // Plain decimals, unless that is long (1e157 has 158 digits, over
+        // what a double's line may hold): then with an exponent.
+        let plain = format!("{d}");
+        if plain.len() <= 32 {
+            plain
+        } else {
+            format!("{d:e}")
+        }
     }
 }
 
@@ -963,6 +970,18 @@ mod tests {
         assert_eq!(enc(&Frame::Null, Version::Resp3), b"_\r\n");
         assert_eq!(enc(&Frame::Double(2.5), Version::Resp2), b"$3\r\n2.5\r\n");
         assert_eq!(enc(&Frame::Double(2.5), Version::Resp3), b",2.5\r\n");
+        // Huge and tiny ones take an exponent, and decode back (found by
+        // the `frames` fuzz target: 1e157 written out in full was longer
+        // than the decoder takes).
+        for d in [1e157, -1e300, 1e-300, f64::MAX, f64::MIN_POSITIVE] {
+            let out = enc(&Frame::Double(d), Version::Resp3);
+            let mut buf = bytes::BytesMut::from(&out[..]);
+            assert_eq!(
+                decode(&mut buf, &Limits::for_replies()),
+                Ok(Some(Frame::Double(d))),
+                "{d}"
+            );
+        }
         assert_eq!(
             enc(
                 &Frame::Error(Bytes::from_static(b"ERR a\r\nb")),
