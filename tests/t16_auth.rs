@@ -228,16 +228,7 @@ async fn redis_cli_and_redis_py_authenticate_unchanged() {
         // stdout, then stderr, of redis-cli with `args` against the server.
         let cli = |args: &[&str]| {
             let (h, p) = (s.addr.ip().to_string(), s.addr.port().to_string());
-            let out = Command::new("redis-cli")
-                .args(["-h", &h, "-p", &p, "--no-auth-warning"])
-                .args(args)
-                .output()
-                .unwrap();
-            format!(
-                "{}{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            )
+            redis_cli(&[&["-h", &h, "-p", &p, "--no-auth-warning"][..], args].concat())
         };
         let out = cli(&["-a", PASS, "CLAIM", "cli-key"]);
         assert_eq!(out.lines().next(), Some("ACQUIRED"), "{out}");

@@ -355,15 +355,7 @@ async fn acl_load_rereads_the_file_and_applies_it_to_open_connections() {
 
 #[tokio::test]
 async fn bad_user_configurations_stop_the_start() {
-    let run = |args: &[&str]| {
-        let out = Command::new(env!("CARGO_BIN_EXE_idemd"))
-            .args(["--engine", "memory", "--listen", "127.0.0.1:0"])
-            .args(args)
-            .output()
-            .unwrap();
-        assert!(!out.status.success(), "{args:?} started");
-        String::from_utf8_lossy(&out.stderr).into_owned()
-    };
+    let run = refused_start;
     let e = run(&["--user", "t on ~* +@nosuch"]);
     assert!(e.contains("users[0]") && e.contains("@nosuch"), "{e}");
     let e = run(&["--user", "t on", "--user", "t off"]);
@@ -481,18 +473,20 @@ async fn stock_clients_log_in_as_a_tenant() {
         assert!(bad.is_err());
     }
     if crate::t07_redis_tools::tool("redis-cli").is_some() {
-        let out = Command::new("redis-cli")
-            .args([
-                "-h",
-                &s.addr.ip().to_string(),
-                "-p",
-                &s.addr.port().to_string(),
-            ])
-            .args(["--user", "tenant-a", "--pass", "a-pw", "--no-auth-warning"])
-            .args(["CLAIM", "tenant-a:cli"])
-            .output()
-            .unwrap();
-        let text = String::from_utf8_lossy(&out.stdout);
+        let (h, p) = (s.addr.ip().to_string(), s.addr.port().to_string());
+        let text = redis_cli(&[
+            "-h",
+            &h,
+            "-p",
+            &p,
+            "--user",
+            "tenant-a",
+            "--pass",
+            "a-pw",
+            "--no-auth-warning",
+            "CLAIM",
+            "tenant-a:cli",
+        ]);
         assert_eq!(text.lines().next(), Some("ACQUIRED"), "{text}");
     }
     if let Some(py) = crate::t13_cluster::python_with_redis() {

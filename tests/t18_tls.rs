@@ -281,15 +281,7 @@ async fn certificates_are_reloaded_without_a_restart() {
 
 #[tokio::test]
 async fn bad_tls_settings_stop_the_start() {
-    let run = |args: &[&str]| {
-        let out = Command::new(env!("CARGO_BIN_EXE_idemd"))
-            .args(["--engine", "memory", "--listen", "127.0.0.1:0"])
-            .args(args)
-            .output()
-            .unwrap();
-        assert!(!out.status.success(), "{args:?} started");
-        String::from_utf8_lossy(&out.stderr).into_owned()
-    };
+    let run = refused_start;
     let e = run(&["--tls-listen", "127.0.0.1:7380"]);
     assert!(e.contains("tls_cert_file"), "{e}");
     let e = run(&[
@@ -367,19 +359,21 @@ async fn redis_cli_and_redis_rs_speak_tls_to_idemd() {
 }
 
 fn redis_cli_tls(addr: SocketAddr, ca: &Path, client: &Issued, args: &[&str]) -> String {
-    let out = Command::new("redis-cli")
-        .args(["-h", "127.0.0.1", "-p", &addr.port().to_string(), "--tls"])
-        .args(["--cacert", ca.to_str().unwrap()])
-        .args(["--cert", client.cert_file.to_str().unwrap()])
-        .args(["--key", client.key_file.to_str().unwrap()])
-        .args(args)
-        .output()
-        .unwrap();
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
+    let port = addr.port().to_string();
+    let tls = [
+        "-h",
+        "127.0.0.1",
+        "-p",
+        &port,
+        "--tls",
+        "--cacert",
+        ca.to_str().unwrap(),
+        "--cert",
+        client.cert_file.to_str().unwrap(),
+        "--key",
+        client.key_file.to_str().unwrap(),
+    ];
+    redis_cli(&[&tls[..], args].concat())
 }
 
 /// Peers talk TLS (`tls_cluster`): the cluster forms, replicates and fails

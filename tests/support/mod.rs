@@ -358,3 +358,28 @@ impl Drop for DataDir {
         let _ = std::fs::remove_dir_all(&self.0);
     }
 }
+
+/// Starts idemd (memory engine, port 0) with `args`, which must make it
+/// refuse to start; its stderr (the error it gave).
+pub fn refused_start(args: &[&str]) -> String {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_idemd"))
+        .args(["--engine", "memory", "--listen", "127.0.0.1:0"])
+        .args(args)
+        .output()
+        .expect("idemd runs");
+    assert!(!out.status.success(), "{args:?} started");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// redis-cli with `args`: its stdout, then its stderr.
+pub fn redis_cli(args: &[&str]) -> String {
+    let out = std::process::Command::new("redis-cli")
+        .args(args)
+        .output()
+        .expect("redis-cli runs");
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
