@@ -21,7 +21,7 @@ use std::net::SocketAddr;
 use std::task::Poll;
 use std::time::Duration;
 
-use bytes::BytesMut;
+use bytes::{BufMut, BytesMut};
 use idem_protocol::out::MAX_SLICES;
 use idem_protocol::{
     Command, CommandError, Decoder, ErrorCode, Flags, FrameError, OutBuf, Reply, ServerError,
@@ -249,12 +249,20 @@ async fn idle(deadline: Option<Instant>) {
 /// Bytes of the per-thread buffer sockets are read into.
 const SCRATCH: usize = 64 * 1024;
 
+/// What the per-thread read buffer reserves: more than the allocator's
+/// largest size class whose pages hold several blocks (512 KiB), so the
+/// buffer has a page of its own. Only its first [`SCRATCH`] bytes are ever
+/// written, so only those become resident. A buffer of exactly `SCRATCH`
+/// would share its page with a burst's connection buffers of that size,
+/// and keep the whole page (512 KiB) resident after they are freed.
+const SCRATCH_RESERVED: usize = 576 * 1024;
+
 thread_local! {
     /// Where every connection of this thread reads into: what arrived is
     /// then copied to the connection's own buffer at its exact size, so an
     /// idle connection holds no read buffer at all.
-    static SCRATCH_BUF: std::cell::RefCell<Box<[u8]>> =
-        std::cell::RefCell::new(vec![0; SCRATCH].into_boxed_slice());
+    static SCRATCH_BUF: std::cell::RefCell<BytesMut> =
+        std::cell::RefCell::new(BytesMut::with_capacity(SCRATCH_RESERVED));
 }
 
 /// Counts the memory of `out` against the server-wide client budget, if
@@ -430,7 +438,8 @@ async fn read_some(socket: &TcpStream, buf: &mut BytesMut) -> std::io::Result<us
         let result = socket.try_io(Interest::READABLE, || {
             SCRATCH_BUF.with(|scratch| {
                 let mut scratch = scratch.borrow_mut();
-                let n = socket.try_read(&mut scratch[..])?;
+                scratch.clear();
+                let n = socket.try_read_buf(&mut (&mut *scratch).limit(SCRATCH))?;
                 buf.extend_from_slice(&scratch[..n]);
                 got = Some(n);
                 if n > 0 && n < SCRATCH {

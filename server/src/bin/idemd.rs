@@ -22,10 +22,15 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 /// How often the server looks whether it has gone quiet.
 const QUIET_CHECK_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 
-/// Quiet looks after activity that give memory back (the first also
-/// lets the engine trim and the raft engine snapshot, so the log it holds
-/// is purged; the later ones return what that freed).
-const QUIET_COLLECTS: u64 = 5;
+/// Whether the `quiet`-th quiet look in a row (1 = the first after
+/// activity) gives memory back: the first also lets the engine trim and
+/// the raft engine snapshot, so the log it holds is purged; the next ones
+/// return what that freed (the allocator returns pages one thread freed
+/// into another's only as their owner collects, and purges freed pages a
+/// while after), and the later, sparser ones what is freed later still.
+fn collects_at(quiet: u64) -> bool {
+    quiet <= 15 || matches!(quiet, 30 | 60 | 120)
+}
 
 /// Bumped to ask every runtime thread to collect once more.
 static COLLECT_EPOCH: AtomicU64 = AtomicU64::new(0);
@@ -68,9 +73,9 @@ fn collect_if_asked() {
 /// change in the records stored (expiry) since the last look, after some.
 /// The engine first trims (and the raft engine snapshots if the log it
 /// holds is worth freeing); then every runtime thread is asked to collect
-/// ([`collect_if_asked`]) and woken with a few empty tasks so it parks
-/// again and does.
-async fn return_memory_when_quiet(node: idem_server::node::Node, threads: usize) {
+/// ([`collect_if_asked`]) and made to park again so it does
+/// ([`park_every_worker`]).
+async fn return_memory_when_quiet(node: idem_server::node::Node) {
     // A purge of the raft log after the quiet snapshot counts as activity
     // too: the collects that follow return what it freed.
     let activity = || {
@@ -81,27 +86,47 @@ async fn return_memory_when_quiet(node: idem_server::node::Node, threads: usize)
         )
     };
     let mut seen = activity();
-    let mut collects = QUIET_COLLECTS;
+    // Quiet looks since the last activity (saturating: past the last
+    // collect nothing more happens until the next activity).
+    let mut quiet = u64::MAX;
     loop {
         tokio::time::sleep(QUIET_CHECK_EVERY).await;
         let now = activity();
         if now != seen {
             seen = now;
-            collects = 0;
+            quiet = 0;
             continue;
         }
-        if collects >= QUIET_COLLECTS {
+        quiet = quiet.saturating_add(1);
+        if !collects_at(quiet) {
             continue;
         }
-        if collects == 0 {
+        if quiet == 1 {
             node.engine().when_quiet().await;
         }
-        collects += 1;
         COLLECT_EPOCH.fetch_add(1, Ordering::Relaxed);
-        for _ in 0..threads * 2 {
+        park_every_worker().await;
+    }
+}
+
+/// Makes every worker thread of the runtime park at least once (each then
+/// collects, see [`collect_if_asked`]). A parked worker wakes only when
+/// there is work it might steal, so a few tasks that hold their worker
+/// for a moment are spawned until every worker's park count has moved (a
+/// few rounds at most; the server is quiet when this runs).
+async fn park_every_worker() {
+    let metrics = tokio::runtime::Handle::current().metrics();
+    let workers = metrics.num_workers();
+    let before: Vec<u64> = (0..workers).map(|w| metrics.worker_park_count(w)).collect();
+    for _ in 0..10 {
+        for _ in 0..workers * 2 {
             tokio::spawn(async {
-                tokio::task::yield_now().await;
+                std::thread::sleep(std::time::Duration::from_millis(1));
             });
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        if (0..workers).all(|w| metrics.worker_park_count(w) > before[w]) {
+            return;
         }
     }
 }
@@ -265,8 +290,7 @@ fn main() -> anyhow::Result<()> {
             .with_context(|| format!("cannot start idemd on {listen}"))?;
         // Tests and scripts started with port 0 read the bound address here.
         println!("idemd listening on {}", server.local_addr());
-        let threads = tokio::runtime::Handle::current().metrics().num_workers();
-        tokio::spawn(return_memory_when_quiet(server.node().clone(), threads));
+        tokio::spawn(return_memory_when_quiet(server.node().clone()));
         tokio::spawn(reload_tls_on_sighup(server.node().clone()));
         server.run(shutdown_signal()).await.context("server failed")
     })

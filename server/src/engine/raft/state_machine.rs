@@ -246,7 +246,14 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
         // this returns, so it returns only once the file is on disk.
         let sm = self.sm.clone();
         let file_meta = meta.clone();
-        let stored = tokio::task::spawn_blocking(move || {
+        //
+        // The thread is the snapshot's own and ends with it: memory it
+        // freed goes back at once, where a pooled blocking thread would
+        // keep its allocator pages until it ended, idle, seconds later.
+        let (done, stored) = tokio::sync::oneshot::channel();
+        let built = std::thread::Builder::new()
+            .name("idem-snapshot".into())
+            .spawn(move || {
             let stored = Stored {
                 meta: file_meta,
                 data: copy.encode(),
@@ -263,10 +270,14 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
             if failures > 0 {
                 tracing::info!(attempts = failures + 1, "snapshot written");
             }
-            stored
-        })
-        .await
-        .map_err(|e| storage_err(StorageIOError::write_snapshot_any, e))?;
+            let _ = done.send(stored);
+        });
+        if let Err(e) = built {
+            return Err(storage_err(StorageIOError::write_snapshot_any, e));
+        }
+        let stored = stored
+            .await
+            .map_err(|e| storage_err(StorageIOError::write_snapshot_any, e))?;
         let data = stored.data.clone();
         {
             let mut inner = self.sm.inner.lock();

@@ -536,6 +536,8 @@ impl Wal {
             dropped += n as u64;
         }
         if dropped > 0 {
+            // A burst's slots are not kept once their records are gone.
+            self.slots.shrink_to(self.slots.len().max(64) * 2);
             sync_dir(&self.dir)?;
         }
         Ok(dropped)
