@@ -334,6 +334,51 @@ async fn an_idle_connection_costs_a_few_kb() {
     assert!(per_conn < 8 * 1024, "{per_conn} bytes per idle connection");
 }
 
+/// A connection that had pipelined a thousand requests kept the buffer
+/// they arrived in (31 KB) for as long as it stayed open, idle, whenever
+/// the last request read ended exactly at the end of that buffer: the
+/// emptied buffer, with no room left, was not let go of. 100 such
+/// connections cost 48 KB each; now a few KB.
+#[tokio::test]
+async fn a_connection_idle_after_a_long_pipeline_keeps_no_room_for_it() {
+    let n = 100;
+    let dir = DataDir::new("long-pipeline");
+    let s = Idemd::start_with(&[], &["--engine", "raft", "--data-dir", dir.arg()]).await;
+    let mut first = s.conn().await;
+    assert_eq!(first.cmd(&["PING"]).await, Frame::simple("PONG"));
+    let before = s.rss();
+    let mut conns = Vec::new();
+    for _ in 0..n {
+        conns.push(s.conn().await);
+    }
+    let k = key("long-pipeline");
+    let one = format!("*2\r\n$7\r\nINSPECT\r\n${}\r\n{k}\r\n", k.len());
+    let pipeline = one.repeat(1000).into_bytes();
+    for c in &mut conns {
+        c.write_raw(&pipeline).await;
+    }
+    for c in &mut conns {
+        for _ in 0..1000 {
+            let reply = c.reply().await;
+            assert!(!matches!(reply, Frame::Error(_)), "{reply:?}");
+        }
+    }
+    // The server gives freed memory back once quiet (after a second or
+    // two).
+    let deadline = std::time::Instant::now() + POLL_DEADLINE;
+    loop {
+        let per_conn = s.rss().saturating_sub(before) / n as u64;
+        if per_conn < 16 * 1024 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{per_conn} bytes per idle connection after {POLL_DEADLINE:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}
+
 /// A fresh key completed with a 256 KiB value.
 async fn completed_large(c: &mut Conn, name: &str) -> String {
     let k = key(name);

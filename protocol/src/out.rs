@@ -155,9 +155,9 @@ impl OutBuf {
     /// it was written.
     pub fn release_if_empty(&mut self) {
         if self.is_empty() {
-            if self.tail.capacity() > 0 {
-                self.tail = BytesMut::new();
-            }
+            // Even with no room left: written out to its last byte, the
+            // tail still holds its allocation.
+            self.tail = BytesMut::new();
             if self.pieces.capacity() > 0 {
                 self.pieces = VecDeque::new();
             }

@@ -222,6 +222,15 @@ impl Pending {
         self.blocked = false;
     }
 
+    /// Lets go of the queue's memory once it is empty and has grown past
+    /// what a short pipeline needs: a connection that once pipelined a
+    /// thousand requests does not keep room for a thousand while idle.
+    fn release_if_empty(&mut self) {
+        if self.queue.is_empty() && self.queue.capacity() > SHORT_PIPELINE {
+            self.queue = VecDeque::new();
+        }
+    }
+
     /// Withdraws blocking requests (the client left).
     fn withdraw_blocking(&mut self) {
         let before = self.queue.len();
@@ -245,6 +254,10 @@ async fn idle(deadline: Option<Instant>) {
         None => std::future::pending().await,
     }
 }
+
+/// Replies owed that a connection keeps room for while it has none (more
+/// is allocated while a longer pipeline is in flight, and let go after).
+const SHORT_PIPELINE: usize = 64;
 
 /// Bytes of the per-thread buffer sockets are read into.
 const SCRATCH: usize = 64 * 1024;
@@ -289,8 +302,12 @@ async fn charge(node: &Node, info: &ClientInfo, accounted: &mut u64, out: &OutBu
 /// Lets go of a buffer's memory once it is empty: an idle connection then
 /// holds no buffers (a few hundred bytes of state in all), and one large
 /// reply does not stay allocated after it was written.
+///
+/// An empty buffer is replaced even when it has no room left: the last
+/// request read may have ended exactly at the end of its allocation, and
+/// the empty buffer would still hold all of it.
 fn release_if_empty(buf: &mut BytesMut) {
-    if buf.is_empty() && buf.capacity() > 0 {
+    if buf.is_empty() {
         *buf = BytesMut::new();
     }
 }
@@ -671,6 +688,10 @@ async fn run(
             };
         release_if_empty(&mut inbuf);
         out.release_if_empty();
+        pending.release_if_empty();
+        if ready.is_empty() && ready.capacity() > SHORT_PIPELINE {
+            ready = Vec::new();
+        }
         // Evicted: the server is over its client memory budget and this
         // client owes the most.
         if !charge(node, &info, &mut accounted, &out).await {
@@ -766,6 +787,49 @@ mod tests {
 
     fn int(n: i64) -> Reply {
         Reply::Frame(Frame::Integer(n))
+    }
+
+    /// A queue that held a thousand owed replies keeps no room for them
+    /// once they are out (it kept 1,024 slots, 57 KB, for as long as its
+    /// connection stayed open); a short one keeps its room.
+    #[tokio::test]
+    async fn an_emptied_long_queue_lets_go_of_its_room() {
+        let mut p = Pending::default();
+        let mut out = OutBuf::new();
+        let v = Version::Resp2;
+        let mut senders = Vec::new();
+        for _ in 0..1000 {
+            let (tx, rx) = oneshot::channel();
+            p.later(Owed::Later(later(rx)), v);
+            senders.push(tx);
+        }
+        assert!(p.queue.capacity() >= 1000);
+        for (i, tx) in senders.into_iter().enumerate() {
+            let _ = tx.send(int(i as i64));
+        }
+        let mut ready = Vec::new();
+        // (in turns: the runtime's budget lets a task take 128 at a time)
+        while !p.is_empty() {
+            poll_fn(|cx| p.poll_ready(cx, &mut ready)).await;
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(ready.len(), 1000);
+        p.release_if_empty();
+        assert!(
+            p.queue.capacity() <= super::SHORT_PIPELINE,
+            "room for {}",
+            p.queue.capacity()
+        );
+        for (r, v) in ready.drain(..) {
+            out.push_reply(v, &r);
+        }
+        let (tx, rx) = oneshot::channel();
+        p.later(Owed::Later(later(rx)), v);
+        let _ = tx.send(int(1));
+        poll_fn(|cx| p.poll_ready(cx, &mut ready)).await;
+        let room = p.queue.capacity();
+        p.release_if_empty();
+        assert_eq!(p.queue.capacity(), room, "a short queue keeps its room");
     }
 
     /// Replies that become known out of order go out in request order.

@@ -240,20 +240,13 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
                 last_applied.map_or(0, |l| l.index)
             ),
         };
-        // Encoding, writing and syncing run on a blocking thread. A
+        // Encoding, writing and syncing run on a thread of their own. A
         // snapshot that cannot be written (a full disk, say) keeps the
         // previous one and the whole log: openraft purges the log only once
         // this returns, so it returns only once the file is on disk.
         let sm = self.sm.clone();
         let file_meta = meta.clone();
-        //
-        // The thread is the snapshot's own and ends with it: memory it
-        // freed goes back at once, where a pooled blocking thread would
-        // keep its allocator pages until it ended, idle, seconds later.
-        let (done, stored) = tokio::sync::oneshot::channel();
-        let built = std::thread::Builder::new()
-            .name("idem-snapshot".into())
-            .spawn(move || {
+        let stored = on_own_thread("idem-snapshot", move || {
             let stored = Stored {
                 meta: file_meta,
                 data: copy.encode(),
@@ -261,7 +254,10 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
             let mut failures = 0u64;
             while let Err(e) = sm.save(&stored) {
                 if failures == 0 {
-                    tracing::warn!(error = %e, "cannot write a snapshot: keeping the previous one and the log; retrying");
+                    tracing::warn!(
+                        error = %e,
+                        "cannot write a snapshot: keeping the previous one and the log; retrying"
+                    );
                 }
                 failures += 1;
                 let _ = fs::remove_file(sm.dir.join("snapshot.tmp"));
@@ -270,14 +266,10 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
             if failures > 0 {
                 tracing::info!(attempts = failures + 1, "snapshot written");
             }
-            let _ = done.send(stored);
-        });
-        if let Err(e) = built {
-            return Err(storage_err(StorageIOError::write_snapshot_any, e));
-        }
-        let stored = stored
-            .await
-            .map_err(|e| storage_err(StorageIOError::write_snapshot_any, e))?;
+            stored
+        })
+        .await
+        .map_err(|e| storage_err(StorageIOError::write_snapshot_any, e))?;
         let data = stored.data.clone();
         {
             let mut inner = self.sm.inner.lock();
@@ -402,5 +394,38 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             meta: s.meta.clone(),
             snapshot: Box::new(Cursor::new(s.data.clone())),
         }))
+    }
+}
+
+/// Runs `work` on a thread of its own that ends with it, so the memory the
+/// work freed goes back at once (a pooled blocking thread keeps its
+/// allocator pages until it ends, idle, seconds later); on the blocking
+/// pool if no thread can be started.
+async fn on_own_thread<T: Send + 'static>(
+    name: &str,
+    work: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, String> {
+    let work = Arc::new(Mutex::new(Some(work)));
+    let theirs = Arc::clone(&work);
+    let (done, result) = tokio::sync::oneshot::channel();
+    let spawned = std::thread::Builder::new()
+        .name(name.into())
+        .spawn(move || {
+            let work = theirs.lock().take();
+            if let Some(work) = work {
+                let _ = done.send(work());
+            }
+        });
+    match spawned {
+        Ok(_) => result
+            .await
+            .map_err(|_| format!("the {name} thread failed")),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot start a thread: running on the blocking pool");
+            let work = work.lock().take().ok_or("the work was lost")?;
+            tokio::task::spawn_blocking(work)
+                .await
+                .map_err(|e| e.to_string())
+        }
     }
 }
