@@ -227,7 +227,7 @@ impl Pending {
     /// thousand requests does not keep room for a thousand while idle.
     fn release_if_empty(&mut self) {
         if self.queue.is_empty() && self.queue.capacity() > SHORT_PIPELINE {
-            self.queue = VecDeque::new();
+            self.queue.shrink_to(SHORT_PIPELINE);
         }
     }
 
@@ -299,16 +299,23 @@ async fn charge(node: &Node, info: &ClientInfo, accounted: &mut u64, out: &OutBu
     }
 }
 
-/// Lets go of a buffer's memory once it is empty: an idle connection then
-/// holds no buffers (a few hundred bytes of state in all), and one large
-/// reply does not stay allocated after it was written.
+/// Bytes of an emptied read buffer a connection keeps for its next read,
+/// so request and reply traffic does not allocate for every read; larger
+/// buffers are let go of once empty.
+const KEEP_READ_BUFFER: usize = 4 * 1024;
+
+/// Lets go of the read buffer once it is empty and has been larger than
+/// [`KEEP_READ_BUFFER`] (`size`: the largest it has been since it was last
+/// let go of): an idle connection then holds a few KB at most, and a long
+/// pipeline's buffer does not stay allocated after it was read.
 ///
-/// An empty buffer is replaced even when it has no room left: the last
-/// request read may have ended exactly at the end of its allocation, and
-/// the empty buffer would still hold all of it.
-fn release_if_empty(buf: &mut BytesMut) {
-    if buf.is_empty() {
+/// The size it has been, not the room it has left: the last request read
+/// may end exactly at the end of the buffer, which then has no room left
+/// but still holds all of it.
+fn release_if_empty(buf: &mut BytesMut, size: &mut usize) {
+    if buf.is_empty() && *size > KEEP_READ_BUFFER {
         *buf = BytesMut::new();
+        *size = 0;
     }
 }
 
@@ -550,6 +557,8 @@ async fn run(
     let idle_for =
         (config.idle_timeout_ms > 0).then(|| Duration::from_millis(config.idle_timeout_ms));
     let mut inbuf = BytesMut::new();
+    // The largest `inbuf` has been since it was last let go of.
+    let mut inbuf_size = 0;
     let mut decoder = Decoder::new();
     let mut out = OutBuf::new();
     let mut pending = Pending::default();
@@ -686,11 +695,11 @@ async fn run(
             } else {
                 pending.len() < max_pending
             };
-        release_if_empty(&mut inbuf);
+        release_if_empty(&mut inbuf, &mut inbuf_size);
         out.release_if_empty();
         pending.release_if_empty();
         if ready.is_empty() && ready.capacity() > SHORT_PIPELINE {
-            ready = Vec::new();
+            ready.shrink_to(SHORT_PIPELINE);
         }
         // Evicted: the server is over its client memory budget and this
         // client owes the most.
@@ -749,6 +758,7 @@ async fn run(
                     reader.read_closed().await
                 }
             }, if can_read || (pending.blocked && !closing) => {
+                inbuf_size = inbuf_size.max(inbuf.capacity());
                 if gone? {
                     // The client is gone (or half-closed): a parked request
                     // is withdrawn; replies already due are still written.
@@ -795,7 +805,6 @@ mod tests {
     #[tokio::test]
     async fn an_emptied_long_queue_lets_go_of_its_room() {
         let mut p = Pending::default();
-        let mut out = OutBuf::new();
         let v = Version::Resp2;
         let mut senders = Vec::new();
         for _ in 0..1000 {
@@ -820,9 +829,7 @@ mod tests {
             "room for {}",
             p.queue.capacity()
         );
-        for (r, v) in ready.drain(..) {
-            out.push_reply(v, &r);
-        }
+        ready.clear();
         let (tx, rx) = oneshot::channel();
         p.later(Owed::Later(later(rx)), v);
         let _ = tx.send(int(1));

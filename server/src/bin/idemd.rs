@@ -109,11 +109,14 @@ async fn return_memory_when_quiet(node: idem_server::node::Node) {
     }
 }
 
-/// Makes every worker thread of the runtime park at least once (each then
-/// collects, see [`collect_if_asked`]). A parked worker wakes only when
-/// there is work it might steal, so a few tasks that hold their worker
-/// for a moment are spawned until every worker's park count has moved (a
-/// few rounds at most; the server is quiet when this runs).
+/// Makes every worker thread of the runtime park at least once, so each
+/// collects (see [`collect_if_asked`]); best effort. A parked worker wakes
+/// only when there is work it might steal, so a few tasks that hold their
+/// worker for a millisecond are spawned until every worker's park count
+/// has moved (at most 10 rounds of 20 ms; the server is quiet when this
+/// runs, and with one worker a round holds it for about 2 ms). A park
+/// count can also move without the hook running, which the later
+/// collects of a quiet spell make up for.
 async fn park_every_worker() {
     let metrics = tokio::runtime::Handle::current().metrics();
     let workers = metrics.num_workers();

@@ -285,7 +285,8 @@ impl RaftEngine {
         }
         let log_dir = data_dir.join("log");
         let log = LogStore::open(&log_dir, cfg.segment_bytes, io.writing)?;
-        let sm = StateMachine::open(Arc::clone(&store), &data_dir)?;
+        let sm = StateMachine::open(Arc::clone(&store), &data_dir)?
+            .snapshots_on_own_thread(io.writing == log_store::Writing::Thread);
         let peers = peer::Peers::new(
             cfg.node_id,
             cfg.cluster.client_advertise.clone(),

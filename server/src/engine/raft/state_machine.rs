@@ -69,6 +69,10 @@ pub struct StateMachine {
     inner: Arc<Mutex<Inner>>,
     sink: Arc<OnceLock<Weak<dyn EventSink>>>,
     dir: PathBuf,
+    /// Snapshots are built on a thread of their own (see
+    /// [`on_own_thread`]); off, on the runtime's blocking pool, which a
+    /// simulated runtime keeps inside its simulated time.
+    own_thread: bool,
 }
 
 /// Why the state machine could not be opened.
@@ -167,7 +171,18 @@ impl StateMachine {
             inner: Arc::new(Mutex::new(inner)),
             sink: Arc::new(OnceLock::new()),
             dir: dir.to_owned(),
+            own_thread: true,
         })
+    }
+
+    /// Whether snapshots are built on a thread of their own (the default)
+    /// or on the runtime's blocking pool (for simulations: a thread of its
+    /// own runs outside simulated time, and could outlive a simulated
+    /// crash of its node).
+    #[must_use]
+    pub fn snapshots_on_own_thread(mut self, own: bool) -> StateMachine {
+        self.own_thread = own;
+        self
     }
 
     /// Where key events go (set once).
@@ -246,7 +261,7 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
         // this returns, so it returns only once the file is on disk.
         let sm = self.sm.clone();
         let file_meta = meta.clone();
-        let stored = on_own_thread("idem-snapshot", move || {
+        let work = move || {
             let stored = Stored {
                 meta: file_meta,
                 data: copy.encode(),
@@ -267,8 +282,14 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
                 tracing::info!(attempts = failures + 1, "snapshot written");
             }
             stored
-        })
-        .await
+        };
+        let stored = if self.sm.own_thread {
+            on_own_thread("idem-snapshot", work).await
+        } else {
+            tokio::task::spawn_blocking(work)
+                .await
+                .map_err(|e| e.to_string())
+        }
         .map_err(|e| storage_err(StorageIOError::write_snapshot_any, e))?;
         let data = stored.data.clone();
         {
