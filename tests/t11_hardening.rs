@@ -297,6 +297,17 @@ async fn a_departed_waiter_that_pipelined_past_the_read_ahead_is_noticed() {
     );
 }
 
+/// A fresh idemd (memory engine) that has served one connection (kept
+/// open), and its RSS then: the base that connections opened later are
+/// measured against.
+async fn served_with_rss_base() -> (Idemd, Conn, u64) {
+    let s = Idemd::start().await;
+    let mut first = s.conn().await;
+    assert_eq!(first.cmd(&["PING"]).await, Frame::simple("PONG"));
+    let before = s.rss();
+    (s, first, before)
+}
+
 /// An idle connection held two 16 KB buffers (34 KB each, 344 MB at
 /// 10,000 connections). Now buffers are let go of once empty: a thousand
 /// connections that sent a request and went quiet cost a few KB each.
@@ -319,10 +330,7 @@ async fn an_idle_connection_costs_a_few_kb() {
         eprintln!("open files limit too low to open {n} connections here");
         return;
     }
-    let s = Idemd::start().await;
-    let mut first = s.conn().await;
-    assert_eq!(first.cmd(&["PING"]).await, Frame::simple("PONG"));
-    let before = s.rss();
+    let (s, _first, before) = served_with_rss_base().await;
     let mut conns = Vec::new();
     for _ in 0..n {
         let mut c = s.conn().await;
@@ -342,10 +350,7 @@ async fn an_idle_connection_costs_a_few_kb() {
 #[tokio::test]
 async fn a_connection_idle_after_a_long_pipeline_keeps_no_room_for_it() {
     let n = 100;
-    let s = Idemd::start().await;
-    let mut first = s.conn().await;
-    assert_eq!(first.cmd(&["PING"]).await, Frame::simple("PONG"));
-    let before = s.rss();
+    let (s, _first, before) = served_with_rss_base().await;
     let mut conns = Vec::new();
     for _ in 0..n {
         conns.push(s.conn().await);

@@ -273,7 +273,8 @@ const SCRATCH_RESERVED: usize = 576 * 1024;
 thread_local! {
     /// Where every connection of this thread reads into: what arrived is
     /// then copied to the connection's own buffer at its exact size, so an
-    /// idle connection holds no read buffer at all.
+    /// idle connection holds a small read buffer at most (see
+    /// [`KEEP_READ_BUFFER`]).
     static SCRATCH_BUF: std::cell::RefCell<BytesMut> =
         std::cell::RefCell::new(BytesMut::with_capacity(SCRATCH_RESERVED));
 }
