@@ -279,6 +279,18 @@ thread_local! {
         std::cell::RefCell::new(BytesMut::with_capacity(SCRATCH_RESERVED));
 }
 
+/// Allocates this thread's read buffer now; call it as a runtime thread
+/// starts. Allocated on a thread's first read instead, the buffer may land
+/// on memory a burst has just freed, all of it still resident, and keep
+/// every page of it resident while the server is idle (576 KiB where 64 KiB
+/// are used). On memory never written, only what is read into becomes
+/// resident.
+pub fn reserve_read_buffer() {
+    SCRATCH_BUF.with(|scratch| {
+        let _ = scratch.borrow().capacity();
+    });
+}
+
 /// Counts the memory of `out` against the server-wide client budget, if
 /// it changed since `accounted`. False when this client is evicted (it is
 /// to close); when others were evicted to make room, lets them close (and

@@ -281,6 +281,9 @@ fn main() -> anyhow::Result<()> {
         builder.worker_threads(config.worker_threads);
     }
     builder.on_thread_park(collect_if_asked);
+    builder.on_thread_start(idem_server::connection::reserve_read_buffer);
+    // A single worker is this thread.
+    idem_server::connection::reserve_read_buffer();
     idem_server::reclaim::set_collector(collect_if_asked);
     let runtime = builder
         .enable_all()

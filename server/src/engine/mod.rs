@@ -237,13 +237,15 @@ impl Engine {
 
     /// Called when the server has gone quiet, to give memory back: empty
     /// store shards let go of what they keep ([`Store::trim`]), and the
-    /// raft engine snapshots if the log it holds in memory is worth
-    /// freeing (see [`raft::RaftEngine::snapshot_if_worth`]).
+    /// raft engine trims its proposal queue and snapshots if the log it
+    /// holds in memory is worth freeing (see
+    /// [`raft::RaftEngine::snapshot_if_worth`]).
     ///
     /// [`Store::trim`]: crate::store::Store::trim
     pub async fn when_quiet(&self) {
         self.store().trim();
         if let Inner::Raft { engine, store } = &self.inner {
+            engine.trim();
             engine.snapshot_if_worth(store.stats().memory).await;
         }
     }

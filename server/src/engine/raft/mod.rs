@@ -30,6 +30,7 @@ pub mod cluster;
 pub mod format;
 pub mod log_store;
 pub mod peer;
+mod queue;
 pub mod state_machine;
 pub mod types;
 pub mod wal;
@@ -42,7 +43,7 @@ use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::time::Duration;
 
 use openraft::{Raft, SnapshotPolicy};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 use tracing::{info, warn};
 
 use super::{EngineError, Submitted};
@@ -204,7 +205,7 @@ pub struct RaftEngine {
     role: Arc<cluster::Role>,
     peers: Arc<peer::Peers>,
     cluster: cluster::ClusterConfig,
-    proposals: mpsc::Sender<Proposal>,
+    proposals: Arc<queue::Queue>,
     log: LogStore,
     sm: StateMachine,
     data_dir: PathBuf,
@@ -442,7 +443,7 @@ impl RaftEngine {
                 store.unsafe_rewind_fences(8);
             }
         }
-        let (tx, rx) = mpsc::channel(cfg.max_pending_proposals.max(1));
+        let proposals = Arc::new(queue::Queue::new(cfg.max_pending_proposals));
         let stats = Arc::new(RaftStats::default());
         tokio::spawn(propose(
             Proposer {
@@ -450,7 +451,7 @@ impl RaftEngine {
                 role: Arc::clone(&role),
                 peers: Arc::clone(&peers),
             },
-            rx,
+            Arc::clone(&proposals),
             Limits {
                 max_bytes: cfg.max_batch_bytes,
                 min_free_disk: cfg.min_free_disk_bytes,
@@ -471,7 +472,7 @@ impl RaftEngine {
             role,
             peers,
             cluster: cfg.cluster.clone(),
-            proposals: tx,
+            proposals,
             log,
             sm,
             data_dir,
@@ -507,10 +508,10 @@ impl RaftEngine {
             tx,
             state: Arc::clone(&state),
         };
-        let waiting = match self.proposals.try_send(proposal) {
+        let waiting = match self.proposals.try_push(proposal) {
             Ok(()) => None,
-            Err(mpsc::error::TrySendError::Full(p)) => Some((self.proposals.clone(), p)),
-            Err(mpsc::error::TrySendError::Closed(_)) => {
+            Err(queue::Refused::Full(p)) => Some((Arc::clone(&self.proposals), p)),
+            Err(queue::Refused::Closed) => {
                 return super::Submission::Ready(Some(Err(EngineError::TryAgain(
                     "the engine is stopping",
                 ))));
@@ -522,7 +523,7 @@ impl RaftEngine {
         let fut = Box::pin(async move {
             let deadline = tokio::time::Instant::now() + timeout;
             if let Some((proposals, p)) = waiting {
-                match tokio::time::timeout_at(deadline, proposals.send(p)).await {
+                match tokio::time::timeout_at(deadline, proposals.push(p)).await {
                     Ok(Ok(())) => {}
                     Ok(Err(_)) => return Err(EngineError::TryAgain("the engine is stopping")),
                     Err(_) => {
@@ -705,11 +706,24 @@ impl RaftEngine {
         self.raft.trigger().snapshot().await.is_ok()
     }
 
+    /// Lets go of what the proposal queue kept from a burst (called when
+    /// the server has gone quiet).
+    pub fn trim(&self) {
+        self.proposals.trim();
+    }
+
     /// Stops the Raft core.
     pub async fn shutdown(&self) {
         if let Err(e) = self.raft.shutdown().await {
             warn!(error = %e, "raft did not shut down cleanly");
         }
+    }
+}
+
+impl Drop for RaftEngine {
+    fn drop(&mut self) {
+        // The proposer answers what is queued, then stops.
+        self.proposals.close();
     }
 }
 
@@ -820,58 +834,28 @@ struct Proposer {
 /// While this node does not serve (it does not lead, or has not applied
 /// the log of earlier terms yet), proposals are answered with the redirect
 /// instead: they were never proposed.
-async fn propose(
-    p: Proposer,
-    mut rx: mpsc::Receiver<Proposal>,
-    limits: Limits,
-    stats: Arc<RaftStats>,
-) {
+async fn propose(p: Proposer, proposals: Arc<queue::Queue>, limits: Limits, stats: Arc<RaftStats>) {
     let raft = &p.raft;
-    let max_bytes = limits.max_bytes;
     let mut disk_full = false;
     let inflight = Arc::new(tokio::sync::Semaphore::new(MAX_INFLIGHT_ENTRIES));
     // Bytes logged since the last snapshot was asked for: the log (kept in
     // memory until a snapshot covers it) stays bounded by size as well as
     // by entries.
     let mut since_snapshot = 0u64;
-    let mut carry: Option<Proposal> = None;
     loop {
         // At most MAX_INFLIGHT_ENTRIES entries in flight: while they are
         // written and applied, proposals gather for the next one.
         let Ok(permit) = Arc::clone(&inflight).acquire_owned().await else {
             return;
         };
-        let first = match carry.take() {
-            Some(p) => p,
-            None => match rx.recv().await {
-                Some(p) => p,
-                None => return,
-            },
+        let Some(queue::Batch {
+            ops,
+            txs,
+            bytes: size,
+        }) = proposals.next_batch(MAX_BATCH_OPS, limits.max_bytes).await
+        else {
+            return;
         };
-        let mut size = 0;
-        let mut ops = Vec::new();
-        let mut txs = Vec::new();
-        let mut next = Some(first);
-        while let Some(p) = next.take() {
-            // A proposal whose submitter gave up (timed out) is dropped:
-            // it was answered "not applied", so it must not be.
-            if p.take() {
-                size += p.bytes;
-                ops.push(p.op);
-                txs.push(p.tx);
-            }
-            if ops.len() >= MAX_BATCH_OPS {
-                break;
-            }
-            match rx.try_recv() {
-                Ok(p) if !ops.is_empty() && size + p.bytes > max_bytes => carry = Some(p),
-                Ok(p) => next = Some(p),
-                Err(_) => {}
-            }
-        }
-        if ops.is_empty() {
-            continue;
-        }
         if !p.role.serving() {
             for (op, tx) in ops.iter().zip(txs) {
                 let _ = tx.send(Err(cluster::not_serving(

@@ -1,0 +1,296 @@
+//! The bounded queue of proposals between the connections and the
+//! proposer.
+//!
+//! One buffer under a lock rather than a channel: a channel stores what it
+//! holds in blocks allocated as it fills, and the few blocks it keeps after
+//! a burst sit among everything else allocated meanwhile, each holding a
+//! page of the allocator resident while the server is idle. The queue's
+//! buffer is one allocation, let go of ([`Queue::trim`]) once the server
+//! goes quiet.
+
+use std::collections::VecDeque;
+
+use parking_lot::Mutex;
+use tokio::sync::{Notify, Semaphore, TryAcquireError};
+
+use super::{Proposal, Submitted};
+use crate::store::Op;
+use tokio::sync::oneshot;
+
+/// Room the buffer keeps once trimmed: a few connections' worth.
+const KEEP: usize = 64;
+
+/// Why an item was not queued.
+pub(super) enum Refused {
+    /// The queue holds its capacity.
+    Full(Proposal),
+    /// The engine is stopping.
+    Closed,
+}
+
+/// A batch taken from the queue.
+pub(super) struct Batch {
+    /// The ops, in queue order.
+    pub(super) ops: Vec<Op>,
+    /// Where each op's outcome goes.
+    pub(super) txs: Vec<oneshot::Sender<Submitted>>,
+    /// Their approximate encoded size.
+    pub(super) bytes: usize,
+}
+
+/// A bounded multi-producer queue with one taker.
+pub(super) struct Queue {
+    items: Mutex<Items>,
+    /// Wakes the taker.
+    ready: Notify,
+    /// Free places: a producer takes one before it queues, the taker gives
+    /// back those it takes.
+    room: Semaphore,
+}
+
+struct Items {
+    queue: VecDeque<Proposal>,
+    closed: bool,
+}
+
+impl Queue {
+    /// A queue of at most `capacity` (at least one) proposals.
+    pub(super) fn new(capacity: usize) -> Self {
+        Queue {
+            items: Mutex::new(Items {
+                queue: VecDeque::with_capacity(KEEP),
+                closed: false,
+            }),
+            ready: Notify::new(),
+            room: Semaphore::new(capacity.clamp(1, Semaphore::MAX_PERMITS)),
+        }
+    }
+
+    /// Queues `p` if there is room; a full queue hands it back, to be
+    /// queued when there is (as a channel's `try_send` does).
+    #[allow(clippy::result_large_err)]
+    pub(super) fn try_push(&self, p: Proposal) -> Result<(), Refused> {
+        match self.room.try_acquire() {
+            Ok(place) => {
+                place.forget();
+                self.put(p);
+                Ok(())
+            }
+            Err(TryAcquireError::NoPermits) => Err(Refused::Full(p)),
+            Err(TryAcquireError::Closed) => Err(Refused::Closed),
+        }
+    }
+
+    /// Queues `p` once there is room; refused once the queue is closed.
+    pub(super) async fn push(&self, p: Proposal) -> Result<(), Refused> {
+        match self.room.acquire().await {
+            Ok(place) => {
+                place.forget();
+                self.put(p);
+                Ok(())
+            }
+            Err(_) => Err(Refused::Closed),
+        }
+    }
+
+    fn put(&self, p: Proposal) {
+        self.items.lock().queue.push_back(p);
+        // Stores a wakeup if the taker is not waiting yet: none is lost.
+        self.ready.notify_one();
+    }
+
+    /// Waits for proposals, then takes them from the front: at most
+    /// `max_ops`, and no more than `max_bytes` unless the first alone is
+    /// larger. Proposals whose submitter gave up are dropped on the way
+    /// (never proposed). `None` once the queue is closed and empty.
+    pub(super) async fn next_batch(&self, max_ops: usize, max_bytes: usize) -> Option<Batch> {
+        loop {
+            let mut batch = Batch {
+                ops: Vec::new(),
+                txs: Vec::new(),
+                bytes: 0,
+            };
+            let (taken, closed) = {
+                let mut items = self.items.lock();
+                let mut taken = 0;
+                while let Some(p) = items.queue.front() {
+                    if !batch.ops.is_empty() && batch.bytes + p.bytes > max_bytes {
+                        break;
+                    }
+                    let Some(p) = items.queue.pop_front() else {
+                        break;
+                    };
+                    taken += 1;
+                    if p.take() {
+                        batch.bytes += p.bytes;
+                        batch.ops.push(p.op);
+                        batch.txs.push(p.tx);
+                        if batch.ops.len() >= max_ops {
+                            break;
+                        }
+                    }
+                }
+                (taken, items.closed)
+            };
+            self.room.add_permits(taken);
+            if !batch.ops.is_empty() {
+                return Some(batch);
+            }
+            if closed && taken == 0 {
+                return None;
+            }
+            if taken == 0 {
+                self.ready.notified().await;
+            }
+        }
+    }
+
+    /// Lets go of the buffer's room beyond a few places if it is empty
+    /// (called when the server goes quiet).
+    pub(super) fn trim(&self) {
+        let mut items = self.items.lock();
+        if items.queue.is_empty() && items.queue.capacity() > KEEP {
+            items.queue = VecDeque::with_capacity(KEEP);
+        }
+    }
+
+    /// Refuses further proposals; the taker takes what is queued, then
+    /// stops.
+    pub(super) fn close(&self) {
+        self.items.lock().closed = true;
+        self.room.close();
+        self.ready.notify_one();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU8, Ordering};
+
+    use bytes::Bytes;
+
+    use super::*;
+    use crate::engine::raft::{QUEUED, WITHDRAWN};
+
+    /// A proposal of `bytes` that expires key `n`; its state and receiver.
+    fn proposal(n: u8, bytes: usize) -> (Proposal, Arc<AtomicU8>, oneshot::Receiver<Submitted>) {
+        let (tx, rx) = oneshot::channel();
+        let state = Arc::new(AtomicU8::new(QUEUED));
+        let p = Proposal {
+            op: Op::Expire {
+                keys: vec![Bytes::from(vec![n])],
+            },
+            bytes,
+            tx,
+            state: Arc::clone(&state),
+        };
+        (p, state, rx)
+    }
+
+    fn key(op: &Op) -> u8 {
+        match op {
+            Op::Expire { keys } => keys[0][0],
+            _ => unreachable!(),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_full_queue_refuses_until_the_taker_frees_room() {
+        let q = Arc::new(Queue::new(2));
+        assert!(q.try_push(proposal(1, 10).0).is_ok());
+        assert!(q.try_push(proposal(2, 10).0).is_ok());
+        let Err(Refused::Full(third)) = q.try_push(proposal(3, 10).0) else {
+            panic!("a third proposal fit in a queue of two");
+        };
+        let pusher = tokio::spawn({
+            let q = Arc::clone(&q);
+            async move { q.push(third).await.is_ok() }
+        });
+        tokio::task::yield_now().await;
+        assert!(!pusher.is_finished(), "pushed into a full queue");
+        let batch = q.next_batch(1, usize::MAX).await.unwrap();
+        assert_eq!(batch.ops.iter().map(key).collect::<Vec<_>>(), [1]);
+        assert!(pusher.await.unwrap(), "the waiting push got the freed room");
+        let batch = q.next_batch(10, usize::MAX).await.unwrap();
+        assert_eq!(batch.ops.iter().map(key).collect::<Vec<_>>(), [2, 3]);
+    }
+
+    #[tokio::test]
+    async fn a_batch_keeps_to_its_caps_and_drops_the_withdrawn() {
+        let q = Queue::new(100);
+        let mut states = Vec::new();
+        let mut receivers = Vec::new();
+        for n in 0..6 {
+            let (p, state, rx) = proposal(n, 40);
+            q.try_push(p).ok().unwrap();
+            states.push(state);
+            receivers.push(rx);
+        }
+        // Its submitter gave up: never proposed.
+        states[1].store(WITHDRAWN, Ordering::Release);
+        // 100 bytes: two proposals of 40 (the withdrawn one not counted).
+        let batch = q.next_batch(10, 100).await.unwrap();
+        assert_eq!(batch.ops.iter().map(key).collect::<Vec<_>>(), [0, 2]);
+        assert_eq!(batch.bytes, 80);
+        assert_eq!(batch.txs.len(), 2);
+        // A first proposal larger than the cap goes alone.
+        let batch = q.next_batch(10, 10).await.unwrap();
+        assert_eq!(batch.ops.iter().map(key).collect::<Vec<_>>(), [3]);
+        // At most max_ops.
+        let batch = q.next_batch(1, usize::MAX).await.unwrap();
+        assert_eq!(batch.ops.iter().map(key).collect::<Vec<_>>(), [4]);
+        assert!(
+            receivers[1].try_recv().is_err(),
+            "the withdrawn proposal's sender is dropped, never answered"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_closed_queue_hands_over_what_it_holds_then_ends() {
+        let q = Queue::new(10);
+        q.try_push(proposal(7, 1).0).ok().unwrap();
+        q.close();
+        assert!(matches!(q.try_push(proposal(8, 1).0), Err(Refused::Closed)));
+        assert!(matches!(
+            q.push(proposal(9, 1).0).await,
+            Err(Refused::Closed)
+        ));
+        let batch = q.next_batch(10, usize::MAX).await.unwrap();
+        assert_eq!(batch.ops.iter().map(key).collect::<Vec<_>>(), [7]);
+        assert!(q.next_batch(10, usize::MAX).await.is_none());
+    }
+
+    #[tokio::test]
+    async fn the_taker_wakes_for_a_proposal_queued_while_it_waits() {
+        let q = Arc::new(Queue::new(10));
+        let taker = tokio::spawn({
+            let q = Arc::clone(&q);
+            async move { q.next_batch(10, usize::MAX).await.map(|b| b.ops.len()) }
+        });
+        tokio::task::yield_now().await;
+        q.try_push(proposal(1, 1).0).ok().unwrap();
+        let taken = tokio::time::timeout(std::time::Duration::from_secs(5), taker)
+            .await
+            .expect("the taker was not woken")
+            .unwrap();
+        assert_eq!(taken, Some(1));
+    }
+
+    #[tokio::test]
+    async fn an_emptied_queue_lets_go_of_a_burst_s_room() {
+        let q = Queue::new(10_000);
+        for _ in 0..5_000 {
+            q.try_push(proposal(0, 1).0).ok().unwrap();
+        }
+        q.next_batch(4_999, usize::MAX).await.unwrap();
+        // Not while anything is queued.
+        q.trim();
+        assert!(q.items.lock().queue.capacity() >= 5_000);
+        q.next_batch(10, usize::MAX).await.unwrap();
+        q.trim();
+        assert!(q.items.lock().queue.capacity() <= 2 * KEEP);
+        // Room freed by taking is room again.
+        assert_eq!(q.room.available_permits(), 10_000);
+    }
+}
