@@ -7,7 +7,9 @@ Claims THOUSANDS x 1000 keys (default 1,000,000) in pipelines of 1000,
 then FORGETs them (forget) or lets their 6 s leases lapse (expire), waits
 SECONDS (default 10) without sending a command, and prints the server's
 RSS (from /proc/PID/status) fresh, at the peak, and at the end, with the
-ratio end / fresh.
+ratio end / fresh; then the anonymous part of RSS (the heap, without the
+binary's code pages, whose residency differs from one copy of the binary
+to another) fresh and at the end.
 """
 import socket
 import sys
@@ -18,9 +20,9 @@ batches = int(sys.argv[4]) if len(sys.argv) > 4 else 1000
 wait = int(sys.argv[5]) if len(sys.argv) > 5 else 10
 
 
-def rss_mb():
+def rss_mb(field="VmRSS"):
     for line in open(f"/proc/{pid}/status"):
-        if line.startswith("VmRSS"):
+        if line.startswith(field + ":"):
             return int(line.split()[1]) / 1024
 
 
@@ -59,6 +61,7 @@ conn.sendall(b"PING\r\n")
 conn.recv(10)
 time.sleep(1)
 fresh = rss_mb()
+fresh_anon = rss_mb("RssAnon")
 lease = b"6000" if mode == "expire" else b"600000"
 t0 = time.time()
 for b in range(batches):
@@ -76,4 +79,6 @@ else:
 print(f"all gone at {time.time() - t0:.1f} s ({rss_mb():.1f} MB)", end="; ")
 time.sleep(wait)
 end = rss_mb()
-print(f"{wait} s later {end:.1f} MB, {end / fresh:.2f}x fresh")
+end_anon = rss_mb("RssAnon")
+print(f"{wait} s later {end:.1f} MB, {end / fresh:.2f}x fresh; "
+      f"anonymous {fresh_anon:.1f} -> {end_anon:.1f} MB (+{end_anon - fresh_anon:.1f})")

@@ -13,12 +13,20 @@
 //!                                                    crc over index and payload)
 //! ```
 //!
-//! Indexes are consecutive across records and segments. The metadata file
+//! Indexes are consecutive across records and segments. The segment being
+//! written is zeroed ahead of its records ([`ZERO_AHEAD`] at a time), so a
+//! batch overwrites bytes the file already has and its `fdatasync` has no
+//! file size to commit (measured on ext4: a third less per sync than
+//! appending); a segment is cut to its records when the next one starts.
+//! Zeros after the last record mark the end of a segment.
+//!
+//! The metadata file
 //! `meta` holds `"IDEMMETA" u32:version u32:len u32:crc32 payload`, written
 //! to `meta.tmp`, synced, renamed over `meta`, and the directory synced.
 //!
 //! # Recovery
 //!
+//! Zeros after the last record are the room zeroed ahead of it, not damage.
 //! A record that does not check out at the end of the last segment, with
 //! nothing valid after it, is a write cut short by a crash: it is cut off
 //! (and logged). Anything else that does not check out — a bad record
@@ -28,6 +36,7 @@
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use tracing::warn;
@@ -37,6 +46,10 @@ const META_MAGIC: &[u8; 8] = b"IDEMMETA";
 /// The log format this build writes and reads.
 pub const WAL_VERSION: u32 = 1;
 const HEADER_LEN: u64 = 20;
+/// How far ahead of its records the segment being written is zeroed.
+pub const ZERO_AHEAD: u64 = 1 << 20;
+/// Zeros to write from.
+static ZEROS: [u8; 64 * 1024] = [0; 64 * 1024];
 /// `len` + `crc`.
 const RECORD_HEAD: usize = 8;
 /// The longest record payload accepted (a batch of commands is capped well
@@ -118,13 +131,40 @@ struct Slot {
     offset: u64,
 }
 
+/// The segment being written.
+#[derive(Debug)]
+struct Active {
+    file: File,
+    /// Where its records end.
+    len: u64,
+    /// The file's length: from `len` up to it, zeros.
+    zeroed: u64,
+}
+
+impl Active {
+    /// Opens the segment at `path` to write after its first `len` bytes
+    /// (those after them are zeros).
+    fn open(path: &Path, len: u64) -> Result<Active, WalError> {
+        let file = OpenOptions::new()
+            .write(true)
+            .open(path)
+            .map_err(io_err("open", path))?;
+        let size = file.metadata().map_err(io_err("stat", path))?.len();
+        Ok(Active {
+            file,
+            len,
+            zeroed: size.max(len),
+        })
+    }
+}
+
 /// The log.
 #[derive(Debug)]
 pub struct Wal {
     dir: PathBuf,
     segments: Vec<Segment>,
-    /// The last segment, open for appending, and its length.
-    active: Option<(File, u64)>,
+    /// The last segment, open for writing.
+    active: Option<Active>,
     /// The first index held and where every record starts.
     first: u64,
     slots: Vec<Slot>,
@@ -138,6 +178,9 @@ pub struct Wal {
     deferred: Vec<u8>,
     #[cfg(debug_assertions)]
     deferred_batches: u32,
+    /// Where the held-back batches go in the file.
+    #[cfg(debug_assertions)]
+    deferred_at: u64,
 }
 
 fn segment_name(first: u64) -> String {
@@ -199,6 +242,8 @@ impl Wal {
             deferred: Vec::new(),
             #[cfg(debug_assertions)]
             deferred_batches: 0,
+            #[cfg(debug_assertions)]
+            deferred_at: 0,
         };
         let mut records = Vec::new();
         let count = firsts.len();
@@ -225,15 +270,12 @@ impl Wal {
                 path: path.clone(),
             });
             if last {
-                let f = OpenOptions::new()
-                    .append(true)
-                    .open(&path)
-                    .map_err(io_err("open", &path))?;
+                let active = Active::open(&path, valid_len)?;
                 // What a crash left in the page cache but not on disk is
                 // made durable before anything is served from it.
-                f.sync_all().map_err(io_err("sync", &path))?;
-                preallocate(&f, &path, wal.segment_bytes);
-                wal.active = Some((f, valid_len));
+                active.file.sync_all().map_err(io_err("sync", &path))?;
+                preallocate(&active.file, &path, wal.segment_bytes);
+                wal.active = Some(active);
             }
         }
         sync_dir(dir)?;
@@ -310,6 +352,12 @@ impl Wal {
                     out.push((index, payload.to_vec()));
                     expect += 1;
                     at += len;
+                }
+                None if buf[at..].iter().all(|&b| b == 0) => {
+                    // The room zeroed ahead of the records (or, in an
+                    // earlier segment, not yet cut off when the next one
+                    // started): the end of the segment.
+                    break;
                 }
                 None => {
                     // Valid records after it mean damage, not a torn
@@ -389,7 +437,7 @@ impl Wal {
                 || self
                     .active
                     .as_ref()
-                    .is_some_and(|(_, len)| *len + buf.len() as u64 >= self.segment_bytes)
+                    .is_some_and(|a| a.len + buf.len() as u64 >= self.segment_bytes)
             {
                 self.write_out(&buf, &pending)?;
                 buf.clear();
@@ -424,40 +472,59 @@ impl Wal {
         }
         let segment = self.segments.len() - 1;
         let path = self.segments[segment].path.clone();
-        let Some((file, len)) = self.active.as_mut() else {
+        let Some(active) = self.active.as_mut() else {
             return Err(corrupt(&path, 0, "no active segment"));
         };
-        let base = *len;
+        let base = active.len;
+        let end = base + buf.len() as u64;
+        // Room zeroed ahead: this batch's sync commits the file's new
+        // length (with the zeros), the next batches' syncs have none to.
+        let zeroed = if end > active.zeroed {
+            let to = end + ZERO_AHEAD.min(self.segment_bytes.saturating_sub(end));
+            // The batch itself covers up to `end`.
+            let zeroed = zero(&active.file, end, to);
+            if zeroed.is_ok() {
+                active.zeroed = to;
+            }
+            zeroed
+        } else {
+            Ok(())
+        };
+        let file = &active.file;
         #[cfg(debug_assertions)]
         let written = if faults::defer_writes() {
             // Deliberately broken (debug builds, for the crash tests' own
             // test): batches are acknowledged while they are only in
             // memory; they reach the file eight at a time.
+            if self.deferred.is_empty() {
+                self.deferred_at = base;
+            }
             self.deferred.extend_from_slice(buf);
             self.deferred_batches += 1;
             if self.deferred_batches >= 8 {
                 self.deferred_batches = 0;
                 let held = std::mem::take(&mut self.deferred);
-                file.write_all(&held)
+                zeroed.and_then(|()| file.write_all_at(&held, self.deferred_at))
             } else {
-                Ok(())
+                zeroed
             }
         } else {
-            file.write_all(buf)
+            zeroed.and_then(|()| file.write_all_at(buf, base))
         };
         #[cfg(not(debug_assertions))]
-        let written = file.write_all(buf);
+        let written = zeroed.and_then(|()| file.write_all_at(buf, base));
         let started = std::time::Instant::now();
         if let Err(e) = written.and_then(|()| file.sync_data()) {
             // Whatever of the batch reached the file must not be read back
             // after a restart as if it were durable: cut it (best effort).
             let _ = file.set_len(base).and_then(|()| file.sync_all());
+            active.zeroed = base;
             return Err(io_err("write or sync", &path)(e));
         }
         self.sync_us
             .saturating_record(started.elapsed().as_micros() as u64);
         self.syncs += 1;
-        *len += buf.len() as u64;
+        active.len = end;
         let mut start = 0;
         for &end in ends {
             self.slots.push(Slot {
@@ -472,16 +539,24 @@ impl Wal {
     /// Starts a new segment whose first record is `first`; its directory
     /// entry is synced before anything in it is written.
     fn start_segment(&mut self, first: u64) -> Result<(), WalError> {
+        // The segment written so far is cut to its records: only the last
+        // segment has room zeroed after them.
+        if let (Some(active), Some(seg)) = (self.active.take(), self.segments.last())
+            && active.zeroed > active.len
+        {
+            active
+                .file
+                .set_len(active.len)
+                .and_then(|()| active.file.sync_all())
+                .map_err(io_err("cut", &seg.path))?;
+        }
         let path = self.dir.join(segment_name(first));
         write_header(&path, first)?;
         sync_dir(&self.dir)?;
-        let f = OpenOptions::new()
-            .append(true)
-            .open(&path)
-            .map_err(io_err("open", &path))?;
-        preallocate(&f, &path, self.segment_bytes);
+        let active = Active::open(&path, HEADER_LEN)?;
+        preallocate(&active.file, &path, self.segment_bytes);
         self.segments.push(Segment { first, path });
-        self.active = Some((f, HEADER_LEN));
+        self.active = Some(active);
         Ok(())
     }
 
@@ -508,11 +583,7 @@ impl Wal {
         f.sync_all().map_err(io_err("sync", &path))?;
         sync_dir(&self.dir)?;
         self.slots.truncate(keep);
-        let f = OpenOptions::new()
-            .append(true)
-            .open(&path)
-            .map_err(io_err("open", &path))?;
-        self.active = Some((f, cut.offset));
+        self.active = Some(Active::open(&path, cut.offset)?);
         Ok(())
     }
 
@@ -566,6 +637,17 @@ impl Wal {
     pub fn segment_paths(&self) -> Vec<PathBuf> {
         self.segments.iter().map(|s| s.path.clone()).collect()
     }
+}
+
+/// Writes zeros over `from..to` of `f`.
+fn zero(f: &File, from: u64, to: u64) -> io::Result<()> {
+    let mut at = from;
+    while at < to {
+        let n = (to - at).min(ZEROS.len() as u64) as usize;
+        f.write_all_at(&ZEROS[..n], at)?;
+        at += n as u64;
+    }
+    Ok(())
 }
 
 /// Reserves the disk blocks of a whole segment ahead of its writes (the

@@ -3,7 +3,7 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use super::{HEADER_LEN, Wal, WalError, read_meta, write_meta};
+use super::{HEADER_LEN, Wal, WalError, ZERO_AHEAD, read_meta, write_meta};
 
 struct TempDir(PathBuf);
 
@@ -38,6 +38,22 @@ fn fill(dir: &Path, segment_bytes: u64, batches: &[std::ops::Range<u64>]) -> Wal
         wal.append(data.iter().map(|(i, p)| (*i, &p[..]))).unwrap();
     }
     wal
+}
+
+/// Where each record of a segment's bytes ends (up to the zeros after
+/// them).
+fn record_ends(bytes: &[u8]) -> Vec<usize> {
+    let mut ends = Vec::new();
+    let mut at = HEADER_LEN as usize;
+    while at + 4 <= bytes.len() {
+        let len = u32::from_le_bytes([bytes[at], bytes[at + 1], bytes[at + 2], bytes[at + 3]]);
+        if len == 0 {
+            break;
+        }
+        at += 8 + len as usize;
+        ends.push(at);
+    }
+    ends
 }
 
 fn indexes(recs: &[(u64, Vec<u8>)]) -> Vec<u64> {
@@ -89,16 +105,12 @@ fn a_cut_at_any_offset_keeps_exactly_the_whole_records() {
     let wal = fill(&d.0, 1 << 20, &[1..5, 5..9, 9..12]);
     let seg = wal.segment_paths().pop().unwrap();
     drop(wal);
-    let full = fs::read(&seg).unwrap();
-    // Where each record ends, from the record lengths.
-    let mut ends = Vec::new();
-    let mut at = HEADER_LEN as usize;
-    while at < full.len() {
-        let len = u32::from_le_bytes([full[at], full[at + 1], full[at + 2], full[at + 3]]);
-        at += 8 + len as usize;
-        ends.push(at);
-    }
+    let mut full = fs::read(&seg).unwrap();
+    // Where each record ends, from the record lengths; the zeros after them
+    // are left out (a crash before they were written leaves none).
+    let ends = record_ends(&full);
     assert_eq!(ends.len(), 11);
+    full.truncate(ends[10]);
     let from = ends[3]; // the last two batches, and the end of the first
     for cut in from..=full.len() {
         fs::write(&seg, &full[..cut]).unwrap();
@@ -128,7 +140,7 @@ fn a_flipped_byte_in_the_last_record_is_a_torn_tail() {
     let seg = wal.segment_paths().pop().unwrap();
     drop(wal);
     let mut bytes = fs::read(&seg).unwrap();
-    let n = bytes.len();
+    let n = *record_ends(&bytes).last().unwrap();
     bytes[n - 2] ^= 0x40;
     fs::write(&seg, &bytes).unwrap();
     let (_, recs) = Wal::open(&d.0, 1 << 20).unwrap();
@@ -256,7 +268,7 @@ fn a_last_segment_whose_header_never_reached_the_disk_is_recreated() {
 }
 
 #[test]
-fn segments_are_preallocated_without_changing_their_length() {
+fn segments_are_preallocated_and_zeroed_ahead_of_their_records() {
     use std::os::unix::fs::MetadataExt;
     let d = TempDir::new("prealloc");
     let segment = 1 << 20;
@@ -267,7 +279,13 @@ fn segments_are_preallocated_without_changing_their_length() {
         + (1..4)
             .map(|i| super::RECORD_HEAD as u64 + 8 + payload(i).len() as u64)
             .sum::<u64>();
-    assert_eq!(meta.len(), written, "the length is what was written");
+    assert_eq!(
+        meta.len(),
+        written + ZERO_AHEAD.min(segment - written),
+        "the records, and room zeroed after them"
+    );
+    let bytes = fs::read(path).unwrap();
+    assert!(bytes[written as usize..].iter().all(|&b| b == 0));
     // Where the filesystem can preallocate (not every one can), the whole
     // segment's blocks are reserved.
     if meta.blocks() * 512 < segment {
@@ -284,4 +302,79 @@ fn segments_are_preallocated_without_changing_their_length() {
     wal.append([(4, &b"four"[..])]).unwrap();
     let (_, recs) = Wal::open(&d.0, segment).unwrap();
     assert_eq!(indexes(&recs), vec![1, 2, 3, 4]);
+}
+
+/// The room zeroed ahead of the records is the end of the log, not damage:
+/// reopening keeps it (no cut), appends overwrite it, and a batch that
+/// reaches past it zeroes more.
+#[test]
+fn the_zeroed_room_ends_the_log_and_is_written_over() {
+    let d = TempDir::new("zeroed");
+    let segment = 8 << 20;
+    let wal = fill(&d.0, segment, &[1..4]);
+    let path = wal.segment_paths()[0].clone();
+    drop(wal);
+    let before = fs::metadata(&path).unwrap().len();
+    let (mut wal, recs) = Wal::open(&d.0, segment).unwrap();
+    assert_eq!(indexes(&recs), vec![1, 2, 3]);
+    assert_eq!(fs::metadata(&path).unwrap().len(), before, "not cut");
+    // A batch larger than the room zeroed ahead.
+    let big = vec![7u8; ZERO_AHEAD as usize + 1000];
+    wal.append([(4, &b"four"[..]), (5, &big[..])]).unwrap();
+    let after = fs::metadata(&path).unwrap().len();
+    let ends = record_ends(&fs::read(&path).unwrap());
+    assert_eq!(ends.len(), 5);
+    assert_eq!(after, *ends.last().unwrap() as u64 + ZERO_AHEAD);
+    drop(wal);
+    let (_, recs) = Wal::open(&d.0, segment).unwrap();
+    assert_eq!(indexes(&recs), vec![1, 2, 3, 4, 5]);
+    assert_eq!(recs[4].1, big);
+}
+
+/// A write torn inside the zeroed room (some bytes of a record, then
+/// zeros) is cut off like any torn tail.
+#[test]
+fn a_torn_write_in_the_zeroed_room_is_cut() {
+    let d = TempDir::new("zeroed-torn");
+    let wal = fill(&d.0, 1 << 20, &[1..4]);
+    let path = wal.segment_paths()[0].clone();
+    drop(wal);
+    let mut bytes = fs::read(&path).unwrap();
+    let end = *record_ends(&bytes).last().unwrap();
+    // Half of a record's head: a length, no checksum, no body.
+    bytes[end..end + 4].copy_from_slice(&40u32.to_le_bytes());
+    fs::write(&path, &bytes).unwrap();
+    let (mut wal, recs) = Wal::open(&d.0, 1 << 20).unwrap();
+    assert_eq!(indexes(&recs), vec![1, 2, 3]);
+    assert_eq!(fs::metadata(&path).unwrap().len() as usize, end, "cut");
+    wal.append([(4, &b"four"[..])]).unwrap();
+    drop(wal);
+    let (_, recs) = Wal::open(&d.0, 1 << 20).unwrap();
+    assert_eq!(indexes(&recs), vec![1, 2, 3, 4]);
+}
+
+/// A segment is cut to its records when the next one starts; one whose
+/// cut a crash lost (zeros after its records) still opens.
+#[test]
+fn an_earlier_segment_is_cut_to_its_records() {
+    let d = TempDir::new("zeroed-roll");
+    let wal = fill(&d.0, 2048, &[1..40, 40..80, 80..120]);
+    let segs = wal.segment_paths();
+    assert!(segs.len() > 2, "{} segments", segs.len());
+    drop(wal);
+    for seg in &segs[..segs.len() - 1] {
+        let bytes = fs::read(seg).unwrap();
+        assert_eq!(
+            *record_ends(&bytes).last().unwrap(),
+            bytes.len(),
+            "{} ends with its records",
+            seg.display()
+        );
+    }
+    // As if the cut of the first segment never reached the disk.
+    let mut first = fs::read(&segs[0]).unwrap();
+    first.extend_from_slice(&[0; 3000]);
+    fs::write(&segs[0], &first).unwrap();
+    let (_, recs) = Wal::open(&d.0, 2048).unwrap();
+    assert_eq!(indexes(&recs), (1..120).collect::<Vec<_>>());
 }
