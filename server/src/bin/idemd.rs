@@ -282,8 +282,10 @@ fn main() -> anyhow::Result<()> {
     }
     builder.on_thread_park(collect_if_asked);
     builder.on_thread_start(idem_server::connection::reserve_read_buffer);
-    // A single worker is this thread.
-    idem_server::connection::reserve_read_buffer();
+    if config.worker_threads == 1 {
+        // The single worker is this thread.
+        idem_server::connection::reserve_read_buffer();
+    }
     idem_server::reclaim::set_collector(collect_if_asked);
     let runtime = builder
         .enable_all()

@@ -353,10 +353,11 @@ impl Wal {
                     expect += 1;
                     at += len;
                 }
-                None if buf[at..].iter().all(|&b| b == 0) => {
-                    // The room zeroed ahead of the records (or, in an
-                    // earlier segment, not yet cut off when the next one
-                    // started): the end of the segment.
+                None if last && buf[at..].iter().all(|&b| b == 0) => {
+                    // The room zeroed ahead of the records: the end of the
+                    // log. (An earlier segment was cut to its records, and
+                    // synced, before the next one was created: zeros there
+                    // are damage.)
                     break;
                 }
                 None => {

@@ -353,8 +353,8 @@ fn a_torn_write_in_the_zeroed_room_is_cut() {
     assert_eq!(indexes(&recs), vec![1, 2, 3, 4]);
 }
 
-/// A segment is cut to its records when the next one starts; one whose
-/// cut a crash lost (zeros after its records) still opens.
+/// A segment is cut to its records, and synced, before the next one is
+/// created: zeros after the records of an earlier segment are damage.
 #[test]
 fn an_earlier_segment_is_cut_to_its_records() {
     let d = TempDir::new("zeroed-roll");
@@ -371,10 +371,17 @@ fn an_earlier_segment_is_cut_to_its_records() {
             seg.display()
         );
     }
-    // As if the cut of the first segment never reached the disk.
-    let mut first = fs::read(&segs[0]).unwrap();
-    first.extend_from_slice(&[0; 3000]);
-    fs::write(&segs[0], &first).unwrap();
     let (_, recs) = Wal::open(&d.0, 2048).unwrap();
     assert_eq!(indexes(&recs), (1..120).collect::<Vec<_>>());
+    // Its last records zeroed (lost writes, damaged media): an error, not
+    // a shorter log.
+    let mut first = fs::read(&segs[0]).unwrap();
+    let ends = record_ends(&first);
+    let from = ends[ends.len() - 3];
+    first[from..].fill(0);
+    fs::write(&segs[0], &first).unwrap();
+    assert!(matches!(
+        Wal::open(&d.0, 2048),
+        Err(WalError::Corrupt { .. })
+    ));
 }
