@@ -105,14 +105,13 @@ impl Queue {
     /// (never proposed). `None` once the queue is closed and empty.
     pub(super) async fn next_batch(&self, max_ops: usize, max_bytes: usize) -> Option<Batch> {
         loop {
-            let mut items = self.items.lock();
-            let room = items.queue.len().min(max_ops);
-            let mut batch = Batch {
-                ops: Vec::with_capacity(room),
-                txs: Vec::with_capacity(room),
-                bytes: 0,
-            };
-            let (taken, closed) = {
+            let (batch, taken, closed) = {
+                let mut items = self.items.lock();
+                let mut batch = Batch {
+                    ops: Vec::new(),
+                    txs: Vec::new(),
+                    bytes: 0,
+                };
                 let mut taken = 0;
                 while let Some(p) = items.queue.front() {
                     if !batch.ops.is_empty() && batch.bytes + p.bytes > max_bytes {
@@ -131,9 +130,8 @@ impl Queue {
                         }
                     }
                 }
-                (taken, items.closed)
+                (batch, taken, items.closed)
             };
-            drop(items);
             self.room.add_permits(taken);
             if !batch.ops.is_empty() {
                 return Some(batch);
