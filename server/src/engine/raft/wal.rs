@@ -399,6 +399,31 @@ impl Wal {
         Ok(HEADER_LEN)
     }
 
+    /// Writes the deliberately broken mode's held-back batches to the
+    /// segment they were appended to (before it is cut or left).
+    fn flush_deferred(&mut self) {
+        #[cfg(debug_assertions)]
+        if let Some(active) = &self.active
+            && !self.deferred.is_empty()
+        {
+            let held = std::mem::take(&mut self.deferred);
+            self.deferred_batches = 0;
+            if let Err(e) = active.file.write_all_at(&held, self.deferred_at) {
+                warn!(error = %e, "cannot write the held-back batches (test mode)");
+            }
+        }
+    }
+
+    /// Forgets the deliberately broken mode's held-back batches (the files
+    /// they belong to are removed).
+    fn drop_deferred(&mut self) {
+        #[cfg(debug_assertions)]
+        {
+            self.deferred.clear();
+            self.deferred_batches = 0;
+        }
+    }
+
     /// The first index held (meaningful when not empty).
     pub fn first_index(&self) -> u64 {
         self.first
@@ -540,6 +565,7 @@ impl Wal {
     /// Starts a new segment whose first record is `first`; its directory
     /// entry is synced before anything in it is written.
     fn start_segment(&mut self, first: u64) -> Result<(), WalError> {
+        self.flush_deferred();
         // The segment written so far is cut to its records: only the last
         // segment has room zeroed after them.
         if let (Some(active), Some(seg)) = (self.active.take(), self.segments.last())
@@ -563,6 +589,7 @@ impl Wal {
 
     /// Removes every record from `index` on (a conflicting suffix).
     pub fn truncate_from(&mut self, index: u64) -> Result<(), WalError> {
+        self.flush_deferred();
         if index >= self.next_index() {
             return Ok(());
         }
@@ -626,6 +653,7 @@ impl Wal {
     /// Removes every segment: the next append starts the log afresh at its
     /// index (after everything was purged and the log moves on past it).
     pub fn reset(&mut self) -> Result<(), WalError> {
+        self.drop_deferred();
         self.active = None;
         for seg in self.segments.drain(..) {
             fs::remove_file(&seg.path).map_err(io_err("remove", &seg.path))?;
