@@ -14,11 +14,12 @@
 //! ```
 //!
 //! Indexes are consecutive across records and segments. The segment being
-//! written is zeroed ahead of its records ([`ZERO_AHEAD`] at a time), so a
+//! written is zeroed ahead of its records (1 MiB at a time), so a
 //! batch overwrites bytes the file already has and its `fdatasync` has no
 //! file size to commit (measured on ext4: a third less per sync than
-//! appending); a segment is cut to its records when the next one starts.
-//! Zeros after the last record mark the end of a segment.
+//! appending); a segment is cut to its records when the next one starts,
+//! so zeros after the records mark the end of the log in the last segment
+//! only.
 //!
 //! The metadata file
 //! `meta` holds `"IDEMMETA" u32:version u32:len u32:crc32 payload`, written
@@ -47,7 +48,7 @@ const META_MAGIC: &[u8; 8] = b"IDEMMETA";
 pub const WAL_VERSION: u32 = 1;
 const HEADER_LEN: u64 = 20;
 /// How far ahead of its records the segment being written is zeroed.
-pub const ZERO_AHEAD: u64 = 1 << 20;
+const ZERO_AHEAD: u64 = 1 << 20;
 /// Zeros to write from.
 static ZEROS: [u8; 64 * 1024] = [0; 64 * 1024];
 /// `len` + `crc`.
