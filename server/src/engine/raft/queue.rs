@@ -40,27 +40,19 @@ pub(super) struct Batch {
 
 /// A bounded multi-producer queue with one taker.
 pub(super) struct Queue {
-    items: Mutex<Items>,
+    items: Mutex<VecDeque<Proposal>>,
     /// Wakes the taker.
     ready: Notify,
     /// Free places: a producer takes one before it queues, the taker gives
-    /// back those it takes.
+    /// back those it takes. Closed when the queue is.
     room: Semaphore,
-}
-
-struct Items {
-    queue: VecDeque<Proposal>,
-    closed: bool,
 }
 
 impl Queue {
     /// A queue of at most `capacity` (at least one) proposals.
     pub(super) fn new(capacity: usize) -> Self {
         Queue {
-            items: Mutex::new(Items {
-                queue: VecDeque::with_capacity(KEEP),
-                closed: false,
-            }),
+            items: Mutex::new(VecDeque::with_capacity(KEEP)),
             ready: Notify::new(),
             room: Semaphore::new(capacity.clamp(1, Semaphore::MAX_PERMITS)),
         }
@@ -94,7 +86,7 @@ impl Queue {
     }
 
     fn put(&self, p: Proposal) {
-        self.items.lock().queue.push_back(p);
+        self.items.lock().push_back(p);
         // Stores a wakeup if the taker is not waiting yet: none is lost.
         self.ready.notify_one();
     }
@@ -105,7 +97,7 @@ impl Queue {
     /// (never proposed). `None` once the queue is closed and empty.
     pub(super) async fn next_batch(&self, max_ops: usize, max_bytes: usize) -> Option<Batch> {
         loop {
-            let (batch, taken, closed) = {
+            let (batch, taken) = {
                 let mut items = self.items.lock();
                 let mut batch = Batch {
                     ops: Vec::new(),
@@ -113,11 +105,11 @@ impl Queue {
                     bytes: 0,
                 };
                 let mut taken = 0;
-                while let Some(p) = items.queue.front() {
+                while let Some(p) = items.front() {
                     if !batch.ops.is_empty() && batch.bytes + p.bytes > max_bytes {
                         break;
                     }
-                    let Some(p) = items.queue.pop_front() else {
+                    let Some(p) = items.pop_front() else {
                         break;
                     };
                     taken += 1;
@@ -130,13 +122,13 @@ impl Queue {
                         }
                     }
                 }
-                (batch, taken, items.closed)
+                (batch, taken)
             };
             self.room.add_permits(taken);
             if !batch.ops.is_empty() {
                 return Some(batch);
             }
-            if closed && taken == 0 {
+            if taken == 0 && self.room.is_closed() {
                 return None;
             }
             if taken == 0 {
@@ -149,15 +141,14 @@ impl Queue {
     /// (called when the server goes quiet).
     pub(super) fn trim(&self) {
         let mut items = self.items.lock();
-        if items.queue.is_empty() && items.queue.capacity() > KEEP {
-            items.queue = VecDeque::with_capacity(KEEP);
+        if items.is_empty() && items.capacity() > KEEP {
+            *items = VecDeque::with_capacity(KEEP);
         }
     }
 
     /// Refuses further proposals; the taker takes what is queued, then
     /// stops.
     pub(super) fn close(&self) {
-        self.items.lock().closed = true;
         self.room.close();
         self.ready.notify_one();
     }
@@ -286,10 +277,10 @@ mod tests {
         q.next_batch(4_999, usize::MAX).await.unwrap();
         // Not while anything is queued.
         q.trim();
-        assert!(q.items.lock().queue.capacity() >= 5_000);
+        assert!(q.items.lock().capacity() >= 5_000);
         q.next_batch(10, usize::MAX).await.unwrap();
         q.trim();
-        assert!(q.items.lock().queue.capacity() <= 2 * KEEP);
+        assert!(q.items.lock().capacity() <= 2 * KEEP);
         // Room freed by taking is room again.
         assert_eq!(q.room.available_permits(), 10_000);
     }
