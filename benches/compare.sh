@@ -14,7 +14,10 @@
 #   bash benches/compare.sh [extra idem-bench flags]
 #
 # Environment: ONLY=cluster (run section 5 alone), DURATION (seconds per
-# measurement, default 5),
+# measurement, default 5), ROUNDS (the durable and replicated sections:
+# idemd and Redis take this many turns of DURATION each and each side's
+# turns are pooled, default 3: fsync times on a shared disk drift over
+# tens of seconds, and one turn each can land a slow spell on one side),
 # IDEM_THREADS (idemd worker threads, default 1: Redis serves from one
 # thread, and on a small machine the load generator needs the other core),
 # RECORDS (default 1000000), WAITERS (default 1000), JSON (output file).
@@ -22,6 +25,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 DURATION=${DURATION:-5}
+ROUNDS=${ROUNDS:-3}
 IDEM_THREADS=${IDEM_THREADS:-1}
 RECORDS=${RECORDS:-1000000}
 WAITERS=${WAITERS:-1000}
@@ -114,7 +118,7 @@ echo
 echo "durable: idemd raft engine (fdatasync per log entry, group commit) vs redis appendonly yes, appendfsync always"
 ./target/release/idem-bench --idem "127.0.0.1:$IDEM_PORT" --redis "127.0.0.1:$REDIS_PORT" \
   --workloads ping,claim,cycle --connections 50 --pipeline 1,16 \
-  --duration "$DURATION" --json "${JSON%.json}-durable.json" "$@"
+  --duration "$DURATION" --rounds "$ROUNDS" --json "${JSON%.json}-durable.json" "$@"
 redis-cli -p "$IDEM_PORT" info persistence | tr -d '\r' | grep -E 'wal_' || true
 stop_servers
 
@@ -214,7 +218,7 @@ REDIS_PID=$!
 until_ping "$REDIS_PORT" > /dev/null
 ./target/release/idem-bench --idem "127.0.0.1:$LEADER" --redis "127.0.0.1:$REDIS_PORT" \
   --workloads claim,cycle --connections 50 --pipeline 1,16 \
-  --duration "$DURATION" --json "${JSON%.json}-cluster.json" "$@"
+  --duration "$DURATION" --rounds "$ROUNDS" --json "${JSON%.json}-cluster.json" "$@"
 kill "$REDIS_PID"; wait "$REDIS_PID" 2>/dev/null || true; REDIS_PID=""
 PRIMARY=$(free_port); REPLICA=$(free_port)
 redis-server --port "$PRIMARY" --bind 127.0.0.1 --save '' --appendonly yes --appendfsync always \
@@ -229,7 +233,7 @@ for _ in $(seq 100); do
 done
 ./target/release/idem-bench --idem "127.0.0.1:$LEADER" --redis "127.0.0.1:$PRIMARY" --redis-wait 1 \
   --workloads claim,cycle --connections 50 --pipeline 1,16 \
-  --duration "$DURATION" --json "${JSON%.json}-cluster-wait.json" "$@"
+  --duration "$DURATION" --rounds "$ROUNDS" --json "${JSON%.json}-cluster-wait.json" "$@"
 kill "$REPLICA_PID" 2>/dev/null; wait "$REPLICA_PID" 2>/dev/null || true
 stop_servers
 # Failover: kill -9 the leader, time until a write is acknowledged by the

@@ -112,6 +112,21 @@ impl Measured {
     pub fn ops_per_sec(&self) -> f64 {
         self.ops as f64 / self.elapsed.as_secs_f64()
     }
+
+    /// Pools `other` (another round of the same measurement) into this
+    /// one: operations, errors and time add up, latencies join one
+    /// histogram.
+    pub fn merge(&mut self, other: &Measured) {
+        self.ops += other.ops;
+        self.errors += other.errors;
+        self.elapsed += other.elapsed;
+        // Both histograms have the same bounds (`run` makes them), so
+        // adding one to the other cannot fail; a value out of range would
+        // be a bug here, not a property of the load.
+        self.hist
+            .add(&other.hist)
+            .expect("histograms of the same bounds");
+    }
 }
 
 /// Per-target state prepared once: script hashes, populated keys.
@@ -494,5 +509,40 @@ fn push_simple(
         (Workload::Replay, Flavor::RedisSetNx) => c.push(&[b"GET", &replay(rng)]),
         (Workload::Replay, _) => c.push(&[b"EVALSHA", &prep.claim_sha, b"1", &replay(rng), lease]),
         (Workload::Cycle | Workload::Mixed, _) => unreachable!("handled by the caller"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn measured(ops: u64, errors: u64, secs: u64, latencies: &[u64]) -> Measured {
+        let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("bounds");
+        for &l in latencies {
+            hist.record(l).expect("in range");
+        }
+        Measured {
+            ops,
+            errors,
+            elapsed: Duration::from_secs(secs),
+            hist,
+        }
+    }
+
+    #[test]
+    fn rounds_pool_into_one_measurement() {
+        // A fast round and a slow one: the pooled rate is total operations
+        // over total time, not the mean of the two rates.
+        let mut all = measured(9_000, 1, 1, &[100, 100, 100]);
+        all.merge(&measured(1_000, 2, 1, &[10_000]));
+        assert_eq!((all.ops, all.errors), (10_000, 3));
+        assert_eq!(all.elapsed, Duration::from_secs(2));
+        assert!((all.ops_per_sec() - 5_000.0).abs() < 1e-9);
+        assert_eq!(all.hist.len(), 4);
+        assert_eq!(all.hist.max(), all.hist.highest_equivalent(10_000));
+        assert_eq!(
+            all.hist.value_at_quantile(0.5),
+            all.hist.highest_equivalent(100)
+        );
     }
 }

@@ -7,15 +7,17 @@
 //! ```
 //!
 //! Targets alternate within each configuration (Idem, then each Redis
-//! variant), so both see the same machine state; the Idem/Redis ratios are
-//! printed after the table.
+//! variant), so both see the same machine state; with `--rounds N` they
+//! take N turns each and each target's turns are pooled, so that a slow
+//! drift of a shared machine falls on all of them. The Idem/Redis ratios
+//! are printed after the table.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
 use clap::Parser;
 use idem_benches::report::{Report, Row};
-use idem_benches::workload::{Flavor, Prepared, Spec, Workload, prepare, run};
+use idem_benches::workload::{Flavor, Measured, Prepared, Spec, Workload, prepare, run};
 use idem_benches::{herd, memory};
 
 /// Load generator for Idem (and Redis).
@@ -47,6 +49,13 @@ struct Args {
     /// Stop each measurement after this many operations instead.
     #[arg(long)]
     requests: Option<u64>,
+    /// Rounds per measurement: the targets (idemd, then Redis) take turns
+    /// this many times, each turn for the full duration, and each
+    /// target's turns are pooled into its row. A slow drift of a shared
+    /// machine then falls on every target alike instead of on whichever
+    /// ran during it.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
+    rounds: u64,
     /// Completed keys for replay and mixed.
     #[arg(long, default_value_t = 100_000)]
     keyspace: u64,
@@ -105,55 +114,75 @@ async fn bench(args: Args) -> anyhow::Result<()> {
     let mut prep_idem = Prepared::default();
     let mut prep_redis = Prepared::default();
     if !args.no_throughput {
+        // Every measurement claims keys no other one used.
+        let mut measurements = 0u64;
         for &c in &args.connections {
             for &p in &args.pipeline {
                 for &w in &args.workloads {
-                    for flavor in flavors(w, args.redis.is_some()) {
-                        let addr = if flavor.is_redis() {
-                            args.redis.clone().unwrap_or_default()
-                        } else {
-                            args.idem.clone()
-                        };
-                        let spec = Spec {
-                            addr,
-                            flavor,
-                            workload: w,
-                            connections: c,
-                            pipeline: p,
-                            duration: Duration::from_secs_f64(args.duration),
-                            requests: args.requests,
-                            keyspace: args.keyspace,
-                            value_size: args.value_size,
-                            run_id,
-                            round: report.rows.len() as u64,
-                            progress: args.duration >= 10.0,
-                            redis_wait: args.redis_wait.filter(|_| flavor.is_redis()),
-                        };
-                        let prep = if flavor.is_redis() {
-                            &mut prep_redis
-                        } else {
-                            &mut prep_idem
-                        };
-                        prepare(&spec, prep).await?;
-                        let m = run(&spec, prep)
-                            .await
-                            .with_context(|| format!("{} {w:?}", flavor.label()))?;
-                        let row = Row::new(flavor, w, c, p, &m);
-                        eprintln!(
-                            "{:<16} {:<7} c={:<3} p={:<3} {:>10.0} ops/s  p99 {} µs{}",
-                            row.target,
-                            format!("{w:?}").to_lowercase(),
-                            c,
-                            p,
-                            row.ops_per_sec,
-                            row.p99_us,
-                            if row.errors > 0 {
-                                format!("  ({} errors)", row.errors)
+                    let targets = flavors(w, args.redis.is_some());
+                    let mut pooled: Vec<Option<Measured>> = vec![None; targets.len()];
+                    for turn in 0..args.rounds {
+                        for (i, &flavor) in targets.iter().enumerate() {
+                            let addr = if flavor.is_redis() {
+                                args.redis.clone().unwrap_or_default()
                             } else {
-                                String::new()
+                                args.idem.clone()
+                            };
+                            let spec = Spec {
+                                addr,
+                                flavor,
+                                workload: w,
+                                connections: c,
+                                pipeline: p,
+                                duration: Duration::from_secs_f64(args.duration),
+                                requests: args.requests,
+                                keyspace: args.keyspace,
+                                value_size: args.value_size,
+                                run_id,
+                                round: measurements,
+                                progress: args.duration >= 10.0,
+                                redis_wait: args.redis_wait.filter(|_| flavor.is_redis()),
+                            };
+                            measurements += 1;
+                            let prep = if flavor.is_redis() {
+                                &mut prep_redis
+                            } else {
+                                &mut prep_idem
+                            };
+                            prepare(&spec, prep).await?;
+                            let m = run(&spec, prep)
+                                .await
+                                .with_context(|| format!("{} {w:?}", flavor.label()))?;
+                            let row = Row::new(flavor, w, c, p, &m);
+                            eprintln!(
+                                "{:<16} {:<7} c={:<3} p={:<3} {:>10.0} ops/s  p99 {} µs{}{}",
+                                row.target,
+                                format!("{w:?}").to_lowercase(),
+                                c,
+                                p,
+                                row.ops_per_sec,
+                                row.p99_us,
+                                if args.rounds > 1 {
+                                    format!("  (round {}/{})", turn + 1, args.rounds)
+                                } else {
+                                    String::new()
+                                },
+                                if row.errors > 0 {
+                                    format!("  ({} errors)", row.errors)
+                                } else {
+                                    String::new()
+                                }
+                            );
+                            match &mut pooled[i] {
+                                Some(all) => all.merge(&m),
+                                slot => *slot = Some(m),
                             }
-                        );
-                        report.rows.push(row);
+                        }
+                    }
+                    for (flavor, m) in targets.into_iter().zip(pooled) {
+                        if let Some(m) = m {
+                            report.rows.push(Row::new(flavor, w, c, p, &m));
+                        }
                     }
                 }
             }
