@@ -20,7 +20,11 @@
 # tens of seconds, and one turn each can land a slow spell on one side),
 # IDEM_THREADS (idemd worker threads, default 1: Redis serves from one
 # thread, and on a small machine the load generator needs the other core),
-# RECORDS (default 1000000), WAITERS (default 1000), JSON (output file).
+# RECORDS (default 1000000), WAITERS (default 1000), JSON (output file),
+# ETCD=1 (section 5 also runs the claims against a three-node etcd cluster
+# as put-if-absent transactions with a lease; installs etcd-server and
+# protobuf-compiler if missing and builds idem-bench with its etcd
+# feature).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -35,7 +39,16 @@ if ! command -v redis-server >/dev/null; then
   SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
   $SUDO apt-get install -y redis-server redis-tools || { $SUDO apt-get update && $SUDO apt-get install -y redis-server redis-tools; }
 fi
-cargo build --release --bin idemd --bin idem-bench
+BENCH_FEATURES=()
+if [ "${ETCD:-0}" = 1 ]; then
+  if ! command -v etcd >/dev/null || ! command -v protoc >/dev/null; then
+    SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+    $SUDO apt-get install -y etcd-server protobuf-compiler \
+      || { $SUDO apt-get update && $SUDO apt-get install -y etcd-server protobuf-compiler; }
+  fi
+  BENCH_FEATURES=(--features idem-benches/etcd)
+fi
+cargo build --release --bin idemd --bin idem-bench "${BENCH_FEATURES[@]}"
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 until_ping() { # port -> seconds until it answers PING
@@ -236,6 +249,47 @@ done
   --duration "$DURATION" --rounds "$ROUNDS" --json "${JSON%.json}-cluster-wait.json" "$@"
 kill "$REPLICA_PID" 2>/dev/null; wait "$REPLICA_PID" 2>/dev/null || true
 stop_servers
+if [ "${ETCD:-0}" = 1 ]; then
+  # The same claims against three etcd nodes on loopback (each fsyncs its
+  # WAL; a write is acknowledged once a majority has it), the system
+  # people use today for replicated locks: a transaction that puts the
+  # key with the connection's lease if it was never created (claim), then
+  # one that puts the result if the key's revision is still the claim's
+  # (complete, fenced by the revision).
+  echo
+  echo "replicated: three idemd nodes vs three etcd nodes (put-if-absent transaction with a lease)"
+  ETCD_PIDS=(); ETCD_ENDPOINTS=""; ETCD_INITIAL=""
+  declare -A ECPORT EPPORT
+  for i in 1 2 3; do
+    ECPORT[$i]=$(free_port); EPPORT[$i]=$(free_port)
+    ETCD_INITIAL="${ETCD_INITIAL:+$ETCD_INITIAL,}e$i=http://127.0.0.1:${EPPORT[$i]}"
+    ETCD_ENDPOINTS="${ETCD_ENDPOINTS:+$ETCD_ENDPOINTS,}127.0.0.1:${ECPORT[$i]}"
+  done
+  for i in 1 2 3; do
+    etcd --name "e$i" --data-dir "$WORK/etcd/e$i" \
+      --listen-client-urls "http://127.0.0.1:${ECPORT[$i]}" --advertise-client-urls "http://127.0.0.1:${ECPORT[$i]}" \
+      --listen-peer-urls "http://127.0.0.1:${EPPORT[$i]}" --initial-advertise-peer-urls "http://127.0.0.1:${EPPORT[$i]}" \
+      --initial-cluster "$ETCD_INITIAL" --initial-cluster-state new --initial-cluster-token idem-compare \
+      --logger zap --log-level error > "$WORK/etcd-e$i.log" 2>&1 &
+    ETCD_PIDS+=($!)
+  done
+  for _ in $(seq 150); do
+    python3 - "${ECPORT[1]}" <<'PY' && break
+import json, sys, urllib.request
+try:
+    ok = json.load(urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/health", timeout=1)).get("health") == "true"
+except Exception:
+    ok = False
+sys.exit(0 if ok else 1)
+PY
+    sleep 0.2
+  done
+  LEADER=$(leader_port)
+  ./target/release/idem-bench --idem "127.0.0.1:$LEADER" --etcd "$ETCD_ENDPOINTS" \
+    --workloads claim,cycle --connections 50 --pipeline 1,16 \
+    --duration "$DURATION" --rounds "$ROUNDS" --json "${JSON%.json}-cluster-etcd.json" "$@"
+  kill "${ETCD_PIDS[@]}" 2>/dev/null; wait "${ETCD_PIDS[@]}" 2>/dev/null || true
+fi
 # Failover: kill -9 the leader, time until a write is acknowledged by the
 # new leader (asked of every surviving node in turn), three times.
 for round in 1 2 3; do
@@ -272,4 +326,4 @@ PY
 done
 for i in 1 2 3; do kill "${CLUSTER_PIDS[$i]}" 2>/dev/null || true; done
 for i in 1 2 3; do wait "${CLUSTER_PIDS[$i]}" 2>/dev/null || true; done
-echo "JSON: $JSON ${JSON%.json}-memory.json ${JSON%.json}-durable.json ${JSON%.json}-cluster.json ${JSON%.json}-cluster-wait.json"
+echo "JSON: $JSON ${JSON%.json}-memory.json ${JSON%.json}-durable.json ${JSON%.json}-cluster.json ${JSON%.json}-cluster-wait.json$([ "${ETCD:-0}" = 1 ] && echo " ${JSON%.json}-cluster-etcd.json")"

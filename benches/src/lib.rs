@@ -17,10 +17,14 @@
 //!   PUBLISH.
 //! - [`memory`]: load completed records and measure resident bytes.
 //! - [`report`]: the table, the ratios and JSON.
+//! - `etcd` (with the `etcd` feature): the claim as a put-if-absent
+//!   transaction with a lease, against an etcd cluster.
 
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
 pub mod conn;
+#[cfg(feature = "etcd")]
+pub mod etcd;
 pub mod herd;
 pub mod memory;
 pub mod report;

@@ -99,7 +99,7 @@ impl Report {
         shapes.dedup();
         shapes.sort();
         shapes.dedup();
-        let comparisons: [(&str, Workload, &str, Workload, Option<f64>); 8] = [
+        let comparisons: [(&str, Workload, &str, Workload, Option<f64>); 10] = [
             (
                 "claim: idem / redis EVALSHA claim",
                 Workload::Claim,
@@ -154,6 +154,20 @@ impl Report {
                 Workload::Ping,
                 "redis",
                 Workload::Ping,
+                None,
+            ),
+            (
+                "claim: idem / etcd txn",
+                Workload::Claim,
+                "etcd txn",
+                Workload::Claim,
+                None,
+            ),
+            (
+                "cycle: idem / etcd txn pair",
+                Workload::Cycle,
+                "etcd txn",
+                Workload::Cycle,
                 None,
             ),
         ];

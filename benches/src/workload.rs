@@ -43,6 +43,9 @@ pub enum Flavor {
     RedisLua,
     /// Redis PING.
     RedisPing,
+    /// etcd: a put-if-absent transaction with a lease (claim), a
+    /// transaction fenced by the claim's revision (complete).
+    Etcd,
 }
 
 impl Flavor {
@@ -53,12 +56,16 @@ impl Flavor {
             Flavor::RedisSetNx => "redis SET NX PX",
             Flavor::RedisLua => "redis EVALSHA",
             Flavor::RedisPing => "redis",
+            Flavor::Etcd => "etcd txn",
         }
     }
 
     /// Whether the target is Redis.
     pub fn is_redis(self) -> bool {
-        self != Flavor::Idem
+        matches!(
+            self,
+            Flavor::RedisSetNx | Flavor::RedisLua | Flavor::RedisPing
+        )
     }
 }
 
@@ -138,7 +145,7 @@ pub struct Prepared {
 }
 
 /// A 32-byte key no other measurement uses.
-fn fresh_key(spec: &Spec, conn: usize, seq: u64) -> Vec<u8> {
+pub(crate) fn fresh_key(spec: &Spec, conn: usize, seq: u64) -> Vec<u8> {
     format!(
         "k{:05}{:03}{:04}{:019}",
         spec.run_id % 100_000,

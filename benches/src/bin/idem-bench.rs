@@ -11,6 +11,11 @@
 //! take N turns each and each target's turns are pooled, so that a slow
 //! drift of a shared machine falls on all of them. The Idem/Redis ratios
 //! are printed after the table.
+//!
+//! Built with `--features etcd`, `--etcd host:port,...` also runs claim and
+//! cycle against an etcd cluster's leader, as the put-if-absent
+//! transaction with a lease that replicated locks on etcd use (see
+//! `idem_benches::etcd`).
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -30,6 +35,11 @@ struct Args {
     /// Redis address; when given, every workload also runs against Redis.
     #[arg(long)]
     redis: Option<String>,
+    /// etcd client endpoints (`host:port,...`); when given, claim and cycle
+    /// also run against etcd's leader as put-if-absent transactions with a
+    /// lease (needs a build with `--features etcd`).
+    #[arg(long)]
+    etcd: Option<String>,
     /// Workloads to run.
     #[arg(
         long,
@@ -96,7 +106,7 @@ fn main() -> anyhow::Result<()> {
     rt.block_on(bench(args))
 }
 
-fn flavors(w: Workload, redis: bool) -> Vec<Flavor> {
+fn flavors(w: Workload, redis: bool, etcd: bool) -> Vec<Flavor> {
     let mut v = vec![Flavor::Idem];
     if redis {
         v.extend(match w {
@@ -105,7 +115,39 @@ fn flavors(w: Workload, redis: bool) -> Vec<Flavor> {
             Workload::Cycle | Workload::Mixed => vec![Flavor::RedisLua],
         });
     }
+    if etcd && matches!(w, Workload::Claim | Workload::Cycle) {
+        v.push(Flavor::Etcd);
+    }
     v
+}
+
+/// The etcd leader's endpoint, when etcd is asked for.
+#[cfg(feature = "etcd")]
+async fn etcd_leader(endpoints: Option<&str>) -> anyhow::Result<Option<String>> {
+    match endpoints {
+        Some(e) => Ok(Some(idem_benches::etcd::leader(e).await?)),
+        None => Ok(None),
+    }
+}
+
+#[cfg(not(feature = "etcd"))]
+async fn etcd_leader(endpoints: Option<&str>) -> anyhow::Result<Option<String>> {
+    match endpoints {
+        Some(_) => anyhow::bail!(
+            "--etcd needs idem-bench built with the etcd feature: \
+             cargo build --release -p idem-benches --features etcd"
+        ),
+        None => Ok(None),
+    }
+}
+
+/// Runs one measurement against its target.
+async fn measure(spec: &Spec, prep: &Prepared) -> anyhow::Result<Measured> {
+    #[cfg(feature = "etcd")]
+    if spec.flavor == Flavor::Etcd {
+        return idem_benches::etcd::run(spec).await;
+    }
+    run(spec, prep).await
 }
 
 async fn bench(args: Args) -> anyhow::Result<()> {
@@ -113,20 +155,21 @@ async fn bench(args: Args) -> anyhow::Result<()> {
     let mut report = Report::default();
     let mut prep_idem = Prepared::default();
     let mut prep_redis = Prepared::default();
+    let etcd = etcd_leader(args.etcd.as_deref()).await?;
     if !args.no_throughput {
         // Every measurement claims keys no other one used.
         let mut measurements = 0u64;
         for &c in &args.connections {
             for &p in &args.pipeline {
                 for &w in &args.workloads {
-                    let targets = flavors(w, args.redis.is_some());
+                    let targets = flavors(w, args.redis.is_some(), etcd.is_some());
                     let mut pooled: Vec<Option<Measured>> = vec![None; targets.len()];
                     for turn in 0..args.rounds {
                         for (i, &flavor) in targets.iter().enumerate() {
-                            let addr = if flavor.is_redis() {
-                                args.redis.clone().unwrap_or_default()
-                            } else {
-                                args.idem.clone()
+                            let addr = match flavor {
+                                Flavor::Etcd => etcd.clone().unwrap_or_default(),
+                                f if f.is_redis() => args.redis.clone().unwrap_or_default(),
+                                _ => args.idem.clone(),
                             };
                             let spec = Spec {
                                 addr,
@@ -149,8 +192,10 @@ async fn bench(args: Args) -> anyhow::Result<()> {
                             } else {
                                 &mut prep_idem
                             };
-                            prepare(&spec, prep).await?;
-                            let m = run(&spec, prep)
+                            if flavor != Flavor::Etcd {
+                                prepare(&spec, prep).await?;
+                            }
+                            let m = measure(&spec, prep)
                                 .await
                                 .with_context(|| format!("{} {w:?}", flavor.label()))?;
                             let row = Row::new(flavor, w, c, p, &m);

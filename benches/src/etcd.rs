@@ -1,0 +1,200 @@
+//! The claim as etcd users write it: a put-if-absent transaction with a
+//! lease (built with `--features etcd`).
+//!
+//! - **claim**: `Txn(If create_revision(key) == 0, Then put(key, owner,
+//!   lease))`; the lease is one per connection, granted before the clock
+//!   starts (60 s, like the Idem and Redis claims' leases), as a session's
+//!   locks share its lease.
+//! - **cycle** (claim then complete): the claim above, then
+//!   `Txn(If mod_revision(key) == the claim's revision, Then put(key,
+//!   result, lease))`: the revision is the fence, so a complete by a
+//!   former owner fails, as Idem's COMPLETE with a stale fence does.
+//!
+//! Each connection is one gRPC channel (one HTTP/2 connection) with
+//! `pipeline` transactions in flight at a time, sent together and awaited
+//! together, as the RESP pipeline sends a batch and reads its replies. A
+//! transaction whose condition fails, or that errs, counts as an error.
+//! Requests go to the leader (found with `Status` among the endpoints
+//! given), as the Idem runs go to the Idem leader.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use etcd_client::{Client, Compare, CompareOp, KvClient, PutOptions, Txn, TxnOp};
+use hdrhistogram::Histogram;
+
+use crate::workload::{Measured, Spec, Workload};
+
+/// The lease of each connection's claims, s.
+const LEASE_SECS: i64 = 60;
+
+/// The endpoint among `endpoints` (comma-separated `host:port`) that leads
+/// the etcd cluster.
+pub async fn leader(endpoints: &str) -> anyhow::Result<String> {
+    let list: Vec<&str> = endpoints.split(',').filter(|e| !e.is_empty()).collect();
+    for ep in &list {
+        let Ok(mut c) = Client::connect([*ep], None).await else {
+            continue;
+        };
+        let Ok(status) = c.status().await else {
+            continue;
+        };
+        let me = status.header().map(|h| h.member_id());
+        if me.is_some() && me == Some(status.leader()) {
+            return Ok((*ep).to_owned());
+        }
+    }
+    anyhow::bail!("no etcd endpoint among {endpoints} reports itself as leader")
+}
+
+/// Runs `spec` (claim or cycle) against the etcd endpoint `spec.addr`.
+pub async fn run(spec: &Spec) -> anyhow::Result<Measured> {
+    anyhow::ensure!(
+        matches!(spec.workload, Workload::Claim | Workload::Cycle),
+        "etcd runs claim and cycle only"
+    );
+    let mut conns = Vec::with_capacity(spec.connections);
+    for _ in 0..spec.connections {
+        let mut client = Client::connect([spec.addr.as_str()], None)
+            .await
+            .with_context(|| format!("connecting to etcd at {}", spec.addr))?;
+        let lease = client
+            .lease_grant(LEASE_SECS, None)
+            .await
+            .context("granting a lease")?
+            .id();
+        conns.push((client.kv_client(), lease));
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let done_ops = Arc::new(AtomicU64::new(0));
+    let start = Instant::now();
+    let mut tasks = Vec::with_capacity(conns.len());
+    for (i, (kv, lease)) in conns.into_iter().enumerate() {
+        let (spec, stop, done_ops) = (spec.clone(), Arc::clone(&stop), Arc::clone(&done_ops));
+        tasks.push(tokio::spawn(async move {
+            drive(kv, lease, i, &spec, &stop, &done_ops).await
+        }));
+    }
+    let ticker = {
+        let (spec, stop, done_ops) = (spec.clone(), Arc::clone(&stop), Arc::clone(&done_ops));
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                let ops = done_ops.load(Ordering::Relaxed);
+                if start.elapsed() >= spec.duration || spec.requests.is_some_and(|r| ops >= r) {
+                    stop.store(true, Ordering::Relaxed);
+                    return;
+                }
+            }
+        })
+    };
+    let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
+    let (mut errors, mut ops) = (0, 0);
+    for t in tasks {
+        let (h, e, o) = t.await??;
+        hist.add(&h)?;
+        errors += e;
+        ops += o;
+    }
+    let elapsed = start.elapsed();
+    ticker.abort();
+    Ok(Measured {
+        ops,
+        errors,
+        elapsed,
+        hist,
+    })
+}
+
+/// What one transaction of a batch gave: its revision if it succeeded.
+type Outcome = anyhow::Result<Option<i64>>;
+
+async fn txn(mut kv: KvClient, t: Txn) -> Outcome {
+    let resp = kv.txn(t).await?;
+    Ok(resp
+        .succeeded()
+        .then(|| resp.header().map(|h| h.revision()))
+        .flatten())
+}
+
+/// Sends every transaction of `batch` at once on the connection and waits
+/// for all of them.
+async fn all(kv: &KvClient, batch: Vec<Txn>) -> Vec<Outcome> {
+    let mut set = tokio::task::JoinSet::new();
+    for (i, t) in batch.into_iter().enumerate() {
+        let kv = kv.clone();
+        set.spawn(async move { (i, txn(kv, t).await) });
+    }
+    let mut out: Vec<Option<Outcome>> = Vec::new();
+    out.resize_with(set.len(), || None);
+    while let Some(joined) = set.join_next().await {
+        // A transaction whose task failed keeps no outcome: an error.
+        if let Ok((i, r)) = joined {
+            out[i] = Some(r);
+        }
+    }
+    out.into_iter()
+        .map(|o| o.unwrap_or_else(|| Err(anyhow::anyhow!("lost"))))
+        .collect()
+}
+
+async fn drive(
+    kv: KvClient,
+    lease: i64,
+    idx: usize,
+    spec: &Spec,
+    stop: &AtomicBool,
+    done_ops: &AtomicU64,
+) -> anyhow::Result<(Histogram<u64>, u64, u64)> {
+    let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
+    let value = vec![b'v'; spec.value_size];
+    let owner = format!("owner-{idx}");
+    let put = || PutOptions::new().with_lease(lease);
+    let (mut seq, mut errors, mut ops) = (0u64, 0u64, 0u64);
+    let p = spec.pipeline;
+    while !stop.load(Ordering::Relaxed) {
+        let t0 = Instant::now();
+        let keys: Vec<Vec<u8>> = (0..p)
+            .map(|_| {
+                seq += 1;
+                crate::workload::fresh_key(spec, idx, seq)
+            })
+            .collect();
+        let claims = keys
+            .iter()
+            .map(|k| {
+                Txn::new()
+                    .when([Compare::create_revision(k.clone(), CompareOp::Equal, 0)])
+                    .and_then([TxnOp::put(k.clone(), owner.clone(), Some(put()))])
+            })
+            .collect();
+        let claimed = all(&kv, claims).await;
+        if spec.workload == Workload::Cycle {
+            let mut completes = Vec::with_capacity(p);
+            for (k, r) in keys.iter().zip(&claimed) {
+                match r {
+                    Ok(Some(rev)) => completes.push(
+                        Txn::new()
+                            .when([Compare::mod_revision(k.clone(), CompareOp::Equal, *rev)])
+                            .and_then([TxnOp::put(k.clone(), value.clone(), Some(put()))]),
+                    ),
+                    _ => errors += 1,
+                }
+            }
+            for r in all(&kv, completes).await {
+                if !matches!(r, Ok(Some(_))) {
+                    errors += 1;
+                }
+            }
+        } else {
+            errors += claimed.iter().filter(|r| !matches!(r, Ok(Some(_)))).count() as u64;
+        }
+        let us = t0.elapsed().as_micros() as u64;
+        hist.record_n(us.max(1), p as u64)?;
+        ops += p as u64;
+        done_ops.fetch_add(p as u64, Ordering::Relaxed);
+    }
+    Ok((hist, errors, ops))
+}
