@@ -17,15 +17,13 @@
 //! Requests go to the leader (found with `Status` among the endpoints
 //! given), as the Idem runs go to the Idem leader.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use anyhow::Context;
 use etcd_client::{Client, Compare, CompareOp, KvClient, PutOptions, Txn, TxnOp};
 use hdrhistogram::Histogram;
 
-use crate::workload::{Measured, Spec, Workload};
+use crate::workload::{Driven, Measured, Progress, Spec, Workload, drive_all};
 
 /// The lease of each connection's claims, s.
 const LEASE_SECS: i64 = 60;
@@ -67,45 +65,11 @@ pub async fn run(spec: &Spec) -> anyhow::Result<Measured> {
             .id();
         conns.push((client.kv_client(), lease));
     }
-    let stop = Arc::new(AtomicBool::new(false));
-    let done_ops = Arc::new(AtomicU64::new(0));
-    let start = Instant::now();
-    let mut tasks = Vec::with_capacity(conns.len());
-    for (i, (kv, lease)) in conns.into_iter().enumerate() {
-        let (spec, stop, done_ops) = (spec.clone(), Arc::clone(&stop), Arc::clone(&done_ops));
-        tasks.push(tokio::spawn(async move {
-            drive(kv, lease, i, &spec, &stop, &done_ops).await
-        }));
-    }
-    let ticker = {
-        let (spec, stop, done_ops) = (spec.clone(), Arc::clone(&stop), Arc::clone(&done_ops));
-        tokio::spawn(async move {
-            loop {
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                let ops = done_ops.load(Ordering::Relaxed);
-                if start.elapsed() >= spec.duration || spec.requests.is_some_and(|r| ops >= r) {
-                    stop.store(true, Ordering::Relaxed);
-                    return;
-                }
-            }
-        })
-    };
-    let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
-    let (mut errors, mut ops) = (0, 0);
-    for t in tasks {
-        let (h, e, o) = t.await??;
-        hist.add(&h)?;
-        errors += e;
-        ops += o;
-    }
-    let elapsed = start.elapsed();
-    ticker.abort();
-    Ok(Measured {
-        ops,
-        errors,
-        elapsed,
-        hist,
+    drive_all(spec, conns, |(kv, lease), i, progress| {
+        let spec = spec.clone();
+        async move { drive(kv, lease, i, &spec, &progress).await }
     })
+    .await
 }
 
 /// What one transaction of a batch gave: its revision if it succeeded.
@@ -145,16 +109,15 @@ async fn drive(
     lease: i64,
     idx: usize,
     spec: &Spec,
-    stop: &AtomicBool,
-    done_ops: &AtomicU64,
-) -> anyhow::Result<(Histogram<u64>, u64, u64)> {
+    progress: &Progress,
+) -> anyhow::Result<Driven> {
     let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
     let value = vec![b'v'; spec.value_size];
     let owner = format!("owner-{idx}");
     let put = || PutOptions::new().with_lease(lease);
     let (mut seq, mut errors, mut ops) = (0u64, 0u64, 0u64);
     let p = spec.pipeline;
-    while !stop.load(Ordering::Relaxed) {
+    while !progress.stopped() {
         let t0 = Instant::now();
         let keys: Vec<Vec<u8>> = (0..p)
             .map(|_| {
@@ -194,7 +157,7 @@ async fn drive(
         let us = t0.elapsed().as_micros() as u64;
         hist.record_n(us.max(1), p as u64)?;
         ops += p as u64;
-        done_ops.fetch_add(p as u64, Ordering::Relaxed);
+        progress.done(p as u64);
     }
     Ok((hist, errors, ops))
 }

@@ -250,47 +250,56 @@ pub async fn populate(
     Ok(())
 }
 
-struct Shared {
+/// Where a run stands, shared by its drivers: whether to stop, and the
+/// operations done so far.
+#[derive(Debug, Default)]
+pub struct Progress {
     stop: AtomicBool,
     ops: AtomicU64,
 }
 
-/// Runs one benchmark.
-pub async fn run(spec: &Spec, prepared: &Prepared) -> anyhow::Result<Measured> {
-    let shared = Arc::new(Shared {
-        stop: AtomicBool::new(false),
-        ops: AtomicU64::new(0),
-    });
-    let mut conns = Vec::with_capacity(spec.connections);
-    for _ in 0..spec.connections {
-        conns.push(
-            Conn::connect(&spec.addr)
-                .await
-                .with_context(|| format!("connecting to {}", spec.addr))?,
-        );
+impl Progress {
+    /// Whether the run is over (its duration or request count reached).
+    pub fn stopped(&self) -> bool {
+        self.stop.load(Ordering::Relaxed)
     }
+
+    /// Counts `n` more operations done.
+    pub fn done(&self, n: u64) {
+        self.ops.fetch_add(n, Ordering::Relaxed);
+    }
+}
+
+/// What one driver measured: its latencies, errors and operations.
+pub type Driven = (Histogram<u64>, u64, u64);
+
+/// Runs `drive` on every connection of `conns` (with its index) until
+/// `spec`'s duration or request count is reached, and pools what the
+/// drivers measured. The clock starts once every connection is open.
+pub async fn drive_all<C, F, Fut>(spec: &Spec, conns: Vec<C>, drive: F) -> anyhow::Result<Measured>
+where
+    F: Fn(C, usize, Arc<Progress>) -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<Driven>> + Send + 'static,
+{
+    let progress = Arc::new(Progress::default());
     let start = Instant::now();
-    let mut tasks = Vec::new();
-    for (i, conn) in conns.into_iter().enumerate() {
-        let spec = spec.clone();
-        let prepared = prepared.clone();
-        let shared = shared.clone();
-        tasks.push(tokio::spawn(async move {
-            drive(conn, i, &spec, &prepared, &shared).await
-        }));
-    }
+    let tasks: Vec<_> = conns
+        .into_iter()
+        .enumerate()
+        .map(|(i, conn)| tokio::spawn(drive(conn, i, Arc::clone(&progress))))
+        .collect();
     let ticker = {
-        let shared = shared.clone();
+        let progress = Arc::clone(&progress);
         let spec = spec.clone();
         tokio::spawn(async move {
             let mut last = 0;
             loop {
                 tokio::time::sleep(Duration::from_millis(100)).await;
-                let ops = shared.ops.load(Ordering::Relaxed);
+                let ops = progress.ops.load(Ordering::Relaxed);
                 let done =
                     start.elapsed() >= spec.duration || spec.requests.is_some_and(|r| ops >= r);
                 if done {
-                    shared.stop.store(true, Ordering::Relaxed);
+                    progress.stop.store(true, Ordering::Relaxed);
                     return;
                 }
                 let secs = start.elapsed().as_secs();
@@ -326,6 +335,23 @@ pub async fn run(spec: &Spec, prepared: &Prepared) -> anyhow::Result<Measured> {
     })
 }
 
+/// Runs one benchmark.
+pub async fn run(spec: &Spec, prepared: &Prepared) -> anyhow::Result<Measured> {
+    let mut conns = Vec::with_capacity(spec.connections);
+    for _ in 0..spec.connections {
+        conns.push(
+            Conn::connect(&spec.addr)
+                .await
+                .with_context(|| format!("connecting to {}", spec.addr))?,
+        );
+    }
+    drive_all(spec, conns, |conn, i, progress| {
+        let (spec, prepared) = (spec.clone(), prepared.clone());
+        async move { drive(conn, i, &spec, &prepared, &progress).await }
+    })
+    .await
+}
+
 struct Rng(u64);
 
 impl Rng {
@@ -346,8 +372,8 @@ async fn drive(
     idx: usize,
     spec: &Spec,
     prep: &Prepared,
-    shared: &Shared,
-) -> anyhow::Result<(Histogram<u64>, u64, u64)> {
+    progress: &Progress,
+) -> anyhow::Result<Driven> {
     let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ (idx as u64 + 1).wrapping_mul(0x2545_f491_4f6c_dd1d));
     let value = vec![b'v'; spec.value_size];
@@ -357,7 +383,7 @@ async fn drive(
     let p = spec.pipeline;
     let mut keys: Vec<Vec<u8>> = Vec::with_capacity(p);
     let wait = spec.redis_wait.map(|n| n.to_string().into_bytes());
-    while !shared.stop.load(Ordering::Relaxed) {
+    while !progress.stopped() {
         let t0 = Instant::now();
         match spec.workload {
             Workload::Cycle => {
@@ -440,7 +466,7 @@ async fn drive(
         let us = t0.elapsed().as_micros() as u64;
         hist.record_n(us.max(1), p as u64)?;
         ops += p as u64;
-        shared.ops.fetch_add(p as u64, Ordering::Relaxed);
+        progress.done(p as u64);
     }
     Ok((hist, errors, ops))
 }
