@@ -48,7 +48,7 @@ if [ "${ETCD:-0}" = 1 ]; then
   fi
   BENCH_FEATURES=(--features idem-benches/etcd)
 fi
-cargo build --release --bin idemd --bin idem-bench "${BENCH_FEATURES[@]}"
+cargo build --release --bin idemd --bin idem-bench ${BENCH_FEATURES[@]+"${BENCH_FEATURES[@]}"}
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 until_ping() { # port -> seconds until it answers PING
@@ -73,7 +73,15 @@ stop_servers() {
   [ -n "${REDIS_PID:-}" ] && kill "$REDIS_PID" 2>/dev/null && wait "$REDIS_PID" 2>/dev/null || true
   IDEM_PID=""; REDIS_PID=""
 }
-cleanup() { stop_servers; rm -rf "$WORK"; }
+# Cluster nodes (idemd, etcd) started in section 5, stopped on any exit.
+CLUSTER_PIDS=(); ETCD_PIDS=()
+cleanup() {
+  stop_servers
+  local pids=(${CLUSTER_PIDS[@]+"${CLUSTER_PIDS[@]}"} ${ETCD_PIDS[@]+"${ETCD_PIDS[@]}"})
+  for pid in ${pids[@]+"${pids[@]}"}; do kill "$pid" 2>/dev/null || true; done
+  for pid in ${pids[@]+"${pids[@]}"}; do wait "$pid" 2>/dev/null || true; done
+  rm -rf "$WORK"
+}
 trap cleanup EXIT
 
 # Fresh servers on free ports: Redis as people deploy it for this (no
@@ -273,22 +281,27 @@ if [ "${ETCD:-0}" = 1 ]; then
       --logger zap --log-level error > "$WORK/etcd-e$i.log" 2>&1 &
     ETCD_PIDS+=($!)
   done
-  for _ in $(seq 150); do
-    python3 - "${ECPORT[1]}" <<'PY' && break
-import json, sys, urllib.request
-try:
-    ok = json.load(urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/health", timeout=1)).get("health") == "true"
-except Exception:
-    ok = False
-sys.exit(0 if ok else 1)
+  # Healthy once the cluster has a leader (a node answers /health).
+  python3 - "${ECPORT[1]}" <<'PY' || { echo "etcd did not start: see $WORK/etcd-e*.log" >&2; exit 1; }
+import json, sys, time, urllib.request
+deadline = time.monotonic() + 30
+while time.monotonic() < deadline:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/health", timeout=1) as r:
+            if json.load(r).get("health") == "true":
+                sys.exit(0)
+    except Exception:
+        pass
+    time.sleep(0.2)
+sys.exit(1)
 PY
-    sleep 0.2
-  done
   LEADER=$(leader_port)
   ./target/release/idem-bench --idem "127.0.0.1:$LEADER" --etcd "$ETCD_ENDPOINTS" \
     --workloads claim,cycle --connections 50 --pipeline 1,16 \
     --duration "$DURATION" --rounds "$ROUNDS" --json "${JSON%.json}-cluster-etcd.json" "$@"
-  kill "${ETCD_PIDS[@]}" 2>/dev/null; wait "${ETCD_PIDS[@]}" 2>/dev/null || true
+  kill "${ETCD_PIDS[@]}" 2>/dev/null || true
+  wait "${ETCD_PIDS[@]}" 2>/dev/null || true
+  ETCD_PIDS=()
 fi
 # Failover: kill -9 the leader, time until a write is acknowledged by the
 # new leader (asked of every surviving node in turn), three times.

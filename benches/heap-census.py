@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """What keeps idemd's heap resident: a census of mimalloc's pages.
 
-Usage: heap-census.py PID [--blocks]   (as root, or the server's own user)
+Usage: heap-census.py PID [--blocks]   (as root, or with kernel.yama.ptrace_scope=0)
 
 Reads the running server's mimalloc arena through /proc/PID/pagemap and
 /proc/PID/mem (nothing is stopped or changed) and prints, for every

@@ -3,8 +3,9 @@
 //!
 //! - **claim**: `Txn(If create_revision(key) == 0, Then put(key, owner,
 //!   lease))`; the lease is one per connection, granted before the clock
-//!   starts (60 s, like the Idem and Redis claims' leases), as a session's
-//!   locks share its lease.
+//!   starts (the run's duration plus 60 s, so that it outlives the run as
+//!   the Idem and Redis claims' 60 s leases do), as a session's locks share
+//!   its lease; it is revoked after the run.
 //! - **cycle** (claim then complete): the claim above, then
 //!   `Txn(If mod_revision(key) == the claim's revision, Then put(key,
 //!   result, lease))`: the revision is the fence, so a complete by a
@@ -25,8 +26,10 @@ use hdrhistogram::Histogram;
 
 use crate::workload::{Driven, Measured, Progress, Spec, Workload, drive_all};
 
-/// The lease of each connection's claims, s.
-const LEASE_SECS: i64 = 60;
+/// The lease of each connection's claims beyond the run's duration, s
+/// (60 s, like the Idem and Redis claims' leases; nothing renews it, so it
+/// also covers the run itself).
+const LEASE_SECS: u64 = 60;
 
 /// The endpoint among `endpoints` (comma-separated `host:port`) that leads
 /// the etcd cluster.
@@ -53,32 +56,50 @@ pub async fn run(spec: &Spec) -> anyhow::Result<Measured> {
         matches!(spec.workload, Workload::Claim | Workload::Cycle),
         "etcd runs claim and cycle only"
     );
+    let ttl = i64::try_from(LEASE_SECS + spec.duration.as_secs() + 1)?;
     let mut conns = Vec::with_capacity(spec.connections);
     let mut clients = Vec::with_capacity(spec.connections);
+    let mut setup = Ok(());
     for _ in 0..spec.connections {
-        let mut client = Client::connect([spec.addr.as_str()], None)
-            .await
-            .with_context(|| format!("connecting to etcd at {}", spec.addr))?;
-        let lease = client
-            .lease_grant(LEASE_SECS, None)
-            .await
-            .context("granting a lease")?
-            .id();
-        conns.push((client.kv_client(), lease));
-        clients.push((client, lease));
+        let connected = async {
+            let mut client = Client::connect([spec.addr.as_str()], None)
+                .await
+                .with_context(|| format!("connecting to etcd at {}", spec.addr))?;
+            let lease = client
+                .lease_grant(ttl, None)
+                .await
+                .context("granting a lease")?
+                .id();
+            anyhow::Ok((client, lease))
+        }
+        .await;
+        match connected {
+            Ok((client, lease)) => {
+                conns.push((client.kv_client(), lease));
+                clients.push((client, lease));
+            }
+            Err(e) => {
+                setup = Err(e);
+                break;
+            }
+        }
     }
-    let measured = drive_all(spec, conns, |(kv, lease), i, progress| {
-        let spec = spec.clone();
-        async move { drive(kv, lease, i, &spec, &progress).await }
-    })
-    .await;
-    // Off the clock: the run's keys go with their leases now, instead of
-    // expiring in a minute under a later measurement.
-    for (mut client, lease) in clients {
-        client
-            .lease_revoke(lease)
+    let measured = match setup {
+        Ok(()) => {
+            drive_all(spec, conns, |(kv, lease), i, progress| {
+                let spec = spec.clone();
+                async move { drive(kv, lease, i, &spec, &progress).await }
+            })
             .await
-            .context("revoking a lease")?;
+        }
+        Err(e) => Err(e),
+    };
+    // Off the clock, best effort: the run's keys go with their leases
+    // now, instead of expiring under a later measurement.
+    for (mut client, lease) in clients {
+        if let Err(e) = client.lease_revoke(lease).await {
+            eprintln!("etcd: cannot revoke lease {lease:x}: {e}");
+        }
     }
     measured
 }

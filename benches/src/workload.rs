@@ -147,9 +147,9 @@ pub struct Prepared {
 /// A 32-byte key no other measurement uses.
 pub(crate) fn fresh_key(spec: &Spec, conn: usize, seq: u64) -> Vec<u8> {
     format!(
-        "k{:05}{:03}{:04}{:019}",
+        "k{:05}{:06}{:04}{:016}",
         spec.run_id % 100_000,
-        spec.round % 1000,
+        spec.round % 1_000_000,
         conn % 10_000,
         seq
     )
