@@ -20,11 +20,9 @@
 
 use std::time::Instant;
 
+use crate::workload::{Driven, Measured, Progress, Spec, Workload, drive_all, latency_histogram};
 use anyhow::Context;
 use etcd_client::{Client, Compare, CompareOp, KvClient, PutOptions, Txn, TxnOp};
-use hdrhistogram::Histogram;
-
-use crate::workload::{Driven, Measured, Progress, Spec, Workload, drive_all};
 
 /// The lease of each connection's claims beyond the run's duration, s
 /// (60 s, like the Idem and Redis claims' leases; nothing renews it, so it
@@ -57,11 +55,11 @@ pub async fn run(spec: &Spec) -> anyhow::Result<Measured> {
         "etcd runs claim and cycle only"
     );
     let ttl = i64::try_from(LEASE_SECS + spec.duration.as_secs() + 1)?;
-    let mut conns = Vec::with_capacity(spec.connections);
-    let mut clients = Vec::with_capacity(spec.connections);
-    let mut setup = Ok(());
-    for _ in 0..spec.connections {
-        let connected = async {
+    // Every lease granted is revoked below, whether the run got as far as
+    // measuring or not.
+    let mut clients: Vec<(Client, i64)> = Vec::with_capacity(spec.connections);
+    let measured = async {
+        for _ in 0..spec.connections {
             let mut client = Client::connect([spec.addr.as_str()], None)
                 .await
                 .with_context(|| format!("connecting to etcd at {}", spec.addr))?;
@@ -70,30 +68,16 @@ pub async fn run(spec: &Spec) -> anyhow::Result<Measured> {
                 .await
                 .context("granting a lease")?
                 .id();
-            anyhow::Ok((client, lease))
+            clients.push((client, lease));
         }
-        .await;
-        match connected {
-            Ok((client, lease)) => {
-                conns.push((client.kv_client(), lease));
-                clients.push((client, lease));
-            }
-            Err(e) => {
-                setup = Err(e);
-                break;
-            }
-        }
+        let conns = clients.iter().map(|(c, l)| (c.kv_client(), *l)).collect();
+        drive_all(spec, conns, |(kv, lease), i, progress| {
+            let spec = spec.clone();
+            async move { drive(kv, lease, i, &spec, &progress).await }
+        })
+        .await
     }
-    let measured = match setup {
-        Ok(()) => {
-            drive_all(spec, conns, |(kv, lease), i, progress| {
-                let spec = spec.clone();
-                async move { drive(kv, lease, i, &spec, &progress).await }
-            })
-            .await
-        }
-        Err(e) => Err(e),
-    };
+    .await;
     // Off the clock, best effort: the run's keys go with their leases
     // now, instead of expiring under a later measurement.
     for (mut client, lease) in clients {
@@ -143,7 +127,7 @@ async fn drive(
     spec: &Spec,
     progress: &Progress,
 ) -> anyhow::Result<Driven> {
-    let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
+    let mut hist = latency_histogram();
     let value = vec![b'v'; spec.value_size];
     let owner = format!("owner-{idx}");
     let put = || PutOptions::new().with_lease(lease);

@@ -127,13 +127,19 @@ impl Measured {
         self.ops += other.ops;
         self.errors += other.errors;
         self.elapsed += other.elapsed;
-        // Both histograms have the same bounds (`run` makes them), so
+        // Both histograms come from `latency_histogram` (same bounds), so
         // adding one to the other cannot fail; a value out of range would
         // be a bug here, not a property of the load.
         self.hist
             .add(&other.hist)
             .expect("histograms of the same bounds");
     }
+}
+
+/// An empty latency histogram (µs, 1 µs to 60 s, 3 significant digits):
+/// every driver records into one, so that they pool.
+pub fn latency_histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 60_000_000, 3).expect("constant histogram bounds are valid")
 }
 
 /// Per-target state prepared once: script hashes, populated keys.
@@ -316,7 +322,7 @@ where
             }
         })
     };
-    let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
+    let mut hist = latency_histogram();
     let mut errors = 0;
     let mut ops = 0;
     for t in tasks {
@@ -374,7 +380,7 @@ async fn drive(
     prep: &Prepared,
     progress: &Progress,
 ) -> anyhow::Result<Driven> {
-    let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
+    let mut hist = latency_histogram();
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ (idx as u64 + 1).wrapping_mul(0x2545_f491_4f6c_dd1d));
     let value = vec![b'v'; spec.value_size];
     let mut seq = 0u64;
@@ -550,7 +556,7 @@ mod tests {
     use super::*;
 
     fn measured(ops: u64, errors: u64, secs: u64, latencies: &[u64]) -> Measured {
-        let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("bounds");
+        let mut hist = latency_histogram();
         for &l in latencies {
             hist.record(l).expect("in range");
         }

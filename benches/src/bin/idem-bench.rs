@@ -141,12 +141,14 @@ async fn etcd_leader(endpoints: Option<&str>) -> anyhow::Result<Option<String>> 
     }
 }
 
-/// Runs one measurement against its target.
-async fn measure(spec: &Spec, prep: &Prepared) -> anyhow::Result<Measured> {
+/// Prepares the target (RESP targets: scripts, populated keys) and runs
+/// one measurement against it.
+async fn measure(spec: &Spec, prep: &mut Prepared) -> anyhow::Result<Measured> {
     #[cfg(feature = "etcd")]
     if spec.flavor == Flavor::Etcd {
         return idem_benches::etcd::run(spec).await;
     }
+    prepare(spec, prep).await?;
     run(spec, prep).await
 }
 
@@ -192,9 +194,6 @@ async fn bench(args: Args) -> anyhow::Result<()> {
                             } else {
                                 &mut prep_idem
                             };
-                            if flavor != Flavor::Etcd {
-                                prepare(&spec, prep).await?;
-                            }
                             let m = measure(&spec, prep)
                                 .await
                                 .with_context(|| format!("{} {w:?}", flavor.label()))?;
