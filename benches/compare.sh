@@ -266,7 +266,7 @@ if [ "${ETCD:-0}" = 1 ]; then
   # (complete, fenced by the revision).
   echo
   echo "replicated: three idemd nodes vs three etcd nodes (put-if-absent transaction with a lease)"
-  ETCD_PIDS=(); ETCD_ENDPOINTS=""; ETCD_INITIAL=""
+  ETCD_ENDPOINTS=""; ETCD_INITIAL=""
   declare -A ECPORT EPPORT
   for i in 1 2 3; do
     ECPORT[$i]=$(free_port); EPPORT[$i]=$(free_port)
