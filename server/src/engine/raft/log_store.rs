@@ -5,7 +5,11 @@
 //! handed to it since its last sync and syncs it with one `fdatasync`, then
 //! tells openraft those entries are flushed (`LogFlushed`). So syncs follow
 //! each other back to back, whatever the async runtime is busy with, and
-//! entries appended while one sync runs share the next. Truncation, purging
+//! entries appended while one sync runs share the next. An append smaller
+//! than [`LogStore::inline_below`] (a lightly loaded single node) is
+//! written and synced by the caller itself instead, when the thread has
+//! nothing to do: it keeps its place, since every job handed over before
+//! it is done, and it saves the two thread wakeups of a hand-off. Truncation, purging
 //! and the metadata file (vote, committed index, purge point; replaced
 //! atomically) go through the same thread, in order with the appends, and
 //! are awaited. Entries not yet purged are also kept in memory, so reads of
@@ -24,6 +28,7 @@ use std::fmt::Debug;
 use std::ops::RangeBounds;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
 
 use bytes::Bytes;
@@ -111,16 +116,53 @@ enum Job {
 #[derive(Clone)]
 enum Jobs {
     /// To the writer thread.
-    Thread(mpsc::Sender<Job>),
+    Thread(Handoff),
     /// Done by the caller, at once (simulations: no thread runs outside
     /// the simulated time).
     Inline(Arc<Mutex<Writer>>),
 }
 
+/// The way to the writer thread, and to the writer itself for appends
+/// small enough to be written at once by whoever makes them.
+#[derive(Clone)]
+struct Handoff {
+    tx: mpsc::Sender<Job>,
+    writer: Arc<Mutex<Writer>>,
+    /// Jobs sent and not yet done by the thread.
+    queued: Arc<AtomicUsize>,
+    /// Appends of fewer bytes are written by the caller when the writer is
+    /// free and nothing waits for the thread (0: never).
+    inline_below: Arc<AtomicUsize>,
+}
+
+impl Handoff {
+    fn send(&self, job: Job) -> Result<(), ()> {
+        self.queued.fetch_add(1, Ordering::AcqRel);
+        self.tx.send(job).map_err(|_| {
+            self.queued.fetch_sub(1, Ordering::AcqRel);
+        })
+    }
+
+    /// Writes `job` (an append of `bytes`) at once if it is small and
+    /// nothing is ahead of it; otherwise hands it to the thread.
+    fn append(&self, job: Job, bytes: usize) -> Result<(), ()> {
+        if bytes < self.inline_below.load(Ordering::Relaxed)
+            && let Some(mut writer) = self.writer.try_lock()
+            // Every job sent before is done (the thread counts a job done
+            // while it holds the writer): this one keeps its place.
+            && self.queued.load(Ordering::Acquire) == 0
+        {
+            writer.handle(&mut vec![job]);
+            return Ok(());
+        }
+        self.send(job)
+    }
+}
+
 impl Jobs {
     fn send(&self, job: Job) -> Result<(), ()> {
         match self {
-            Jobs::Thread(tx) => tx.send(job).map_err(|_| ()),
+            Jobs::Thread(h) => h.send(job),
             Jobs::Inline(w) => {
                 w.lock().handle(&mut vec![job]);
                 Ok(())
@@ -221,12 +263,19 @@ impl LogStore {
         };
         let jobs = match writing {
             Writing::Thread => {
-                let (jobs, rx) = mpsc::channel();
+                let (tx, rx) = mpsc::channel();
+                let handoff = Handoff {
+                    tx,
+                    writer: Arc::new(Mutex::new(writer)),
+                    queued: Arc::new(AtomicUsize::new(0)),
+                    inline_below: Arc::new(AtomicUsize::new(0)),
+                };
+                let (writer, queued) = (Arc::clone(&handoff.writer), Arc::clone(&handoff.queued));
                 std::thread::Builder::new()
                     .name("idem-log".into())
-                    .spawn(move || writer.run(&rx))
+                    .spawn(move || Writer::run(&writer, &queued, &rx))
                     .map_err(OpenError::Thread)?;
-                Jobs::Thread(jobs)
+                Jobs::Thread(handoff)
             }
             Writing::Inline => Jobs::Inline(Arc::new(Mutex::new(writer))),
         };
@@ -239,6 +288,15 @@ impl LogStore {
             jobs,
             sync_stats,
         })
+    }
+
+    /// Lets appends of fewer than `bytes` be written and synced by the
+    /// caller itself when the writer thread is idle, instead of being
+    /// handed to it (0: never; no effect without a writer thread).
+    pub fn inline_below(&self, bytes: usize) {
+        if let Jobs::Thread(h) = &self.jobs {
+            h.inline_below.store(bytes, Ordering::Relaxed);
+        }
     }
 
     /// `fdatasync`s done by the log so far, and their 50th and 99th
@@ -291,7 +349,7 @@ struct Writer {
 const MAX_JOBS_PER_SYNC: usize = 1024;
 
 impl Writer {
-    fn run(mut self, rx: &mpsc::Receiver<Job>) {
+    fn run(writer: &Mutex<Writer>, queued: &AtomicUsize, rx: &mpsc::Receiver<Job>) {
         let mut jobs = Vec::new();
         loop {
             let first = match rx.recv_timeout(crate::reclaim::IDLE_COLLECT_AFTER) {
@@ -305,13 +363,16 @@ impl Writer {
                 Err(mpsc::RecvTimeoutError::Disconnected) => return,
             };
             jobs.push(first);
+            let mut w = writer.lock();
             while jobs.len() < MAX_JOBS_PER_SYNC {
                 match rx.try_recv() {
                     Ok(j) => jobs.push(j),
                     Err(_) => break,
                 }
             }
-            self.handle(&mut jobs);
+            let n = jobs.len();
+            w.handle(&mut jobs);
+            queued.fetch_sub(n, Ordering::AcqRel);
         }
     }
 
@@ -520,13 +581,17 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             }
             reset
         };
-        self.jobs
-            .send(Job::Append {
-                records,
-                reset,
-                callback,
-            })
-            .map_err(|_| storage_err(StorageIOError::write_logs, "the log writer stopped"))
+        let bytes = records.iter().map(|(_, b)| b.len()).sum();
+        let job = Job::Append {
+            records,
+            reset,
+            callback,
+        };
+        match &self.jobs {
+            Jobs::Thread(h) => h.append(job, bytes),
+            Jobs::Inline(_) => self.jobs.send(job),
+        }
+        .map_err(|_| storage_err(StorageIOError::write_logs, "the log writer stopped"))
     }
 
     async fn truncate(&mut self, log_id: LogId) -> Result<(), StorageError> {
@@ -551,5 +616,129 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             done,
         })
         .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A fresh log directory, removed afterwards.
+    struct Dir(PathBuf);
+
+    impl Drop for Dir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    /// A hand-off whose thread is the test: it holds the receiving end.
+    fn handoff(name: &str) -> (Dir, Handoff, mpsc::Receiver<Job>) {
+        let dir =
+            Dir(std::env::temp_dir().join(format!("idem-log-store-{name}-{}", std::process::id())));
+        let _ = std::fs::remove_dir_all(&dir.0);
+        let (wal, _) = Wal::open(&dir.0, 1 << 16).unwrap();
+        let writer = Writer {
+            wal,
+            dir: dir.0.clone(),
+            sync_stats: Arc::default(),
+        };
+        let (tx, rx) = mpsc::channel();
+        let h = Handoff {
+            tx,
+            writer: Arc::new(Mutex::new(writer)),
+            queued: Arc::default(),
+            inline_below: Arc::new(AtomicUsize::new(4096)),
+        };
+        (dir, h, rx)
+    }
+
+    /// A job that saves `byte` as the metadata file, and its completion.
+    fn save(byte: u8) -> (Job, oneshot::Receiver<Result<(), StorageError>>) {
+        let (done, rx) = oneshot::channel();
+        (
+            Job::Meta {
+                meta: vec![byte],
+                done,
+            },
+            rx,
+        )
+    }
+
+    fn saved(dir: &Dir) -> Vec<u8> {
+        read_meta(&dir.0).unwrap().unwrap()
+    }
+
+    fn meta_of(job: &Job) -> u8 {
+        match job {
+            Job::Meta { meta, .. } => meta[0],
+            _ => unreachable!(),
+        }
+    }
+
+    #[test]
+    fn a_small_append_on_an_idle_writer_is_written_by_the_caller() {
+        let (dir, h, rx) = handoff("inline");
+        let (job, mut done) = save(1);
+        h.append(job, 100).unwrap();
+        // Done before append returned; nothing was handed over.
+        assert!(matches!(done.try_recv(), Ok(Ok(()))));
+        assert!(rx.try_recv().is_err());
+        assert_eq!(saved(&dir), [1]);
+    }
+
+    #[test]
+    fn a_large_append_goes_to_the_thread() {
+        let (_dir, h, rx) = handoff("large");
+        let (job, mut done) = save(2);
+        h.append(job, 4096).unwrap();
+        assert!(done.try_recv().is_err());
+        assert_eq!(meta_of(&rx.try_recv().unwrap()), 2);
+        assert_eq!(h.queued.load(Ordering::Acquire), 1);
+    }
+
+    #[test]
+    fn a_small_append_behind_a_handed_over_job_keeps_its_place() {
+        let (_dir, h, rx) = handoff("queued");
+        let (first, _) = save(3);
+        h.send(first).unwrap();
+        // The first waits for the thread: the second, small as it is,
+        // follows it there rather than being written before it.
+        let (second, mut done) = save(4);
+        h.append(second, 10).unwrap();
+        assert!(done.try_recv().is_err());
+        assert_eq!(meta_of(&rx.try_recv().unwrap()), 3);
+        assert_eq!(meta_of(&rx.try_recv().unwrap()), 4);
+    }
+
+    #[test]
+    fn a_small_append_while_the_thread_writes_goes_to_the_thread() {
+        let (_dir, h, rx) = handoff("busy");
+        // The thread holds the writer (and has counted its jobs done, as it
+        // does before letting go of it).
+        let busy = h.writer.lock();
+        let (job, mut done) = save(5);
+        h.append(job, 10).unwrap();
+        drop(busy);
+        assert!(done.try_recv().is_err());
+        assert_eq!(meta_of(&rx.try_recv().unwrap()), 5);
+    }
+
+    #[test]
+    fn the_thread_does_what_is_handed_over_in_order() {
+        let (dir, h, rx) = handoff("thread");
+        let (first, first_done) = save(6);
+        let (second, second_done) = save(7);
+        h.send(first).unwrap();
+        h.send(second).unwrap();
+        let (writer, queued) = (Arc::clone(&h.writer), Arc::clone(&h.queued));
+        drop(h);
+        // Ends once every sender is gone and the jobs are done.
+        std::thread::spawn(move || Writer::run(&writer, &queued, &rx))
+            .join()
+            .unwrap();
+        assert!(matches!(first_done.blocking_recv(), Ok(Ok(()))));
+        assert!(matches!(second_done.blocking_recv(), Ok(Ok(()))));
+        assert_eq!(saved(&dir), [7]);
     }
 }

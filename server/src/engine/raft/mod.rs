@@ -66,6 +66,19 @@ pub const QUIET_SNAPSHOT_MIN_BYTES: u64 = 1 << 20;
 /// Most ops in one log entry.
 pub const MAX_BATCH_OPS: usize = 65_535;
 
+/// A single node writes and syncs an append smaller than this itself, on
+/// the runtime thread that proposes it, when the log writer thread is idle
+/// (see [`log_store`]). An append is small when few commands gathered
+/// while the previous one was written: the node is lightly loaded, little
+/// waits to be served during the sync, and the two thread wakeups of a
+/// hand-off are a large share of each command's latency. Measured at 50
+/// connections, one worker: pipeline 1 (entries of about 20 claims) went
+/// from 30.9k to 38.2k claims/s (4 alternating runs each; p99 4.3-6.1 ms
+/// to 1.9-3.9 ms), pipeline 16 (entries of hundreds, handed over as
+/// before) unchanged (187k, 203k). A cluster's leader never does: its
+/// followers are sent the entries while it writes them.
+pub const INLINE_APPEND_BELOW: usize = 4096;
+
 /// What the raft engine needs of the configuration.
 #[derive(Debug, Clone)]
 pub struct RaftConfig {
@@ -286,6 +299,9 @@ impl RaftEngine {
         }
         let log_dir = data_dir.join("log");
         let log = LogStore::open(&log_dir, cfg.segment_bytes, io.writing)?;
+        if cfg.cluster.peer_listen.is_none() {
+            log.inline_below(INLINE_APPEND_BELOW);
+        }
         let sm = StateMachine::open(Arc::clone(&store), &data_dir)?
             .snapshots_on_own_thread(io.writing == log_store::Writing::Thread);
         let peers = peer::Peers::new(
