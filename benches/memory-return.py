@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """How much memory idemd gives back after a burst of records goes.
 
-Usage: memory-return.py PORT PID forget|expire [THOUSANDS] [SECONDS]
+Usage: memory-return.py PORT PID forget|expire [THOUSANDS] [SECONDS] [--redis]
 
 Claims THOUSANDS x 1000 keys (default 1,000,000) in pipelines of 1000,
 then FORGETs them (forget) or lets their 6 s leases lapse (expire), waits
@@ -10,14 +10,19 @@ RSS (from /proc/PID/status) fresh, at the peak, and at the end, with the
 ratio end / fresh; then the anonymous part of RSS (the heap, without the
 binary's code pages, whose residency differs from one copy of the binary
 to another) fresh and at the end.
+
+With --redis the server is Redis, for comparison: SET key 1 NX PX lease
+for a claim, DEL for a FORGET, and DBSIZE to see the records gone.
 """
 import socket
 import sys
 import time
 
-port, pid, mode = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
-batches = int(sys.argv[4]) if len(sys.argv) > 4 else 1000
-wait = int(sys.argv[5]) if len(sys.argv) > 5 else 10
+redis = "--redis" in sys.argv
+argv = [a for a in sys.argv if a != "--redis"]
+port, pid, mode = int(argv[1]), int(argv[2]), argv[3]
+batches = int(argv[4]) if len(argv) > 4 else 1000
+wait = int(argv[5]) if len(argv) > 5 else 10
 
 
 def rss_mb(field="VmRSS"):
@@ -65,14 +70,25 @@ fresh_anon = rss_mb("RssAnon")
 lease = b"6000" if mode == "expire" else b"600000"
 t0 = time.time()
 for b in range(batches):
-    run([b"*4\r\n" + bulk(b"CLAIM") + bulk(k) + bulk(b"LEASE") + bulk(lease) for k in keys(b)],
-        b"ACQUIRED")
+    if redis:
+        run([b"*6\r\n" + bulk(b"SET") + bulk(k) + bulk(b"1") + bulk(b"NX") + bulk(b"PX")
+             + bulk(lease) for k in keys(b)], b"+OK")
+    else:
+        run([b"*4\r\n" + bulk(b"CLAIM") + bulk(k) + bulk(b"LEASE") + bulk(lease)
+             for k in keys(b)], b"ACQUIRED")
 peak = rss_mb()
 print(f"fresh {fresh:.1f} MB; {batches * 1000} records in {time.time() - t0:.1f} s, "
       f"peak {peak:.1f} MB", end="; ")
 if mode == "forget":
     for b in range(batches):
-        run([b"*2\r\n" + bulk(b"FORGET") + bulk(k) for k in keys(b)], b":1")
+        run([b"*2\r\n" + bulk(b"DEL" if redis else b"FORGET") + bulk(k) for k in keys(b)],
+            b":1")
+elif redis:
+    while True:
+        conn.sendall(b"DBSIZE\r\n")
+        if conn.recv(64).strip() == b":0":
+            break
+        time.sleep(0.5)
 else:
     while info("records") != "0":
         time.sleep(0.5)
