@@ -14,13 +14,15 @@ The server runs on 127.0.0.1:PORT with process id PID (for /proc). Cases:
       prints the time until every one is answered (or how many were not
       within 30 s).
   trickle [CONNS] [BYTES]  CONNS (100) connections each send an inline
-      line of BYTES (20,000) bytes, one byte per send, round-robin, while
+      PING line of BYTES (20,000) bytes with its CR LF, one byte per send,
+      round-robin, while
       a separate process PINGs every 10 ms. Prints the server's CPU
       seconds over the trickle, its duration, and PING p99 and max.
   idle [N]  N (10,000) connections that each send one PING and then stay
       idle; prints RSS growth per connection (after 2 s).
-  fds [N]  N (300) connections, each PINGed once within 2 s; prints how
-      many were answered, refused or closed, and left hanging (the server
+  fds [N]  N (300) connections, each PINGed once (waiting up to 2 s for
+      each reply); prints how many were answered, refused or closed, and
+      left hanging (the server
       is meant to be started with a low open files limit, e.g.
       `prlimit --nofile=256 idemd ...`).
 
@@ -165,26 +167,27 @@ def storm(n=5200):
         sel.register(s, selectors.EVENT_WRITE)
         socks.append(s)
     pending = n
+    failed = 0
     deadline = time.time() + 30
     while pending and time.time() < deadline:
         for key, ev in sel.select(timeout=0.5):
             s = key.fileobj
-            if ev & selectors.EVENT_WRITE:
-                try:
+            try:
+                if ev & selectors.EVENT_WRITE:
                     s.send(b"PING\r\n")
-                except OSError:
+                    sel.modify(s, selectors.EVENT_READ)
                     continue
-                sel.modify(s, selectors.EVENT_READ)
-            else:
-                try:
-                    if s.recv(64):
-                        pending -= 1
-                        sel.unregister(s)
-                except OSError:
-                    pass
+                if not s.recv(64):
+                    failed += 1
+            except OSError:
+                failed += 1
+            # Answered, closed or failed: done with it.
+            pending -= 1
+            sel.unregister(s)
     took = time.perf_counter() - t0
-    if pending:
-        print(f"{kind} storm: {n} connects: {pending} not answered within 30 s")
+    if pending or failed:
+        print(f"{kind} storm: {n} connects: {failed} closed or failed, "
+              f"{pending} not answered within 30 s")
     else:
         print(f"{kind} storm: {n} connects each answered PONG in {took:.2f} s")
 
@@ -199,6 +202,7 @@ def trickle(conns=100, nbytes=20000):
 
     def probe_until_stopped():
         s = socket.create_connection(ADDR)
+        s.settimeout(30)
         lat = []
         while not stop.is_set():
             t = time.perf_counter()
@@ -211,7 +215,7 @@ def trickle(conns=100, nbytes=20000):
     probe = multiprocessing.Process(target=probe_until_stopped)
     cpu0, t0 = cpu_secs(), time.time()
     probe.start()
-    line = b"PING " + b"x" * (nbytes - 7)
+    line = b"PING " + b"x" * (nbytes - 7) + b"\r\n"
     for i in range(len(line)):
         b = line[i:i + 1]
         for s in socks:

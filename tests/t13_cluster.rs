@@ -275,6 +275,12 @@ async fn a_single_node_grows_into_a_cluster_and_shrinks_back() {
     let single: Vec<&str> = single.iter().map(String::as_str).collect();
     let p = Idemd::start_with(&[], &single).await;
     let mut conn = p.conn().await;
+    // Without a peer address it cannot take members (it could not be
+    // reached by them, and its log is written as a single node's).
+    let e = err(&conn
+        .cmd(&["CLUSTER", "ADD", "2", "127.0.0.1:1", "127.0.0.1:2"])
+        .await);
+    assert!(e.contains("--peer-listen"), "{e}");
     let fence = conn.acquire(&["CLAIM", "kept"]).await;
     assert_eq!(
         conn.cmd(&["COMPLETE", "kept", &fence.to_string(), "v"])

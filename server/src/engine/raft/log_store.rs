@@ -7,9 +7,11 @@
 //! each other back to back, whatever the async runtime is busy with, and
 //! entries appended while one sync runs share the next. An append smaller
 //! than [`LogStore::inline_below`] (a lightly loaded single node) is
-//! written and synced by the caller itself instead, when the thread has
-//! nothing to do: it keeps its place, since every job handed over before
-//! it is done, and it saves the two thread wakeups of a hand-off. Truncation, purging
+//! written and synced by the caller itself instead (openraft's core task,
+//! on its runtime thread, which serves nothing else meanwhile) when the
+//! thread has nothing to do and the latest sync was fast: it keeps its
+//! place, since every job handed over before it is done, and it saves the
+//! two thread wakeups of a hand-off. Truncation, purging
 //! and the metadata file (vote, committed index, purge point; replaced
 //! atomically) go through the same thread, in order with the appends, and
 //! are awaited. Entries not yet purged are also kept in memory, so reads of
@@ -28,7 +30,7 @@ use std::fmt::Debug;
 use std::ops::RangeBounds;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc;
 
 use bytes::Bytes;
@@ -133,7 +135,14 @@ struct Handoff {
     /// Appends of fewer bytes are written by the caller when the writer is
     /// free and nothing waits for the thread (0: never).
     inline_below: Arc<AtomicUsize>,
+    /// How long the latest sync took, µs (by either path).
+    last_sync_us: Arc<AtomicU64>,
 }
+
+/// A sync slower than this (µs) sends the appends after it to the thread
+/// until a sync is fast again: a disk that stalls holds up the caller's
+/// runtime thread once, not for every write.
+const INLINE_MAX_SYNC_US: u64 = 1_000;
 
 impl Handoff {
     fn send(&self, job: Job) -> Result<(), ()> {
@@ -147,6 +156,7 @@ impl Handoff {
     /// nothing is ahead of it; otherwise hands it to the thread.
     fn append(&self, job: Job, bytes: usize) -> Result<(), ()> {
         if bytes < self.inline_below.load(Ordering::Relaxed)
+            && self.last_sync_us.load(Ordering::Relaxed) < INLINE_MAX_SYNC_US
             && let Some(mut writer) = self.writer.try_lock()
             // Every job sent before is done (the thread counts a job done
             // while it holds the writer): this one keeps its place.
@@ -256,10 +266,12 @@ impl LogStore {
             );
         }
         let sync_stats = Arc::new(Mutex::new((0, 0, 0)));
+        let last_sync_us = Arc::new(AtomicU64::new(0));
         let writer = Writer {
             wal,
             dir: dir.to_owned(),
             sync_stats: Arc::clone(&sync_stats),
+            last_sync_us: Arc::clone(&last_sync_us),
         };
         let jobs = match writing {
             Writing::Thread => {
@@ -269,6 +281,7 @@ impl LogStore {
                     writer: Arc::new(Mutex::new(writer)),
                     queued: Arc::new(AtomicUsize::new(0)),
                     inline_below: Arc::new(AtomicUsize::new(0)),
+                    last_sync_us,
                 };
                 let (writer, queued) = (Arc::clone(&handoff.writer), Arc::clone(&handoff.queued));
                 std::thread::Builder::new()
@@ -342,6 +355,8 @@ struct Writer {
     wal: Wal,
     dir: PathBuf,
     sync_stats: Arc<Mutex<(u64, u64, u64)>>,
+    /// How long the latest sync took, µs.
+    last_sync_us: Arc<AtomicU64>,
 }
 
 /// Jobs taken in one round, at most (so callbacks of a long queue are not
@@ -422,6 +437,8 @@ impl Writer {
         {
             fatal(e);
         }
+        self.last_sync_us
+            .store(self.wal.last_sync_us, Ordering::Relaxed);
         let (p50, p99) = self.wal.sync_percentiles();
         *self.sync_stats.lock() = (self.wal.syncs, p50, p99);
         for (_, _, callback) in appends {
@@ -642,6 +659,7 @@ mod tests {
             wal,
             dir: dir.0.clone(),
             sync_stats: Arc::default(),
+            last_sync_us: Arc::default(),
         };
         let (tx, rx) = mpsc::channel();
         let h = Handoff {
@@ -649,6 +667,7 @@ mod tests {
             writer: Arc::new(Mutex::new(writer)),
             queued: Arc::default(),
             inline_below: Arc::new(AtomicUsize::new(4096)),
+            last_sync_us: Arc::default(),
         };
         (dir, h, rx)
     }
@@ -734,11 +753,24 @@ mod tests {
         let (writer, queued) = (Arc::clone(&h.writer), Arc::clone(&h.queued));
         drop(h);
         // Ends once every sender is gone and the jobs are done.
-        std::thread::spawn(move || Writer::run(&writer, &queued, &rx))
+        let thread_queued = Arc::clone(&queued);
+        std::thread::spawn(move || Writer::run(&writer, &thread_queued, &rx))
             .join()
             .unwrap();
         assert!(matches!(first_done.blocking_recv(), Ok(Ok(()))));
         assert!(matches!(second_done.blocking_recv(), Ok(Ok(()))));
         assert_eq!(saved(&dir), [7]);
+        assert_eq!(queued.load(Ordering::Acquire), 0);
+    }
+
+    #[test]
+    fn after_a_slow_sync_small_appends_go_to_the_thread() {
+        let (_dir, h, rx) = handoff("slow");
+        h.last_sync_us
+            .store(INLINE_MAX_SYNC_US + 1, Ordering::Relaxed);
+        let (job, mut done) = save(8);
+        h.append(job, 10).unwrap();
+        assert!(done.try_recv().is_err());
+        assert_eq!(meta_of(&rx.try_recv().unwrap()), 8);
     }
 }

@@ -67,16 +67,15 @@ pub const QUIET_SNAPSHOT_MIN_BYTES: u64 = 1 << 20;
 pub const MAX_BATCH_OPS: usize = 65_535;
 
 /// A single node writes and syncs an append smaller than this itself, on
-/// the runtime thread that proposes it, when the log writer thread is idle
-/// (see [`log_store`]). An append is small when few commands gathered
-/// while the previous one was written: the node is lightly loaded, little
-/// waits to be served during the sync, and the two thread wakeups of a
-/// hand-off are a large share of each command's latency. Measured at 50
-/// connections, one worker: pipeline 1 (entries of about 20 claims) went
-/// from 30.9k to 38.2k claims/s (4 alternating runs each; p99 4.3-6.1 ms
-/// to 1.9-3.9 ms), pipeline 16 (entries of hundreds, handed over as
-/// before) unchanged (187k, 203k). A cluster's leader never does: its
-/// followers are sent the entries while it writes them.
+/// openraft's core task, when the log writer thread is idle and the latest
+/// sync was fast (see [`log_store`]). An append is small when few commands
+/// gathered while the previous one was written: the node is lightly
+/// loaded, little waits to be served during the sync, and the two thread
+/// wakeups of a hand-off are a large share of each command's latency
+/// (README, Performance: pipeline 1 gains throughput and a lower p99,
+/// pipeline 16's entries are larger and are handed over as before). A
+/// cluster node never does: its runtime also carries the heartbeats and
+/// replication traffic, which must not wait behind a sync.
 pub const INLINE_APPEND_BELOW: usize = 4096;
 
 /// What the raft engine needs of the configuration.
@@ -622,6 +621,11 @@ impl RaftEngine {
     /// Runs a membership change on the leader.
     pub async fn change(&self, change: MembershipChange) -> Result<(), cluster::ChangeError> {
         self.route(None).map_err(cluster::ChangeError::NotLeader)?;
+        if !self.clustered() {
+            return Err(cluster::ChangeError::Refused(
+                "this node has no peer address: restart it with --peer-listen (node id 1) to grow it into a cluster".into(),
+            ));
+        }
         // One change at a time on this node, each on the membership as it
         // is once the previous one is done.
         let _one_at_a_time = self.role.membership_changes().await;

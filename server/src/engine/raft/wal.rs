@@ -172,6 +172,8 @@ pub struct Wal {
     segment_bytes: u64,
     /// `fdatasync`s done.
     pub syncs: u64,
+    /// How long the latest took, in µs.
+    pub last_sync_us: u64,
     /// How long they took, in µs.
     sync_us: hdrhistogram::Histogram<u64>,
     /// The batches held back by the deliberately broken mode (debug builds).
@@ -238,6 +240,7 @@ impl Wal {
             slots: Vec::new(),
             segment_bytes: segment_bytes.max(HEADER_LEN + 64),
             syncs: 0,
+            last_sync_us: 0,
             sync_us: new_histogram(),
             #[cfg(debug_assertions)]
             deferred: Vec::new(),
@@ -548,8 +551,8 @@ impl Wal {
             active.zeroed = base;
             return Err(io_err("write or sync", &path)(e));
         }
-        self.sync_us
-            .saturating_record(started.elapsed().as_micros() as u64);
+        self.last_sync_us = started.elapsed().as_micros() as u64;
+        self.sync_us.saturating_record(self.last_sync_us);
         self.syncs += 1;
         active.len = end;
         let mut start = 0;
