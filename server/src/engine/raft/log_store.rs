@@ -5,7 +5,10 @@
 //! handed to it since its last sync and syncs it with one `fdatasync`, then
 //! tells openraft those entries are flushed (`LogFlushed`). So syncs follow
 //! each other back to back, whatever the async runtime is busy with, and
-//! entries appended while one sync runs share the next. An append smaller
+//! entries appended while one sync runs would share the next (openraft
+//! 0.9's core waits for each append's flush before its next step, so in
+//! practice the writes that arrive meanwhile gather in the proposer's next
+//! entry instead). An append smaller
 //! than [`LogStore::inline_below`] (a lightly loaded single node) is
 //! written and synced by the caller itself instead (openraft's core task,
 //! on its runtime thread, which serves nothing else meanwhile) when the
