@@ -519,21 +519,6 @@ async fn a_replay_herd_shares_the_value_instead_of_copying_it() {
     }
 }
 
-/// The server's anonymous memory (heap and stacks, not the binary's code
-/// pages, which fault in as code paths first run), in bytes.
-fn anonymous(s: &Idemd) -> u64 {
-    let pid = s.child.id().expect("running");
-    let rollup =
-        std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).expect("proc smaps_rollup");
-    rollup
-        .lines()
-        .find_map(|l| l.strip_prefix("Anonymous:"))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse::<u64>().ok())
-        .expect("Anonymous in smaps_rollup")
-        * 1024
-}
-
 /// openraft's engine queues the commands it hands its runtime in a ring
 /// of 4,096 (640 KiB, allocated untouched at start) and took them from the
 /// front, which walked around the whole ring: once some 4,096 commands had
@@ -570,13 +555,13 @@ async fn many_writes_leave_no_engine_queue_resident() {
     // snapshotted and purged a few times.
     renew_all(&mut owners, 40).await;
     tokio::time::sleep(std::time::Duration::from_secs(3)).await;
-    let warm = anonymous(&s);
+    let warm = s.anonymous();
     // Thousands of entries, each several engine commands.
     renew_all(&mut owners, 2000).await;
     // The server gives freed memory back once quiet.
     let deadline = std::time::Instant::now() + POLL_DEADLINE;
     loop {
-        let grown = anonymous(&s).saturating_sub(warm);
+        let grown = s.anonymous().saturating_sub(warm);
         if grown < 400 * 1024 {
             break;
         }

@@ -86,14 +86,25 @@ impl Idemd {
 
     /// The server's resident memory, in bytes (from /proc).
     pub fn rss(&self) -> u64 {
+        self.proc_bytes("status", "VmRSS")
+    }
+
+    /// The server's anonymous memory (heap and stacks, not the binary's
+    /// code pages, which fault in as code paths first run), in bytes.
+    pub fn anonymous(&self) -> u64 {
+        self.proc_bytes("smaps_rollup", "Anonymous")
+    }
+
+    /// A `field: N kB` line of `/proc/PID/file`, in bytes.
+    fn proc_bytes(&self, file: &str, field: &str) -> u64 {
         let pid = self.child.id().expect("running");
-        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
+        let text = std::fs::read_to_string(format!("/proc/{pid}/{file}"))
+            .unwrap_or_else(|e| panic!("/proc/{pid}/{file}: {e}"));
+        text.lines()
+            .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
             .and_then(|v| v.split_whitespace().next())
             .and_then(|v| v.parse::<u64>().ok())
-            .expect("VmRSS in /proc status")
+            .unwrap_or_else(|| panic!("no {field} in /proc/{pid}/{file}"))
             * 1024
     }
 
