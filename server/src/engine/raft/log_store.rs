@@ -33,7 +33,7 @@ use std::fmt::Debug;
 use std::ops::RangeBounds;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
 
 use bytes::Bytes;
@@ -138,8 +138,6 @@ struct Handoff {
     /// Appends of fewer bytes are written by the caller when the writer is
     /// free and nothing waits for the thread (0: never).
     inline_below: Arc<AtomicUsize>,
-    /// How long the latest sync took, µs (by either path).
-    last_sync_us: Arc<AtomicU64>,
 }
 
 /// A sync slower than this (µs) sends the appends after it to the thread
@@ -159,11 +157,11 @@ impl Handoff {
     /// nothing is ahead of it; otherwise hands it to the thread.
     fn append(&self, job: Job, bytes: usize) -> Result<(), ()> {
         if bytes < self.inline_below.load(Ordering::Relaxed)
-            && self.last_sync_us.load(Ordering::Relaxed) < INLINE_MAX_SYNC_US
             && let Some(mut writer) = self.writer.try_lock()
             // Every job sent before is done (the thread counts a job done
             // while it holds the writer): this one keeps its place.
             && self.queued.load(Ordering::Acquire) == 0
+            && writer.wal.last_sync_us < INLINE_MAX_SYNC_US
         {
             writer.handle(&mut vec![job]);
             return Ok(());
@@ -269,12 +267,10 @@ impl LogStore {
             );
         }
         let sync_stats = Arc::new(Mutex::new((0, 0, 0)));
-        let last_sync_us = Arc::new(AtomicU64::new(0));
         let writer = Writer {
             wal,
             dir: dir.to_owned(),
             sync_stats: Arc::clone(&sync_stats),
-            last_sync_us: Arc::clone(&last_sync_us),
         };
         let jobs = match writing {
             Writing::Thread => {
@@ -284,7 +280,6 @@ impl LogStore {
                     writer: Arc::new(Mutex::new(writer)),
                     queued: Arc::new(AtomicUsize::new(0)),
                     inline_below: Arc::new(AtomicUsize::new(0)),
-                    last_sync_us,
                 };
                 let (writer, queued) = (Arc::clone(&handoff.writer), Arc::clone(&handoff.queued));
                 std::thread::Builder::new()
@@ -358,8 +353,6 @@ struct Writer {
     wal: Wal,
     dir: PathBuf,
     sync_stats: Arc<Mutex<(u64, u64, u64)>>,
-    /// How long the latest sync took, µs.
-    last_sync_us: Arc<AtomicU64>,
 }
 
 /// Jobs taken in one round, at most (so callbacks of a long queue are not
@@ -440,8 +433,6 @@ impl Writer {
         {
             fatal(e);
         }
-        self.last_sync_us
-            .store(self.wal.last_sync_us, Ordering::Relaxed);
         let (p50, p99) = self.wal.sync_percentiles();
         *self.sync_stats.lock() = (self.wal.syncs, p50, p99);
         for (_, _, callback) in appends {
@@ -662,7 +653,6 @@ mod tests {
             wal,
             dir: dir.0.clone(),
             sync_stats: Arc::default(),
-            last_sync_us: Arc::default(),
         };
         let (tx, rx) = mpsc::channel();
         let h = Handoff {
@@ -670,7 +660,6 @@ mod tests {
             writer: Arc::new(Mutex::new(writer)),
             queued: Arc::default(),
             inline_below: Arc::new(AtomicUsize::new(4096)),
-            last_sync_us: Arc::default(),
         };
         (dir, h, rx)
     }
@@ -769,8 +758,7 @@ mod tests {
     #[test]
     fn after_a_slow_sync_small_appends_go_to_the_thread() {
         let (_dir, h, rx) = handoff("slow");
-        h.last_sync_us
-            .store(INLINE_MAX_SYNC_US + 1, Ordering::Relaxed);
+        h.writer.lock().wal.last_sync_us = INLINE_MAX_SYNC_US + 1;
         let (job, mut done) = save(8);
         h.append(job, 10).unwrap();
         assert!(done.try_recv().is_err());
