@@ -170,6 +170,93 @@ async fn kill_9_of_the_leader_loses_no_acknowledged_record() {
     }
 }
 
+/// A leader whose own disk stalls keeps acknowledging writes: it sends
+/// each entry to its followers while it writes it itself, and a majority
+/// (the two followers) has it on disk long before the leader's own sync
+/// returns. What it acknowledged that way survives its kill -9, and it
+/// rejoins afterwards on its data. (Debug builds slow a node's log syncs by
+/// the milliseconds in `IDEMD_UNSAFE_TEST_SLOW_SYNC_FILE`.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_with_a_stalled_disk_acknowledges_through_its_followers() {
+    let slow = DataDir::new("stalled-disk-delays");
+    std::fs::create_dir_all(&slow.0).unwrap();
+    let file = |id: u64| slow.0.join(format!("n{id}"));
+    let env_of = |id: u64| {
+        vec![(
+            "IDEMD_UNSAFE_TEST_SLOW_SYNC_FILE".to_owned(),
+            file(id).to_str().unwrap().to_owned(),
+        )]
+    };
+    let mut c = Cluster::start_each("stalled-disk", 3, env_of).await;
+    let l = c.leader().await;
+    let stall = Duration::from_millis(2_000);
+    std::fs::write(file(c.members[l].id), stall.as_millis().to_string()).unwrap();
+    let mut conn = c.members[l].conn().await;
+    let syncs_before = info_field(&mut conn, "wal_fsyncs").await;
+    let writes_started = std::time::Instant::now();
+    let mut completed = Vec::new();
+    for i in 0..10 {
+        let k = format!("stalled-{i}");
+        let started = std::time::Instant::now();
+        let f = conn.acquire(&["CLAIM", &k, "LEASE", "60000"]).await;
+        assert_eq!(
+            conn.cmd(&["COMPLETE", &k, &f.to_string(), &format!("v{i}")])
+                .await,
+            ok()
+        );
+        let took = started.elapsed();
+        // Waiting for the leader's own sync would take the whole stall.
+        assert!(
+            took < stall / 2,
+            "write {i} took {took:?}: it waited for the leader's stalled disk"
+        );
+        completed.push((k, format!("v{i}")));
+    }
+    // The stall was real: the leader's disk finished at most one sync per
+    // stall (and one begun before) while all of that was acknowledged.
+    let syncs = info_field(&mut conn, "wal_fsyncs").await - syncs_before;
+    let stalls = writes_started.elapsed().as_millis() / stall.as_millis();
+    assert!(
+        u128::from(syncs) <= stalls + 1,
+        "the leader synced {syncs} times within {stalls} stalls: its disk was not stalled"
+    );
+    // The leader's log is still behind (its syncs are queued), yet what it
+    // acknowledged is on the followers' disks: kill -9 it now.
+    c.members[l].kill().await;
+    let l2 = c.leader().await;
+    assert_ne!(l2, l);
+    let mut conn = c.members[l2].conn().await;
+    for (k, v) in &completed {
+        assert_eq!(
+            claim(conn.cmd(&["CLAIM", k]).await),
+            ClaimReply::Completed {
+                outcome: Outcome::Ok,
+                value: v.clone().into()
+            },
+            "{k} was acknowledged by the stalled leader and then lost"
+        );
+    }
+    // Its disk healthy again, the old leader rejoins on its data and
+    // catches up on what it had not written.
+    std::fs::write(file(c.members[l].id), "0").unwrap();
+    let id = c.members[l].id;
+    let env: Vec<(String, String)> = env_of(id);
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    c.members[l].start(None, &env).await;
+    let applied: u64 = c.members[l2]
+        .info("idem_applied_index")
+        .await
+        .parse()
+        .unwrap();
+    let m = &c.members[l];
+    eventually("the old leader rejoins and catches up", async || {
+        let a = m.info("idem_applied_index").await;
+        (a.parse::<u64>().unwrap_or(0) >= applied && m.info("idem_role").await == "follower")
+            .then_some(())
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_cli_in_cluster_mode_follows_the_leader() {
     // Peers prove they hold the secret (HMAC) on every connection.

@@ -5,10 +5,12 @@
 //! handed to it since its last sync and syncs it with one `fdatasync`, then
 //! tells openraft those entries are flushed (`LogFlushed`). So syncs follow
 //! each other back to back, whatever the async runtime is busy with, and
-//! entries appended while one sync runs would share the next (openraft
-//! 0.9's core waits for each append's flush before its next step, so in
-//! practice the writes that arrive meanwhile gather in the proposer's next
-//! entry instead). An append smaller
+//! entries appended while one sync runs share the next. (A follower's
+//! openraft core waits for each append's flush before it answers the
+//! leader; a cluster's leader does not wait: it replicates the entries
+//! while the thread writes them, and counts itself towards the quorum once
+//! they are flushed. A single node's core waits, so the writes that arrive
+//! meanwhile gather in the proposer's next entry.) An append smaller
 //! than [`LogStore::inline_below`] (a lightly loaded single node) is
 //! written and synced by the caller itself instead (openraft's core task,
 //! on its runtime thread, which serves nothing else meanwhile) when the
@@ -17,7 +19,11 @@
 //! two thread wakeups of a hand-off. Truncation, purging
 //! and the metadata file (vote, committed index, purge point; replaced
 //! atomically) go through the same thread, in order with the appends, and
-//! are awaited. Entries not yet purged are also kept in memory, so reads of
+//! are awaited. So a saved vote is also a barrier: when `save_vote`
+//! returns, every entry appended before it is on disk. A leader that steps
+//! down saves the higher vote it saw before it answers anyone as a
+//! follower, so it never reports as matching an entry it has not flushed.
+//! Entries not yet purged are also kept in memory, so reads of
 //! the log never touch the disk or wait for a sync: in their encoded form,
 //! the bytes written to the files, so the log costs its size in memory
 //! (decoded entries weigh several times more, and their keys and values
@@ -87,7 +93,11 @@ impl State {
 
 /// Encoded records (index, bytes) of one append, whether the files may be
 /// started afresh, and who to tell once they are synced.
-type Append = (Vec<(u64, Bytes)>, bool, LogFlushed<TypeConfig>);
+type Append = (Vec<(u64, Bytes)>, bool, Flushed);
+
+/// Who to tell once an append is synced (or could not be): openraft's
+/// `LogFlushed`, wrapped.
+type Flushed = Box<dyn FnOnce(Result<(), std::io::Error>) + Send>;
 
 /// Work for the writer thread.
 enum Job {
@@ -97,7 +107,7 @@ enum Job {
     Append {
         records: Vec<(u64, Bytes)>,
         reset: bool,
-        callback: LogFlushed<TypeConfig>,
+        callback: Flushed,
     },
     /// Remove every record from this index on.
     Truncate {
@@ -436,7 +446,7 @@ impl Writer {
         let (p50, p99) = self.wal.sync_percentiles();
         *self.sync_stats.lock() = (self.wal.syncs, p50, p99);
         for (_, _, callback) in appends {
-            callback.log_io_completed(
+            callback(
                 result
                     .as_ref()
                     .map(|_| ())
@@ -596,7 +606,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         let job = Job::Append {
             records,
             reset,
-            callback,
+            callback: Box::new(move |r| callback.log_io_completed(r)),
         };
         match &self.jobs {
             Jobs::Thread(h) => h.append(job, bytes),
@@ -753,6 +763,50 @@ mod tests {
         assert!(matches!(second_done.blocking_recv(), Ok(Ok(()))));
         assert_eq!(saved(&dir), [7]);
         assert_eq!(queued.load(Ordering::Acquire), 0);
+    }
+
+    /// Every metadata save (a vote) completes after the appends handed
+    /// over before it are synced and reported: a saved vote is a barrier
+    /// (see the module docs: a leader that steps down relies on it).
+    #[test]
+    fn a_saved_vote_follows_every_append_handed_over_before_it() {
+        let (dir, h, rx) = handoff("barrier");
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let append = |index: u64| {
+            let order = Arc::clone(&order);
+            Job::Append {
+                records: vec![(index, Bytes::from(vec![index as u8; 64]))],
+                reset: false,
+                callback: Box::new(move |r: Result<(), std::io::Error>| {
+                    r.unwrap();
+                    order.lock().push(format!("append {index}"));
+                }),
+            }
+        };
+        h.send(append(1)).unwrap();
+        h.send(append(2)).unwrap();
+        let (vote, vote_done) = save(9);
+        h.send(vote).unwrap();
+        h.send(append(3)).unwrap();
+        let (writer, queued) = (Arc::clone(&h.writer), Arc::clone(&h.queued));
+        drop(h);
+        let thread = std::thread::spawn(move || Writer::run(&writer, &queued, &rx));
+        let saved_after = {
+            let order = Arc::clone(&order);
+            move || {
+                assert!(matches!(vote_done.blocking_recv(), Ok(Ok(()))));
+                order.lock().clone()
+            }
+        };
+        // What had been reported when the save completed.
+        let reported = saved_after();
+        assert!(
+            reported.starts_with(&["append 1".to_owned(), "append 2".to_owned()]),
+            "the vote was saved before the appends ahead of it were flushed: {reported:?}"
+        );
+        thread.join().unwrap();
+        assert_eq!(*order.lock(), ["append 1", "append 2", "append 3"]);
+        assert_eq!(saved(&dir), [9]);
     }
 
     #[test]

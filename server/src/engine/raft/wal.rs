@@ -544,6 +544,8 @@ impl Wal {
         #[cfg(not(debug_assertions))]
         let written = zeroed.and_then(|()| file.write_all_at(buf, base));
         let started = std::time::Instant::now();
+        #[cfg(debug_assertions)]
+        faults::slow_sync();
         if let Err(e) = written.and_then(|()| file.sync_data()) {
             // Whatever of the batch reached the file must not be read back
             // after a restart as if it were durable: cut it (best effort).
@@ -719,6 +721,31 @@ mod faults {
             }
             on
         })
+    }
+
+    /// A disk that stalls: with `IDEMD_UNSAFE_TEST_SLOW_SYNC_FILE` naming a
+    /// file, each log sync first sleeps the milliseconds that file holds
+    /// (none while it is missing or empty). Read at every sync, so a test
+    /// can slow one node's disk once it knows which node leads.
+    pub(super) fn slow_sync() {
+        static FILE: OnceLock<Option<std::path::PathBuf>> = OnceLock::new();
+        let Some(path) = FILE.get_or_init(|| {
+            let path = std::env::var_os("IDEMD_UNSAFE_TEST_SLOW_SYNC_FILE")?;
+            tracing::error!(
+                file = ?path,
+                "IDEMD_UNSAFE_TEST_SLOW_SYNC_FILE is set: log syncs are slowed by the milliseconds in that file (test mode)"
+            );
+            Some(path.into())
+        }) else {
+            return;
+        };
+        let ms = std::fs::read_to_string(path)
+            .ok()
+            .and_then(|s| s.trim().parse::<u64>().ok())
+            .unwrap_or(0);
+        if ms > 0 {
+            std::thread::sleep(std::time::Duration::from_millis(ms));
+        }
     }
 }
 

@@ -1,4 +1,5 @@
 use crate::core::sm;
+use crate::LogId;
 use crate::raft::VoteResponse;
 use crate::replication;
 use crate::MessageSummary;
@@ -42,6 +43,20 @@ where C: RaftTypeConfig
     /// Result of executing a command sent from state machine worker.
     StateMachine { command_result: sm::CommandResult<C> },
 
+    // Idem: a leader's own log write reports its flush here instead of
+    // holding up `RaftCore` until it is done; see `RaftCore::append_to_log`.
+    /// The leader's local log is flushed up to `log_id`: written by the leader of `vote`.
+    LocalLogFlushed {
+        /// The leader's vote when it appended the entries.
+        vote: Vote<C::NodeId>,
+
+        /// The last log id of the flushed entries.
+        log_id: LogId<C::NodeId>,
+
+        /// The result of the write.
+        result: Result<(), std::io::Error>,
+    },
+
     /// A tick event to wake up RaftCore to check timeout etc.
     Tick {
         /// ith tick
@@ -84,6 +99,9 @@ where C: RaftTypeConfig
             }
             Self::StateMachine { command_result } => {
                 format!("StateMachine command done: {:?}", command_result)
+            }
+            Self::LocalLogFlushed { vote, log_id, result } => {
+                format!("LocalLogFlushed: vote: {}, log_id: {}, ok: {}", vote, log_id, result.is_ok())
             }
             Self::Tick { i } => {
                 format!("Tick {}", i)

@@ -730,6 +730,38 @@ where
         Ok(())
     }
 
+    // Idem: added; see `Command::AppendInputEntries`.
+    /// Hands entries to the log store without waiting for them to be flushed: the flush is
+    /// reported to the core by a [`Notify::LocalLogFlushed`]. For a leader only: a follower
+    /// must not answer the leader before its entries are flushed.
+    #[tracing::instrument(level = "debug", skip_all)]
+    pub(crate) async fn append_to_log_in_background(
+        &mut self,
+        entries: Vec<C::Entry>,
+        vote: Vote<C::NodeId>,
+        last_log_id: LogId<C::NodeId>,
+    ) -> Result<(), StorageError<C::NodeId>> {
+        let (tx, rx) = C::AsyncRuntime::oneshot();
+        let log_io_id = LogIOId::new(vote.clone(), Some(last_log_id.clone()));
+        let callback = LogFlushed::new(log_io_id, tx);
+
+        self.log_store.append(entries, callback).await?;
+
+        let tx_notify = self.tx_notify.clone();
+        let _ = C::spawn(async move {
+            let result = match rx.await {
+                Ok(r) => r.map(|_| ()),
+                Err(e) => Err(std::io::Error::other(e.to_string())),
+            };
+            let _ = tx_notify.send(Notify::LocalLogFlushed {
+                vote,
+                log_id: last_log_id,
+                result,
+            });
+        });
+        Ok(())
+    }
+
     #[tracing::instrument(level = "debug", skip_all)]
     pub(crate) async fn apply_to_state_machine(
         &mut self,
@@ -1278,6 +1310,30 @@ where
                 }
             }
 
+            // Idem: added; see `Command::AppendInputEntries`.
+            Notify::LocalLogFlushed { vote, log_id, result } => {
+                if let Err(e) = result {
+                    let e = StorageIOError::write_logs(AnyError::error(e));
+                    return Err(Fatal::from(StorageError::from(e)));
+                }
+
+                // Only the leader that wrote the entries counts them: under the same vote the
+                // leader's log only grows, so they are still there. A later leader (this node
+                // again, in a later term) reports its own writes.
+                let leading = self.engine.leader.as_ref().map(|l| l.vote.clone());
+                if leading.as_ref() == Some(&vote) {
+                    if let Ok(mut lh) = self.engine.leader_handler() {
+                        lh.replication_handler().update_local_progress(Some(log_id));
+                    }
+                } else {
+                    tracing::debug!(
+                        "local log flushed by vote {}, now {}: not counted",
+                        vote,
+                        leading.display()
+                    );
+                }
+            }
+
             Notify::Tick { i } => {
                 // check every timer
 
@@ -1636,6 +1692,16 @@ where
             Command::AppendInputEntries { vote, entries } => {
                 let last_log_id = entries.last().unwrap().get_log_id().clone();
                 tracing::debug!("AppendInputEntries: {}", DisplaySlice::<_>(&entries),);
+
+                // Idem: a leader with other members does not wait for its own write here:
+                // `Replicate` follows at once, so the followers write while it does (Raft
+                // thesis, 10.2.1), and the core serves other messages meanwhile. The flush
+                // comes back as `Notify::LocalLogFlushed`, which counts the leader's own
+                // progress towards the quorum then.
+                if self.engine.leader_handler().is_ok() && self.engine.state.membership_state.effective().nodes().nth(1).is_some() {
+                    self.append_to_log_in_background(entries, vote, last_log_id).await?;
+                    return Ok(None);
+                }
 
                 self.append_to_log(entries, vote, last_log_id.clone()).await?;
 
