@@ -257,6 +257,81 @@ async fn a_leader_with_a_stalled_disk_acknowledges_through_its_followers() {
     .await;
 }
 
+/// A cluster where one follower's disk takes 250 ms per sync, with the
+/// leader's `append_timeout_ms`: five writes, then that follower catches
+/// up; the RPCs that ran out of time on the leader meanwhile (INFO
+/// `raft_peer_timeouts`).
+async fn writes_with_a_slow_follower(name: &str, append_timeout_ms: &str) -> u64 {
+    let slow = DataDir::new(&format!("{name}-delays"));
+    std::fs::create_dir_all(&slow.0).unwrap();
+    let file = |id: u64| slow.0.join(format!("n{id}"));
+    let c = Cluster::start_each(name, 3, |id| {
+        vec![
+            (
+                "IDEMD_UNSAFE_TEST_SLOW_SYNC_FILE".to_owned(),
+                file(id).to_str().unwrap().to_owned(),
+            ),
+            (
+                "IDEM_APPEND_TIMEOUT_MS".to_owned(),
+                append_timeout_ms.to_owned(),
+            ),
+        ]
+    })
+    .await;
+    let l = c.leader().await;
+    // One follower slow: the other keeps the leader's majority (and its
+    // lease) fresh.
+    let slow_one = c.followers().await[0];
+    std::fs::write(file(c.members[slow_one].id), "250").unwrap();
+    let mut conn = c.members[l].conn().await;
+    let before = info_field(&mut conn, "raft_peer_timeouts").await;
+    for i in 0..5 {
+        let k = format!("{name}-{i}");
+        let f = conn.acquire(&["CLAIM", &k, "LEASE", "60000"]).await;
+        assert_eq!(
+            conn.cmd(&["COMPLETE", &k, &f.to_string(), "v"]).await,
+            ok(),
+            "{k} was not completed with a slow follower"
+        );
+    }
+    let committed: u64 = c.members[l]
+        .info("idem_commit_index")
+        .await
+        .parse()
+        .unwrap();
+    let m = &c.members[slow_one];
+    eventually("the slow follower applies every write", async || {
+        (m.info("idem_applied_index")
+            .await
+            .parse::<u64>()
+            .unwrap_or(0)
+            >= committed)
+            .then_some(())
+    })
+    .await;
+    info_field(&mut conn, "raft_peer_timeouts").await - before
+}
+
+/// A follower whose disk is slow but working (250 ms per sync, more than a
+/// heartbeat interval) answers every AppendEntries within
+/// `append_timeout_ms` (2 s by default): the leader never gives up on one.
+/// With a deadline shorter than its syncs (100 ms: openraft's heartbeat
+/// interval, the deadline before the setting) it keeps up only through
+/// retries after a backoff, and the leader counts the calls that ran out
+/// of time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_with_a_slow_disk_is_given_append_timeout_ms_to_answer() {
+    assert_eq!(
+        writes_with_a_slow_follower("slow-follower", "2000").await,
+        0,
+        "AppendEntries ran out of time though the follower answers within 2 s"
+    );
+    assert!(
+        writes_with_a_slow_follower("slow-follower-short", "100").await > 0,
+        "a 100 ms deadline never ran out against 250 ms syncs: the setting does not reach openraft"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_cli_in_cluster_mode_follows_the_leader() {
     // Peers prove they hold the secret (HMAC) on every connection.

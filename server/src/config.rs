@@ -109,6 +109,10 @@ pub struct RawConfig {
     pub promote_max_lag_entries: u64,
     /// The shortest Raft election timeout, ms (the longest is twice it).
     pub election_timeout_ms: u64,
+    /// How long the leader waits for a follower to answer one
+    /// AppendEntries (the follower answers once the entries are on its
+    /// disk) before it retries, ms.
+    pub append_timeout_ms: u64,
     /// Ops waiting to be proposed to the log, at most.
     pub max_pending_proposals: usize,
     /// Bytes of ops in one log entry, at most.
@@ -219,6 +223,7 @@ impl Default for RawConfig {
             tls_advertise: String::new(),
             promote_max_lag_entries: 1000,
             election_timeout_ms: 300,
+            append_timeout_ms: 2_000,
             max_pending_proposals: 65_536,
             max_batch_bytes: 8 << 20,
             proposal_timeout_ms: 10_000,
@@ -463,6 +468,7 @@ macro_rules! numeric_keys {
             node_id,
             promote_max_lag_entries,
             election_timeout_ms,
+            append_timeout_ms,
             max_pending_proposals,
             max_batch_bytes,
             proposal_timeout_ms,
@@ -893,6 +899,12 @@ impl RawConfig {
                 "must be between 50 and 60000",
             ));
         }
+        if !(10..=600_000).contains(&self.append_timeout_ms) {
+            return Err(invalid(
+                "append_timeout_ms",
+                "must be between 10 and 600000",
+            ));
+        }
         positive("snapshot_entries", self.snapshot_entries)?;
         positive("snapshot_log_bytes", self.snapshot_log_bytes)?;
         if !(4096..=64 << 20).contains(&self.max_batch_bytes) {
@@ -1056,6 +1068,7 @@ impl RawConfig {
                 data_dir: self.data_dir.clone().into(),
                 node_id: self.node_id,
                 election_timeout_ms: self.election_timeout_ms,
+                append_timeout_ms: self.append_timeout_ms,
                 cluster,
                 tls,
                 max_pending_proposals: self.max_pending_proposals,

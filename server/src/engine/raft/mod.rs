@@ -105,10 +105,14 @@ pub struct RaftConfig {
     /// The shortest election timeout, ms: a follower that hears no leader
     /// for twice this (the old leader's lease on its vote) plus a random
     /// time between this and twice this starts an election. The leader
-    /// sends heartbeats every third of it (also the deadline of one
-    /// AppendEntries), and serves for four fifths of it after a majority
-    /// last acknowledged it.
+    /// sends heartbeats every third of it, and serves for four fifths of it
+    /// after a majority last acknowledged it.
     pub election_timeout_ms: u64,
+    /// The leader's deadline for one AppendEntries, ms: the follower
+    /// answers once the entries are on its disk, so a slow disk needs
+    /// longer than a heartbeat. Past it the leader retries (after a
+    /// backoff of half a second).
+    pub append_timeout_ms: u64,
     /// Peers, addresses and bootstrap.
     pub cluster: cluster::ClusterConfig,
     /// TLS between peers (`tls_cluster`): connections made and accepted
@@ -320,9 +324,8 @@ impl RaftEngine {
         })?;
         let raft_config = openraft::Config {
             cluster_name: "idem".into(),
-            // Also openraft's deadline for one AppendEntries (the follower
-            // answers once the entries are on its disk).
             heartbeat_interval: (cfg.election_timeout_ms / 3).max(1),
+            append_entries_timeout: cfg.append_timeout_ms,
             election_timeout_min: cfg.election_timeout_ms,
             election_timeout_max: cfg.election_timeout_ms * 2,
             snapshot_policy: SnapshotPolicy::LogsSinceLast(cfg.snapshot_entries),
@@ -709,6 +712,7 @@ impl RaftEngine {
             ops: self.stats.ops.load(Ordering::Relaxed),
             log_entries,
             log_bytes,
+            peer_timeouts: self.peers.timeouts(),
         }
     }
 
@@ -804,6 +808,8 @@ pub struct RaftInfo {
     pub log_entries: u64,
     /// Their size: what the log takes in memory, bytes.
     pub log_bytes: u64,
+    /// Calls to peers that got no answer by their deadline, since start.
+    pub peer_timeouts: u64,
 }
 
 fn op_size(op: &Op) -> usize {

@@ -291,6 +291,8 @@ pub struct Peers {
     pool: Mutex<HashMap<PoolKey, Vec<Conn>>>,
     /// How connections to peers are opened.
     dialer: Arc<dyn Dialer>,
+    /// Calls to peers that got no answer by their deadline.
+    timeouts: std::sync::atomic::AtomicU64,
 }
 
 const CLUSTER_FILE: &str = "cluster-id";
@@ -347,7 +349,14 @@ impl Peers {
             reachable: Mutex::new(HashMap::new()),
             pool: Mutex::new(HashMap::new()),
             dialer,
+            timeouts: std::sync::atomic::AtomicU64::new(0),
         }))
+    }
+
+    /// Calls to peers (AppendEntries, votes, snapshots) that got no answer
+    /// by their deadline, since start.
+    pub fn timeouts(&self) -> u64 {
+        self.timeouts.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// This node's id.
@@ -966,6 +975,18 @@ impl PeerClient {
     }
 
     async fn call(&mut self, req: Request, ttl: Duration) -> Result<Response, CallError> {
+        let result = self.call_once(req, ttl).await;
+        if let Err(CallError::Unreachable(e) | CallError::Network(e)) = &result
+            && e.kind() == std::io::ErrorKind::TimedOut
+        {
+            self.peers
+                .timeouts
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        result
+    }
+
+    async fn call_once(&mut self, req: Request, ttl: Duration) -> Result<Response, CallError> {
         if isolated(self.peers.node_id) {
             self.conn = None;
             return Err(CallError::Unreachable(cut_off()));
@@ -992,11 +1013,19 @@ impl PeerClient {
                     .get_mut(&(self.target, self.addr.clone(), cluster))
                     .and_then(Vec::pop)
             });
-        if let Some(conn) = kept
-            && let Ok((conn, resp)) = exchange(conn, bytes.clone(), deadline).await
-        {
-            self.conn = Some((conn, cluster));
-            return Ok(resp);
+        if let Some(conn) = kept {
+            match exchange(conn, bytes.clone(), deadline).await {
+                Ok((conn, resp)) => {
+                    self.conn = Some((conn, cluster));
+                    return Ok(resp);
+                }
+                // No answer by the deadline: a fresh connection would have
+                // no time left either (and the peer is not unreachable).
+                Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {
+                    return Err(CallError::Network(e));
+                }
+                Err(_) => {}
+            }
         }
         let conn = match tokio::time::timeout_at(deadline, self.connect()).await {
             Ok(Ok(c)) => c,

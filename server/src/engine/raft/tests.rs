@@ -73,6 +73,7 @@ fn cfg(dir: &TempDir) -> RaftConfig {
         segment_bytes: 1 << 16,
         min_free_disk_bytes: 0,
         election_timeout_ms: 500,
+        append_timeout_ms: 2_000,
         cluster: Default::default(),
         tls: None,
     }

@@ -128,6 +128,13 @@ pub struct Config {
     #[clap(long, default_value = "50")]
     pub heartbeat_interval: u64,
 
+    // Idem: added; see `append_entries_timeout()`.
+    /// The timeout in milliseconds for one AppendEntries RPC: sending the entries and receiving
+    /// the answer, which a follower gives once they are on its disk. `0` (the default) uses
+    /// `heartbeat_interval`.
+    #[clap(long, default_value = "0")]
+    pub append_entries_timeout: u64,
+
     /// The timeout for sending then installing the last snapshot segment,
     /// in millisecond. It is also used as the timeout for sending a non-last segment, if
     /// `send_snapshot_timeout` is 0.
@@ -260,6 +267,17 @@ impl Config {
     /// Get the timeout for sending and installing the last snapshot segment.
     pub fn install_snapshot_timeout(&self) -> Duration {
         Duration::from_millis(self.install_snapshot_timeout)
+    }
+
+    // Idem: added.
+    /// The timeout for one AppendEntries RPC: `append_entries_timeout`, or
+    /// `heartbeat_interval` when that is `0`.
+    pub fn append_entries_timeout(&self) -> Duration {
+        if self.append_entries_timeout > 0 {
+            Duration::from_millis(self.append_entries_timeout)
+        } else {
+            Duration::from_millis(self.heartbeat_interval)
+        }
     }
 
     /// Get the timeout for sending a non-last snapshot segment.

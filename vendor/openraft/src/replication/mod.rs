@@ -445,14 +445,15 @@ where
         };
 
         // Send the payload.
+        // Idem: the timeout is `Config::append_entries_timeout()` (was `heartbeat_interval`).
+        let the_timeout = self.config.append_entries_timeout();
         tracing::debug!(
             payload=%payload.summary(),
             now = debug(leader_time),
             "start sending append_entries, timeout: {:?}",
-            self.config.heartbeat_interval
+            the_timeout
         );
 
-        let the_timeout = Duration::from_millis(self.config.heartbeat_interval);
         let option = RPCOption::new(the_timeout);
         let res = C::timeout(the_timeout, self.network.append_entries(payload, option)).await;
 
