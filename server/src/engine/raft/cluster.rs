@@ -236,10 +236,16 @@ impl Role {
         self.serving.load(Ordering::Acquire)
     }
 
+    /// Whether the membership has more than one voter: a write is
+    /// committed once a majority has it, not on this node's disk alone.
+    pub fn replicated(&self) -> bool {
+        self.voters.load(Ordering::Relaxed) > 1
+    }
+
     /// Whether the leader's lease holds: a single voter always; several
     /// while a majority acknowledged it within the lease.
     pub fn lease_holds(&self) -> bool {
-        if self.voters.load(Ordering::Relaxed) <= 1 {
+        if !self.replicated() {
             return true;
         }
         let acked = self.acked_at_us.load(Ordering::Acquire);

@@ -869,9 +869,15 @@ async fn propose(p: Proposer, proposals: Arc<queue::Queue>, limits: Limits, stat
     // by entries.
     let mut since_snapshot = 0u64;
     loop {
-        // At most MAX_INFLIGHT_ENTRIES entries in flight: while they are
-        // written and applied, proposals gather for the next one.
-        let Ok(permit) = Arc::clone(&inflight).acquire_owned().await else {
+        // At most MAX_INFLIGHT_ENTRIES entries in flight (one when
+        // replicated): while they are written and applied, proposals
+        // gather for the next one.
+        let places = if p.role.replicated() {
+            MAX_INFLIGHT_ENTRIES as u32
+        } else {
+            1
+        };
+        let Ok(permit) = Arc::clone(&inflight).acquire_many_owned(places).await else {
             return;
         };
         let Some(queue::Batch {
@@ -962,12 +968,19 @@ async fn propose(p: Proposer, proposals: Arc<queue::Queue>, limits: Limits, stat
     }
 }
 
-/// Entries written and not yet applied, at most. Two: while one is applied
-/// and answered, the next is already being written (measured at 50
-/// connections: pipeline 1 went from 18k to 24k claims/s and pipeline 16
-/// from 138k to 160k against one). More are worse at pipeline 1 (with the
-/// log writer thread, 5 alternating runs each: two 25.4k, four 21.8k,
-/// eight 20.5k): smaller entries cost more Raft work per command.
+/// Entries written and not yet applied, at most, on a single voter. Two:
+/// while one is applied and answered, the next is already being written
+/// (measured at 50 connections: pipeline 1 went from 18k to 24k claims/s
+/// and pipeline 16 from 138k to 160k against one). More are worse at
+/// pipeline 1 (with the log writer thread, 5 alternating runs each: two
+/// 25.4k, four 21.8k, eight 20.5k): smaller entries cost more Raft work
+/// per command. A leader with followers keeps one: openraft sends a
+/// follower one AppendEntries at a time, so a second entry would only wait
+/// for the first's answer, and splitting the writes that gathered meanwhile
+/// over two entries costs more per command (three nodes on loopback, 50
+/// connections at pipeline 1, alternating: claims 20.4k/s against 18.5k
+/// over six runs each, claim + complete 10.4k against 8.9k over three;
+/// pipeline 16 the same within the noise).
 const MAX_INFLIGHT_ENTRIES: usize = 2;
 
 fn fail(txs: Vec<oneshot::Sender<Submitted>>, why: &'static str) {
