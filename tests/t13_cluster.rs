@@ -1041,6 +1041,78 @@ async fn a_failed_node_is_replaced_step_by_step() {
     conn.acquire(&["CLAIM", "after-replace"]).await;
 }
 
+/// One host that opens peer connections and never completes their
+/// handshake (from 127.0.0.2, reconnecting as soon as one is closed) cannot
+/// take the places the members need: a new node flooded that way before
+/// it is added still hears from the leader and catches up. Its
+/// `max_peer_connections` is 32 here, against 64 such connections; each
+/// source has at most `max_peer_handshakes_per_source` (8) in the
+/// handshake.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_that_never_completes_peer_handshakes_cannot_crowd_out_the_members() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use tokio::io::AsyncReadExt;
+    let c = Cluster::start("peer-flood", 3).await;
+    let l = c.leader().await;
+    let mut conn = c.members[l].conn().await;
+    for i in 0..50 {
+        let k = format!("before-{i}");
+        let f = conn.acquire(&["CLAIM", &k]).await;
+        assert_eq!(conn.cmd(&["COMPLETE", &k, &f.to_string(), "v"]).await, ok());
+    }
+    let mut new = Member::new("peer-flood", 4);
+    // The default max_peer_handshakes_per_source (8); with it raised to
+    // 100 the new node never catches up.
+    new.start(None, &[("IDEM_MAX_PEER_CONNECTIONS", "32")])
+        .await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let opened = Arc::new(AtomicU64::new(0));
+    let mut flood = Vec::new();
+    for _ in 0..64 {
+        let (stop, opened, target) = (Arc::clone(&stop), Arc::clone(&opened), new.peer);
+        flood.push(tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                let socket = tokio::net::TcpSocket::new_v4().unwrap();
+                socket.bind("127.0.0.2:0".parse().unwrap()).unwrap();
+                if let Ok(mut s) = socket.connect(target).await {
+                    opened.fetch_add(1, Ordering::Relaxed);
+                    // Never answers the challenge: held until the node
+                    // closes it.
+                    let mut buf = [0u8; 256];
+                    while matches!(s.read(&mut buf).await, Ok(n) if n > 0) {}
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }));
+    }
+    // The flood is on before the leader first reaches the new node.
+    eventually("the flood reaches the new node", async || {
+        (opened.load(Ordering::Relaxed) >= 64).then_some(())
+    })
+    .await;
+    let add = conn
+        .cmd(&[
+            "CLUSTER",
+            "ADD",
+            "4",
+            &new.peer.to_string(),
+            &new.client.to_string(),
+        ])
+        .await;
+    assert_eq!(add, ok());
+    let mut nc = new.conn().await;
+    eventually(
+        "the flooded node hears from the leader and catches up",
+        async || (int(&nc.cmd(&["DBSIZE"]).await) >= 50).then_some(()),
+    )
+    .await;
+    stop.store(true, Ordering::Relaxed);
+    for f in flood {
+        f.abort();
+    }
+}
+
 /// Waits until the leader has recorded every member's data directory.
 async fn incarnations_recorded(conn: &mut Conn, members: usize) {
     eventually("every member's incarnation is recorded", async || {

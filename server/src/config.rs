@@ -107,6 +107,11 @@ pub struct RawConfig {
     /// `CLUSTER PROMOTE` refuses a learner further behind than this many
     /// entries.
     pub promote_max_lag_entries: u64,
+    /// Peer connections a node serves at once, at most.
+    pub max_peer_connections: usize,
+    /// Peer connections from one source address still in their handshake,
+    /// at most.
+    pub max_peer_handshakes_per_source: usize,
     /// The shortest Raft election timeout, ms (the longest is twice it).
     pub election_timeout_ms: u64,
     /// How long the leader waits for a follower to answer one
@@ -222,6 +227,9 @@ impl Default for RawConfig {
             tls_cluster: false,
             tls_advertise: String::new(),
             promote_max_lag_entries: 1000,
+            max_peer_connections: crate::engine::raft::peer::MAX_PEER_CONNECTIONS,
+            max_peer_handshakes_per_source:
+                crate::engine::raft::peer::MAX_PEER_HANDSHAKES_PER_SOURCE,
             election_timeout_ms: 300,
             append_timeout_ms: 2_000,
             max_pending_proposals: 65_536,
@@ -467,6 +475,8 @@ macro_rules! numeric_keys {
         $m!(
             node_id,
             promote_max_lag_entries,
+            max_peer_connections,
+            max_peer_handshakes_per_source,
             election_timeout_ms,
             append_timeout_ms,
             max_pending_proposals,
@@ -803,6 +813,8 @@ impl RawConfig {
             return Ok(ClusterConfig {
                 client_advertise,
                 promote_max_lag_entries: self.promote_max_lag_entries,
+                max_peer_connections: self.max_peer_connections,
+                max_peer_handshakes_per_source: self.max_peer_handshakes_per_source,
                 ..ClusterConfig::default()
             });
         };
@@ -860,6 +872,8 @@ impl RawConfig {
             secret: (!self.cluster_secret.is_empty())
                 .then(|| self.cluster_secret.clone().into_bytes()),
             promote_max_lag_entries: self.promote_max_lag_entries,
+            max_peer_connections: self.max_peer_connections,
+            max_peer_handshakes_per_source: self.max_peer_handshakes_per_source,
         })
     }
 
@@ -899,6 +913,11 @@ impl RawConfig {
                 "must be between 50 and 60000",
             ));
         }
+        positive("max_peer_connections", self.max_peer_connections as u64)?;
+        positive(
+            "max_peer_handshakes_per_source",
+            self.max_peer_handshakes_per_source as u64,
+        )?;
         if !(10..=600_000).contains(&self.append_timeout_ms) {
             return Err(invalid(
                 "append_timeout_ms",

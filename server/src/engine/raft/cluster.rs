@@ -120,7 +120,7 @@ pub fn retired_ids<'a>(
 }
 
 /// The cluster settings of a node.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct ClusterConfig {
     /// Where to listen for peers; `None`: a single node, no peer traffic.
     pub peer_listen: Option<SocketAddr>,
@@ -136,6 +136,26 @@ pub struct ClusterConfig {
     pub secret: Option<Vec<u8>>,
     /// `CLUSTER PROMOTE` refuses a learner further behind than this.
     pub promote_max_lag_entries: u64,
+    /// Peer connections served at once, at most.
+    pub max_peer_connections: usize,
+    /// Peer connections from one source address that have not completed
+    /// the handshake, at most.
+    pub max_peer_handshakes_per_source: usize,
+}
+
+impl Default for ClusterConfig {
+    fn default() -> Self {
+        ClusterConfig {
+            peer_listen: None,
+            peer_advertise: String::new(),
+            client_advertise: String::new(),
+            initial_cluster: Vec::new(),
+            secret: None,
+            promote_max_lag_entries: 1000,
+            max_peer_connections: super::peer::MAX_PEER_CONNECTIONS,
+            max_peer_handshakes_per_source: super::peer::MAX_PEER_HANDSHAKES_PER_SOURCE,
+        }
+    }
 }
 
 /// Parses `1=HOST:PORT,2=HOST:PORT,...`.

@@ -317,6 +317,10 @@ impl RaftEngine {
                     Some(tls) => Arc::new(peer::TlsDialer(tls)),
                     None => Arc::new(peer::TcpDialer),
                 }),
+            peer::PeerLimits {
+                max_connections: cfg.cluster.max_peer_connections,
+                max_handshakes_per_source: cfg.cluster.max_peer_handshakes_per_source,
+            },
         )
         .map_err(|reason| StartError::DataDir {
             path: data_dir.clone(),

@@ -21,15 +21,22 @@
 //!   only on loopback peer addresses, which the configuration checks).
 //! - A client holds one connection per target and reuses it; a failed or
 //!   timed-out call drops it (the next call reconnects). Frames are capped
-//!   ([`MAX_FRAME`], and [`MAX_HANDSHAKE_FRAME`] before the handshake), and
-//!   a node serves at most [`MAX_PEER_CONNECTIONS`] peer connections.
+//!   ([`MAX_FRAME`], and [`MAX_HANDSHAKE_FRAME`] before the handshake). A
+//!   node serves at most `max_peer_connections` peer connections (default
+//!   [`MAX_PEER_CONNECTIONS`]), and of those at most
+//!   `max_peer_handshakes_per_source` (default
+//!   [`MAX_PEER_HANDSHAKES_PER_SOURCE`]) from one source address before
+//!   they complete the handshake, so one host that opens connections and
+//!   never completes them cannot take the places the members need; a TLS
+//!   handshake takes its place first. Refusals are logged at most every
+//!   10 s, with their count.
 //! - Snapshots travel in chunks (openraft's `InstallSnapshotRequest`, at
 //!   most `snapshot_max_chunk_size` each), one request per chunk, so a
 //!   large snapshot neither fills a buffer nor holds up the leader.
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::{Arc, OnceLock};
@@ -52,7 +59,7 @@ use serde::{Deserialize, Serialize};
 use sha2::Sha256;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{Semaphore, mpsc};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_util::codec::{Framed, LengthDelimitedCodec};
 use tracing::{debug, info, warn};
 
@@ -65,8 +72,14 @@ pub const PEER_PROTOCOL: u32 = 2;
 pub const MAX_FRAME: usize = 512 << 20;
 /// The largest frame before the handshake is done.
 pub const MAX_HANDSHAKE_FRAME: usize = 4096;
-/// Peer connections served at once, at most.
+/// Peer connections served at once, at most (`max_peer_connections`).
 pub const MAX_PEER_CONNECTIONS: usize = 256;
+/// Peer connections from one source address that have not completed the
+/// handshake, at most (`max_peer_handshakes_per_source`). A member opens a
+/// few at a time (its pool keeps four per peer).
+pub const MAX_PEER_HANDSHAKES_PER_SOURCE: usize = 8;
+/// Refused peer connections are logged at most this often.
+const REFUSALS_LOGGED_EVERY: Duration = Duration::from_secs(10);
 /// How long a handshake may take.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(2);
 /// A peer connection with no request for this long is closed (a peer that
@@ -265,6 +278,24 @@ struct Signed<'a> {
     incarnation: u64,
 }
 
+/// The limits on the peer connections a node serves.
+#[derive(Debug, Clone, Copy)]
+pub struct PeerLimits {
+    /// Connections served at once, at most.
+    pub max_connections: usize,
+    /// Connections from one source address in their handshake, at most.
+    pub max_handshakes_per_source: usize,
+}
+
+impl Default for PeerLimits {
+    fn default() -> Self {
+        PeerLimits {
+            max_connections: MAX_PEER_CONNECTIONS,
+            max_handshakes_per_source: MAX_PEER_HANDSHAKES_PER_SOURCE,
+        }
+    }
+}
+
 /// This node's identity on the peer network, shared by the server, the
 /// clients and the cluster code.
 pub struct Peers {
@@ -293,6 +324,69 @@ pub struct Peers {
     dialer: Arc<dyn Dialer>,
     /// Calls to peers that got no answer by their deadline.
     timeouts: std::sync::atomic::AtomicU64,
+    /// Connections in their handshake, by source address (only addresses
+    /// with some).
+    handshaking: Mutex<HashMap<IpAddr, usize>>,
+    /// `max_peer_handshakes_per_source`.
+    max_handshakes_per_source: usize,
+    /// Connections refused since the last refusal logged, and when that was.
+    refusals: Mutex<(u64, Option<std::time::Instant>)>,
+}
+
+/// A peer connection let in: its place among the connections served and,
+/// until its handshake completes, among its source's handshakes.
+struct Admitted {
+    slot: OwnedSemaphorePermit,
+    handshake: Handshaking,
+}
+
+/// A place among one source's connections in their handshake, given back
+/// when dropped.
+struct Handshaking {
+    peers: Arc<Peers>,
+    ip: IpAddr,
+}
+
+impl Drop for Handshaking {
+    fn drop(&mut self) {
+        let mut all = self.peers.handshaking.lock();
+        if let Some(n) = all.get_mut(&self.ip) {
+            *n -= 1;
+            if *n == 0 {
+                all.remove(&self.ip);
+            }
+        }
+    }
+}
+
+/// Lets a connection from `addr` in if there is room: a free place among
+/// the connections served, and one among its source's handshakes.
+fn admit(peers: &Arc<Peers>, addr: SocketAddr) -> Option<Admitted> {
+    let Ok(slot) = Arc::clone(&peers.slots).try_acquire_owned() else {
+        peers.refused(addr, "too many peer connections (max_peer_connections)");
+        return None;
+    };
+    let ip = addr.ip();
+    {
+        let mut all = peers.handshaking.lock();
+        let n = all.entry(ip).or_insert(0);
+        if *n >= peers.max_handshakes_per_source {
+            drop(all);
+            peers.refused(
+                addr,
+                "too many connections from this address in their handshake (max_peer_handshakes_per_source)",
+            );
+            return None;
+        }
+        *n += 1;
+    }
+    Some(Admitted {
+        slot,
+        handshake: Handshaking {
+            peers: Arc::clone(peers),
+            ip,
+        },
+    })
 }
 
 const CLUSTER_FILE: &str = "cluster-id";
@@ -324,6 +418,7 @@ impl Peers {
         secret: Option<Vec<u8>>,
         data_dir: PathBuf,
         dialer: Arc<dyn Dialer>,
+        limits: PeerLimits,
     ) -> Result<Arc<Peers>, String> {
         let path = data_dir.join(CLUSTER_FILE);
         let cluster =
@@ -345,12 +440,28 @@ impl Peers {
             cluster: Mutex::new(cluster),
             advertised: Mutex::new(HashMap::new()),
             raft: OnceLock::new(),
-            slots: Arc::new(Semaphore::new(MAX_PEER_CONNECTIONS)),
+            slots: Arc::new(Semaphore::new(
+                limits.max_connections.clamp(1, Semaphore::MAX_PERMITS),
+            )),
             reachable: Mutex::new(HashMap::new()),
             pool: Mutex::new(HashMap::new()),
             dialer,
             timeouts: std::sync::atomic::AtomicU64::new(0),
+            handshaking: Mutex::new(HashMap::new()),
+            max_handshakes_per_source: limits.max_handshakes_per_source.max(1),
+            refusals: Mutex::new((0, None)),
         }))
+    }
+
+    /// Logs a refused connection, at most every [`REFUSALS_LOGGED_EVERY`]
+    /// (with the count of those not logged since).
+    fn refused(&self, addr: SocketAddr, why: &str) {
+        let mut r = self.refusals.lock();
+        r.0 += 1;
+        if r.1.is_none_or(|t| t.elapsed() >= REFUSALS_LOGGED_EVERY) {
+            warn!(%addr, refused = r.0, "refusing a peer connection: {why} (logged at most every 10 s)");
+            *r = (0, Some(std::time::Instant::now()));
+        }
     }
 
     /// Calls to peers (AppendEntries, votes, snapshots) that got no answer
@@ -626,16 +737,21 @@ pub async fn serve(listener: TcpListener, peers: Arc<Peers>, tls: Option<Arc<cra
                 continue;
             }
         };
+        // Let in (or closed) before anything else is spent on it, its TLS
+        // handshake included.
+        let Some(admitted) = admit(&peers, addr) else {
+            continue;
+        };
         let _ = stream.set_nodelay(true);
         match tls.as_ref().and_then(|t| t.peer_acceptor()) {
-            None => serve_stream(Box::new(stream), addr, &peers),
+            None => serve_stream(Box::new(stream), addr, &peers, admitted),
             Some(acceptor) => {
                 let peers = Arc::clone(&peers);
                 tokio::spawn(async move {
                     match tokio::time::timeout(PEER_TLS_HANDSHAKE, acceptor.accept(stream)).await {
-                        Ok(Ok(s)) => serve_stream(Box::new(s), addr, &peers),
-                        Ok(Err(e)) => warn!(%addr, error = %e, "peer TLS handshake failed"),
-                        Err(_) => warn!(%addr, "peer TLS handshake timed out"),
+                        Ok(Ok(s)) => serve_stream(Box::new(s), addr, &peers, admitted),
+                        Ok(Err(e)) => debug!(%addr, error = %e, "peer TLS handshake failed"),
+                        Err(_) => debug!(%addr, "peer TLS handshake timed out"),
                     }
                 });
             }
@@ -647,30 +763,36 @@ pub async fn serve(listener: TcpListener, peers: Arc<Peers>, tls: Option<Arc<cra
 /// their sender is dropped.
 pub async fn serve_incoming(mut incoming: Incoming, peers: Arc<Peers>) {
     while let Some((stream, addr)) = incoming.recv().await {
-        serve_stream(stream, addr, &peers);
+        if let Some(admitted) = admit(&peers, addr) {
+            serve_stream(stream, addr, &peers, admitted);
+        }
     }
 }
 
-/// Serves one accepted peer connection in its own task, if a connection
-/// slot is free.
-fn serve_stream(stream: Box<dyn PeerStream>, addr: SocketAddr, peers: &Arc<Peers>) {
-    let Ok(permit) = Arc::clone(&peers.slots).try_acquire_owned() else {
-        warn!(%addr, max = MAX_PEER_CONNECTIONS, "too many peer connections: refusing one");
-        return;
-    };
+/// Serves one admitted peer connection in its own task.
+fn serve_stream(
+    stream: Box<dyn PeerStream>,
+    addr: SocketAddr,
+    peers: &Arc<Peers>,
+    admitted: Admitted,
+) {
     let peers = Arc::clone(peers);
     tokio::spawn(async move {
-        if let Err(e) = serve_conn(stream, addr, &peers).await {
+        let Admitted { slot, handshake } = admitted;
+        if let Err(e) = serve_conn(stream, addr, &peers, handshake).await {
             debug!(%addr, error = %e, "peer connection ended");
         }
-        drop(permit);
+        drop(slot);
     });
 }
 
+/// Serves one peer connection: the handshake (its place among its source's
+/// handshakes given back once done), then requests.
 async fn serve_conn(
     stream: Box<dyn PeerStream>,
     addr: SocketAddr,
     peers: &Peers,
+    handshake: Handshaking,
 ) -> std::io::Result<()> {
     let mut conn = Framed::new(stream, codec(MAX_HANDSHAKE_FRAME));
     let nonce_s = random16();
@@ -763,6 +885,7 @@ async fn serve_conn(
         },
     )
     .await?;
+    drop(handshake);
     if !hello.client_addr.is_empty() {
         peers
             .advertised
@@ -1228,6 +1351,7 @@ mod tests {
             secret.map(|s| s.as_bytes().to_vec()),
             d,
             Arc::new(TcpDialer),
+            PeerLimits::default(),
         )
         .unwrap();
         if let Some(c) = cluster {
@@ -1253,6 +1377,7 @@ mod tests {
                 secret.map(|s| s.as_bytes().to_vec()),
                 d,
                 Arc::new(TcpDialer),
+                PeerLimits::default(),
             )
             .unwrap();
             if let Some(c) = cluster {
@@ -1327,7 +1452,15 @@ mod tests {
         drop(s);
         let d = dir.0.join("prober");
         std::fs::create_dir_all(&d).unwrap();
-        let me = Peers::new(1, String::new(), None, d, Arc::new(TcpDialer)).unwrap();
+        let me = Peers::new(
+            1,
+            String::new(),
+            None,
+            d,
+            Arc::new(TcpDialer),
+            PeerLimits::default(),
+        )
+        .unwrap();
         assert!(PeerClient::new(me, 2, addr).probe().await.is_ok());
         drop(peers);
     }
