@@ -257,6 +257,81 @@ async fn a_leader_with_a_stalled_disk_acknowledges_through_its_followers() {
     .await;
 }
 
+/// A leader whose entries reached its followers but not its own disk,
+/// killed with -9 and restarted at once (within the followers' lease on
+/// it), does not lead again in its old term: its log lacks entries the
+/// followers hold under that term, and leading under it would give their
+/// log ids to other entries. Every acknowledged outcome stays, and every
+/// node ends with the same records.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_restarted_at_once_without_its_unwritten_entries_does_not_lead_in_its_old_term() {
+    let slow = DataDir::new("restarted-leader-delays");
+    std::fs::create_dir_all(&slow.0).unwrap();
+    let file = |id: u64| slow.0.join(format!("n{id}"));
+    let env_of = |id: u64| {
+        vec![(
+            "IDEMD_UNSAFE_TEST_SLOW_SYNC_FILE".to_owned(),
+            file(id).to_str().unwrap().to_owned(),
+        )]
+    };
+    let mut c = Cluster::start_each("restarted-leader", 3, env_of).await;
+    let l = c.leader().await;
+    let term = c.members[l].info("cluster_current_epoch").await;
+    std::fs::write(file(c.members[l].id), "3000").unwrap();
+    let mut conn = c.members[l].conn().await;
+    let mut completed = Vec::new();
+    for i in 0..10 {
+        let k = format!("unwritten-{i}");
+        let f = conn.acquire(&["CLAIM", &k, "LEASE", "60000"]).await;
+        assert_eq!(
+            conn.cmd(&["COMPLETE", &k, &f.to_string(), &format!("v{i}")])
+                .await,
+            ok()
+        );
+        completed.push((k, format!("v{i}")));
+    }
+    // Its writer is still in the first stalled sync: kill it, and bring it
+    // back at once on a healthy disk.
+    c.members[l].kill().await;
+    std::fs::write(file(c.members[l].id), "0").unwrap();
+    let id = c.members[l].id;
+    let env = env_of(id);
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    c.members[l].start(None, &env).await;
+    let l2 = c.leader().await;
+    assert_ne!(
+        c.members[l2].info("cluster_current_epoch").await,
+        term,
+        "the cluster is led in the old term again"
+    );
+    let mut conn = c.members[l2].conn().await;
+    for (k, v) in &completed {
+        assert_eq!(
+            claim(conn.cmd(&["CLAIM", k]).await),
+            ClaimReply::Completed {
+                outcome: Outcome::Ok,
+                value: v.clone().into()
+            },
+            "{k} was acknowledged, then lost when its leader came back"
+        );
+    }
+    // Every node holds the same records (each applied the same entries).
+    let want = int(&conn.cmd(&["DBSIZE"]).await);
+    let applied: u64 = c.members[l2]
+        .info("idem_applied_index")
+        .await
+        .parse()
+        .unwrap();
+    for m in &c.members {
+        eventually("every node applies the same records", async || {
+            let a: u64 = m.info("idem_applied_index").await.parse().unwrap_or(0);
+            let mut mc = m.conn().await;
+            (a >= applied && int(&mc.cmd(&["DBSIZE"]).await) == want).then_some(())
+        })
+        .await;
+    }
+}
+
 /// A cluster where one follower's disk takes 250 ms per sync, with the
 /// leader's `append_timeout_ms`: five writes, then that follower catches
 /// up; the RPCs that ran out of time on the leader meanwhile (INFO

@@ -459,12 +459,15 @@ fn check_lease(w: &Watch, lost: &mut bool) {
 /// Becomes the serving leader of `term` once every entry of its log is
 /// applied, the last of them of `term`. After an election that last entry
 /// is the blank one a new leader appends (its commit also shows that a
-/// majority follows this leader). It matters when a leader restarts
-/// quickly: openraft then resumes its leadership in the same term, with
-/// entries of that term applied before the crash already, and the entries
-/// after them (acknowledged to clients before the crash) known committed
-/// again only once a majority has answered the resumed leader; its log
-/// holds them all, so waiting for its whole log to be applied is enough.
+/// majority follows this leader). It matters for a node alone in its
+/// membership that restarts: openraft resumes its leadership in the same
+/// term (a leader of other members comes back as a follower instead: see
+/// `step_down_at_restart`),
+/// with entries of that term applied before the crash already, and the
+/// entries after them (acknowledged to clients before the crash) known
+/// committed again only once it has flushed them; a node alone writes
+/// each entry before it replicates or commits it, so its log holds them
+/// all, and waiting for its whole log to be applied is enough.
 async fn promote(w: Arc<Watch>, term: u64) {
     let me = w.peers.node_id();
     let mut rx = w.raft.metrics();

@@ -305,8 +305,9 @@ impl RaftEngine {
         if cfg.cluster.peer_listen.is_none() {
             log.inline_below(INLINE_APPEND_BELOW);
         }
-        let sm = StateMachine::open(Arc::clone(&store), &data_dir)?
+        let mut sm = StateMachine::open(Arc::clone(&store), &data_dir)?
             .snapshots_on_own_thread(io.writing == log_store::Writing::Thread);
+        step_down_at_restart(&log, &mut sm, cfg.node_id).await?;
         let peers = peer::Peers::new(
             cfg.node_id,
             cfg.cluster.client_advertise.clone(),
@@ -329,7 +330,9 @@ impl RaftEngine {
         let raft_config = openraft::Config {
             cluster_name: "idem".into(),
             heartbeat_interval: (cfg.election_timeout_ms / 3).max(1),
-            append_entries_timeout: cfg.append_timeout_ms,
+            // openraft's own deadline; the peer client gives up at its
+            // soft deadline, three quarters of it: append_timeout_ms.
+            append_entries_timeout: cfg.append_timeout_ms.saturating_mul(4) / 3,
             election_timeout_min: cfg.election_timeout_ms,
             election_timeout_max: cfg.election_timeout_ms * 2,
             snapshot_policy: SnapshotPolicy::LogsSinceLast(cfg.snapshot_entries),
@@ -850,6 +853,52 @@ impl Limits {
             Err(_) => true,
         }
     }
+}
+
+/// A cluster node that led when it stopped does not lead again under the
+/// same vote. openraft restores a node whose saved vote is its own
+/// committed one as leader at once, in the same term; but a leader sends
+/// its entries to the followers while it writes them itself (the vendored
+/// openraft's `append_to_log_in_background`), so after a kill -9 its log can
+/// lack entries the followers hold under that very term, and leading again
+/// under it would hand the same log ids to other entries. Its vote is
+/// raised to an uncommitted one of the next term instead: it starts as a
+/// follower, and an election in a later term decides (the most up-to-date
+/// log wins). Raising a vote never breaks Raft's rules: the node only
+/// declines to vote for others in that term. A node alone in its
+/// membership waits for each flush before it commits (and replicates to
+/// no one), so it leads again at once as before.
+async fn step_down_at_restart(
+    log: &LogStore,
+    sm: &mut StateMachine,
+    me: NodeId,
+) -> Result<(), StartError> {
+    use openraft::storage::{RaftLogStorage, StorageHelper};
+    let mut log = log.clone();
+    let vote = log
+        .read_vote()
+        .await
+        .map_err(|e| StartError::Raft(e.to_string()))?;
+    let Some(v) = vote.filter(|v| v.is_committed() && v.leader_id().voted_for() == Some(me)) else {
+        return Ok(());
+    };
+    // The membership it led (the last in its log, else the applied one):
+    // the same test as the one that sends a leader's writes beside its own.
+    let membership = StorageHelper::new(&mut log, sm)
+        .get_membership()
+        .await
+        .map_err(|e| StartError::Raft(e.to_string()))?;
+    if membership.effective().nodes().nth(1).is_some() {
+        let term = v.leader_id().get_term();
+        log.save_vote(&types::Vote::new(term + 1, me))
+            .await
+            .map_err(|e| StartError::Raft(e.to_string()))?;
+        info!(
+            term,
+            "this node led when it stopped: it rejoins as a follower, and an election in a later term decides who leads"
+        );
+    }
+    Ok(())
 }
 
 /// What the proposer writes through.

@@ -810,7 +810,7 @@ async fn serve_conn(
     .await
     .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "handshake timed out"))??;
     let refuse = |why: String| {
-        warn!(%addr, from = hello.from, reason = %why, "refused a peer connection");
+        peers.refused(addr, &format!("from node {}: {why}", hello.from));
         why
     };
     let mine = peers.cluster();
@@ -1097,16 +1097,28 @@ impl PeerClient {
         }
     }
 
+    /// One call, answered by `ttl` (openraft's soft deadline: its own hard
+    /// one comes later, so a call that runs out of time is counted here).
+    /// One that gets no answer in time is reported as unreachable, so
+    /// openraft backs off before it sends to that peer again, and the idle
+    /// connections kept for the peer are dropped (a host that vanished
+    /// would leave each to run out of time in turn).
     async fn call(&mut self, req: Request, ttl: Duration) -> Result<Response, CallError> {
-        let result = self.call_once(req, ttl).await;
-        if let Err(CallError::Unreachable(e) | CallError::Network(e)) = &result
-            && e.kind() == std::io::ErrorKind::TimedOut
-        {
-            self.peers
-                .timeouts
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        match self.call_once(req, ttl).await {
+            Err(CallError::Unreachable(e) | CallError::Network(e))
+                if e.kind() == std::io::ErrorKind::TimedOut =>
+            {
+                self.peers
+                    .timeouts
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                self.peers
+                    .pool
+                    .lock()
+                    .retain(|(target, _, _), _| *target != self.target);
+                Err(CallError::Unreachable(e))
+            }
+            other => other,
         }
-        result
     }
 
     async fn call_once(&mut self, req: Request, ttl: Duration) -> Result<Response, CallError> {
@@ -1260,7 +1272,7 @@ impl openraft::RaftNetwork<TypeConfig> for PeerClient {
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
-        let got = self.call(Request::Append(rpc), option.hard_ttl()).await;
+        let got = self.call(Request::Append(rpc), option.soft_ttl()).await;
         answer(self.target, got, |r| match r {
             Response::Append(a) => Ok(a),
             other => Err(other),
@@ -1275,7 +1287,7 @@ impl openraft::RaftNetwork<TypeConfig> for PeerClient {
         InstallSnapshotResponse<NodeId>,
         RPCError<NodeId, BasicNode, RaftError<NodeId, InstallSnapshotError>>,
     > {
-        let got = self.call(Request::Snapshot(rpc), option.hard_ttl()).await;
+        let got = self.call(Request::Snapshot(rpc), option.soft_ttl()).await;
         answer(self.target, got, |r| match r {
             Response::Snapshot(a) => Ok(a),
             other => Err(other),
@@ -1287,7 +1299,7 @@ impl openraft::RaftNetwork<TypeConfig> for PeerClient {
         rpc: VoteRequest<NodeId>,
         option: RPCOption,
     ) -> Result<VoteResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
-        let got = self.call(Request::Vote(rpc), option.hard_ttl()).await;
+        let got = self.call(Request::Vote(rpc), option.soft_ttl()).await;
         answer(self.target, got, |r| match r {
             Response::Vote(a) => Ok(a),
             other => Err(other),

@@ -1698,7 +1698,8 @@ where
                 // thesis, 10.2.1), and the core serves other messages meanwhile. The flush
                 // comes back as `Notify::LocalLogFlushed`, which counts the leader's own
                 // progress towards the quorum then.
-                if self.engine.leader_handler().is_ok() && self.engine.state.membership_state.effective().nodes().nth(1).is_some() {
+                let leading = self.engine.leader.as_ref().is_some_and(|l| l.vote == vote);
+                if leading && self.engine.state.membership_state.effective().nodes().nth(1).is_some() {
                     self.append_to_log_in_background(entries, vote, last_log_id).await?;
                     return Ok(None);
                 }
