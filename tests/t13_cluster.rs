@@ -332,6 +332,67 @@ async fn a_leader_restarted_at_once_without_its_unwritten_entries_does_not_lead_
     }
 }
 
+/// A node alone in its membership writes the entry that adds its first
+/// member before it sends that member anything: whatever it sends later
+/// is sent under a membership on its disk, so if it is killed and comes
+/// back it knows it led others and steps down (it never hands out again
+/// log ids the new member holds). Its syncs stall here for 1.5 s: while
+/// the CLUSTER ADD's entry is on its way to its disk, the new member has
+/// received nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_membership_change_is_on_the_leaders_disk_before_the_new_member_hears_of_it() {
+    let slow = DataDir::new("grow-stalled-delays");
+    std::fs::create_dir_all(&slow.0).unwrap();
+    let file = slow.0.join("n1");
+    let env = [(
+        "IDEMD_UNSAFE_TEST_SLOW_SYNC_FILE",
+        file.to_str().unwrap().to_owned(),
+    )];
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let mut one = Member::new("grow-stalled", 1);
+    let initial = format!("1={}", one.peer);
+    one.start(Some(&initial), &env).await;
+    let mut conn = one.conn().await;
+    eventually("the node of one serves", async || {
+        matches!(conn.cmd(&["CLAIM", "first"]).await, Frame::Array(_)).then_some(())
+    })
+    .await;
+    let mut two = Member::new("grow-stalled", 2);
+    two.start(None, &[]).await;
+    std::fs::write(&file, "1500").unwrap();
+    let add = tokio::spawn({
+        let (client, peer, addr) = (one.client, two.peer, two.client);
+        async move {
+            let mut c = Conn::connect(client).await;
+            c.cmd(&["CLUSTER", "ADD", "2", &peer.to_string(), &addr.to_string()])
+                .await
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert_eq!(
+        two.info("idem_applied_index").await,
+        "0",
+        "the new member heard of the change before it was on the leader's disk"
+    );
+    let mut tc = two.conn().await;
+    assert_eq!(
+        info_field(&mut tc, "raft_last_log_index").await,
+        0,
+        "the new member was sent entries before the change was on the leader's disk"
+    );
+    std::fs::write(&file, "0").unwrap();
+    assert_eq!(add.await.unwrap(), ok());
+    eventually("the new member catches up", async || {
+        (two.info("idem_applied_index")
+            .await
+            .parse::<u64>()
+            .unwrap_or(0)
+            > 0)
+        .then_some(())
+    })
+    .await;
+}
+
 /// A cluster where one follower's disk takes 250 ms per sync, with the
 /// leader's `append_timeout_ms`: five writes, then that follower catches
 /// up; the RPCs that ran out of time on the leader meanwhile (INFO

@@ -46,6 +46,7 @@ use crate::engine::Engine;
 use crate::engine::Respond;
 use crate::entry::FromAppData;
 use crate::entry::RaftEntry;
+use crate::entry::RaftPayload;
 use crate::error::ClientWriteError;
 use crate::error::Fatal;
 use crate::error::ForwardToLeader;
@@ -1697,9 +1698,16 @@ where
                 // `Replicate` follows at once, so the followers write while it does (Raft
                 // thesis, 10.2.1), and the core serves other messages meanwhile. The flush
                 // comes back as `Notify::LocalLogFlushed`, which counts the leader's own
-                // progress towards the quorum then.
+                // progress towards the quorum then. A batch that changes the membership is
+                // written first, as before: the membership on the leader's disk then always
+                // names every node it may have sent unwritten entries to (a restarted leader
+                // of other members steps down; see Idem's `step_down_at_restart`).
                 let leading = self.engine.leader.as_ref().is_some_and(|l| l.vote == vote);
-                if leading && self.engine.state.membership_state.effective().nodes().nth(1).is_some() {
+                let changes_membership = entries.iter().any(|e| e.get_membership().is_some());
+                if leading
+                    && !changes_membership
+                    && self.engine.state.membership_state.effective().nodes().nth(1).is_some()
+                {
                     self.append_to_log_in_background(entries, vote, last_log_id).await?;
                     return Ok(None);
                 }
