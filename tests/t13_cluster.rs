@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use idem_protocol::{ClaimReply, Frame, Outcome, key_slot};
 
-use crate::support::cluster::{Cluster, Member};
+use crate::support::cluster::{Cluster, Member, SlowSyncs, assert_completed};
 use crate::support::*;
 
 /// The `-MOVED` target of an error reply.
@@ -126,16 +126,12 @@ async fn kill_9_of_the_leader_loses_no_acknowledged_record() {
         let l2 = c.leader().await;
         assert_ne!(l2, l);
         let mut conn = c.members[l2].conn().await;
-        for (k, v) in &completed {
-            assert_eq!(
-                claim(conn.cmd(&["CLAIM", k]).await),
-                ClaimReply::Completed {
-                    outcome: Outcome::Ok,
-                    value: v.clone().into()
-                },
-                "{k} lost its outcome in failover {round}"
-            );
-        }
+        assert_completed(
+            &mut conn,
+            &completed,
+            &format!("lost its outcome in failover {round}"),
+        )
+        .await;
         for (k, f) in &held {
             // Still owned: another caller is told so, the owner can renew.
             match claim(conn.cmd(&["CLAIM", k]).await) {
@@ -159,14 +155,9 @@ async fn kill_9_of_the_leader_loses_no_acknowledged_record() {
         // The killed node restarts on its data and rejoins as a follower.
         c.members[l].start(None, &[]).await;
         let applied = c.members[l2].info("idem_applied_index").await;
-        let m = &c.members[l];
-        eventually("the restarted node catches up", async || {
-            let a = m.info("idem_applied_index").await;
-            (a.parse::<u64>().unwrap_or(0) >= applied.parse::<u64>().unwrap()
-                && m.info("idem_role").await == "follower")
-                .then_some(())
-        })
-        .await;
+        c.members[l]
+            .caught_up_as_follower(applied.parse().unwrap(), "the restarted node catches up")
+            .await;
     }
 }
 
@@ -178,19 +169,11 @@ async fn kill_9_of_the_leader_loses_no_acknowledged_record() {
 /// the milliseconds in `IDEMD_UNSAFE_TEST_SLOW_SYNC_FILE`.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leader_with_a_stalled_disk_acknowledges_through_its_followers() {
-    let slow = DataDir::new("stalled-disk-delays");
-    std::fs::create_dir_all(&slow.0).unwrap();
-    let file = |id: u64| slow.0.join(format!("n{id}"));
-    let env_of = |id: u64| {
-        vec![(
-            "IDEMD_UNSAFE_TEST_SLOW_SYNC_FILE".to_owned(),
-            file(id).to_str().unwrap().to_owned(),
-        )]
-    };
-    let mut c = Cluster::start_each("stalled-disk", 3, env_of).await;
+    let slow = SlowSyncs::new("stalled-disk");
+    let mut c = Cluster::start_each("stalled-disk", 3, |id| slow.env(id)).await;
     let l = c.leader().await;
     let stall = Duration::from_millis(2_000);
-    std::fs::write(file(c.members[l].id), stall.as_millis().to_string()).unwrap();
+    slow.set(c.members[l].id, stall.as_millis() as u64);
     let mut conn = c.members[l].conn().await;
     let syncs_before = info_field(&mut conn, "wal_fsyncs").await;
     let writes_started = std::time::Instant::now();
@@ -226,35 +209,25 @@ async fn a_leader_with_a_stalled_disk_acknowledges_through_its_followers() {
     let l2 = c.leader().await;
     assert_ne!(l2, l);
     let mut conn = c.members[l2].conn().await;
-    for (k, v) in &completed {
-        assert_eq!(
-            claim(conn.cmd(&["CLAIM", k]).await),
-            ClaimReply::Completed {
-                outcome: Outcome::Ok,
-                value: v.clone().into()
-            },
-            "{k} was acknowledged by the stalled leader and then lost"
-        );
-    }
+    assert_completed(
+        &mut conn,
+        &completed,
+        "was acknowledged by the stalled leader and then lost",
+    )
+    .await;
     // Its disk healthy again, the old leader rejoins on its data and
     // catches up on what it had not written.
-    std::fs::write(file(c.members[l].id), "0").unwrap();
     let id = c.members[l].id;
-    let env: Vec<(String, String)> = env_of(id);
-    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-    c.members[l].start(None, &env).await;
+    slow.set(id, 0);
+    c.members[l].start_env(None, &slow.env(id)).await;
     let applied: u64 = c.members[l2]
         .info("idem_applied_index")
         .await
         .parse()
         .unwrap();
-    let m = &c.members[l];
-    eventually("the old leader rejoins and catches up", async || {
-        let a = m.info("idem_applied_index").await;
-        (a.parse::<u64>().unwrap_or(0) >= applied && m.info("idem_role").await == "follower")
-            .then_some(())
-    })
-    .await;
+    c.members[l]
+        .caught_up_as_follower(applied, "the old leader rejoins and catches up")
+        .await;
 }
 
 /// A leader whose entries reached its followers but not its own disk,
@@ -265,19 +238,11 @@ async fn a_leader_with_a_stalled_disk_acknowledges_through_its_followers() {
 /// node ends with the same records.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leader_restarted_at_once_without_its_unwritten_entries_does_not_lead_in_its_old_term() {
-    let slow = DataDir::new("restarted-leader-delays");
-    std::fs::create_dir_all(&slow.0).unwrap();
-    let file = |id: u64| slow.0.join(format!("n{id}"));
-    let env_of = |id: u64| {
-        vec![(
-            "IDEMD_UNSAFE_TEST_SLOW_SYNC_FILE".to_owned(),
-            file(id).to_str().unwrap().to_owned(),
-        )]
-    };
-    let mut c = Cluster::start_each("restarted-leader", 3, env_of).await;
+    let slow = SlowSyncs::new("restarted-leader");
+    let mut c = Cluster::start_each("restarted-leader", 3, |id| slow.env(id)).await;
     let l = c.leader().await;
     let term = c.members[l].info("cluster_current_epoch").await;
-    std::fs::write(file(c.members[l].id), "3000").unwrap();
+    slow.set(c.members[l].id, 3000);
     let mut conn = c.members[l].conn().await;
     let mut completed = Vec::new();
     for i in 0..10 {
@@ -293,11 +258,9 @@ async fn a_leader_restarted_at_once_without_its_unwritten_entries_does_not_lead_
     // Its writer is still in the first stalled sync: kill it, and bring it
     // back at once on a healthy disk.
     c.members[l].kill().await;
-    std::fs::write(file(c.members[l].id), "0").unwrap();
     let id = c.members[l].id;
-    let env = env_of(id);
-    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-    c.members[l].start(None, &env).await;
+    slow.set(id, 0);
+    c.members[l].start_env(None, &slow.env(id)).await;
     let l2 = c.leader().await;
     assert_ne!(
         c.members[l2].info("cluster_current_epoch").await,
@@ -305,16 +268,12 @@ async fn a_leader_restarted_at_once_without_its_unwritten_entries_does_not_lead_
         "the cluster is led in the old term again"
     );
     let mut conn = c.members[l2].conn().await;
-    for (k, v) in &completed {
-        assert_eq!(
-            claim(conn.cmd(&["CLAIM", k]).await),
-            ClaimReply::Completed {
-                outcome: Outcome::Ok,
-                value: v.clone().into()
-            },
-            "{k} was acknowledged, then lost when its leader came back"
-        );
-    }
+    assert_completed(
+        &mut conn,
+        &completed,
+        "was acknowledged, then lost when its leader came back",
+    )
+    .await;
     // Every node holds the same records (each applied the same entries).
     let want = int(&conn.cmd(&["DBSIZE"]).await);
     let applied: u64 = c.members[l2]
@@ -341,17 +300,10 @@ async fn a_leader_restarted_at_once_without_its_unwritten_entries_does_not_lead_
 /// received nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_membership_change_is_on_the_leaders_disk_before_the_new_member_hears_of_it() {
-    let slow = DataDir::new("grow-stalled-delays");
-    std::fs::create_dir_all(&slow.0).unwrap();
-    let file = slow.0.join("n1");
-    let env = [(
-        "IDEMD_UNSAFE_TEST_SLOW_SYNC_FILE",
-        file.to_str().unwrap().to_owned(),
-    )];
-    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let slow = SlowSyncs::new("grow-stalled");
     let mut one = Member::new("grow-stalled", 1);
     let initial = format!("1={}", one.peer);
-    one.start(Some(&initial), &env).await;
+    one.start_env(Some(&initial), &slow.env(1)).await;
     let mut conn = one.conn().await;
     eventually("the node of one serves", async || {
         matches!(conn.cmd(&["CLAIM", "first"]).await, Frame::Array(_)).then_some(())
@@ -359,7 +311,7 @@ async fn a_membership_change_is_on_the_leaders_disk_before_the_new_member_hears_
     .await;
     let mut two = Member::new("grow-stalled", 2);
     two.start(None, &[]).await;
-    std::fs::write(&file, "1500").unwrap();
+    slow.set(1, 1500);
     let add = tokio::spawn({
         let (client, peer, addr) = (one.client, two.peer, two.client);
         async move {
@@ -380,7 +332,7 @@ async fn a_membership_change_is_on_the_leaders_disk_before_the_new_member_hears_
         0,
         "the new member was sent entries before the change was on the leader's disk"
     );
-    std::fs::write(&file, "0").unwrap();
+    slow.set(1, 0);
     assert_eq!(add.await.unwrap(), ok());
     eventually("the new member catches up", async || {
         (two.info("idem_applied_index")
@@ -398,27 +350,21 @@ async fn a_membership_change_is_on_the_leaders_disk_before_the_new_member_hears_
 /// up; the RPCs that ran out of time on the leader meanwhile (INFO
 /// `raft_peer_timeouts`).
 async fn writes_with_a_slow_follower(name: &str, append_timeout_ms: &str) -> u64 {
-    let slow = DataDir::new(&format!("{name}-delays"));
-    std::fs::create_dir_all(&slow.0).unwrap();
-    let file = |id: u64| slow.0.join(format!("n{id}"));
+    let slow = SlowSyncs::new(name);
     let c = Cluster::start_each(name, 3, |id| {
-        vec![
-            (
-                "IDEMD_UNSAFE_TEST_SLOW_SYNC_FILE".to_owned(),
-                file(id).to_str().unwrap().to_owned(),
-            ),
-            (
-                "IDEM_APPEND_TIMEOUT_MS".to_owned(),
-                append_timeout_ms.to_owned(),
-            ),
-        ]
+        let mut env = slow.env(id);
+        env.push((
+            "IDEM_APPEND_TIMEOUT_MS".to_owned(),
+            append_timeout_ms.to_owned(),
+        ));
+        env
     })
     .await;
     let l = c.leader().await;
     // One follower slow: the other keeps the leader's majority (and its
     // lease) fresh.
     let slow_one = c.followers().await[0];
-    std::fs::write(file(c.members[slow_one].id), "250").unwrap();
+    slow.set(c.members[slow_one].id, 250);
     let mut conn = c.members[l].conn().await;
     let before = info_field(&mut conn, "raft_peer_timeouts").await;
     for i in 0..5 {

@@ -4,9 +4,9 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use idem_protocol::Frame;
+use idem_protocol::{ClaimReply, Frame, Outcome};
 
-use super::{Conn, DataDir, Idemd, bulk};
+use super::{Conn, DataDir, Idemd, bulk, claim, eventually};
 
 /// A free loopback port (bound, then released), never one this test
 /// process handed out before: the kernel may give a released port again.
@@ -77,6 +77,22 @@ impl Member {
         self.proc = Some(Idemd::start_with(env, &args).await);
     }
 
+    /// [`start`](Self::start) with an owned environment.
+    pub async fn start_env(&mut self, initial: Option<&str>, env: &[(String, String)]) {
+        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        self.start(initial, &env).await;
+    }
+
+    /// Waits until it has applied `applied` as a follower.
+    pub async fn caught_up_as_follower(&self, applied: u64, what: &str) {
+        eventually(what, async || {
+            let a = self.info("idem_applied_index").await;
+            (a.parse::<u64>().unwrap_or(0) >= applied && self.info("idem_role").await == "follower")
+                .then_some(())
+        })
+        .await;
+    }
+
     /// kill -9.
     pub async fn kill(&mut self) {
         if let Some(mut p) = self.proc.take() {
@@ -110,6 +126,49 @@ impl Member {
             .unwrap_or("")
             .trim()
             .to_owned()
+    }
+}
+
+/// Slowed disks: in debug builds each log sync of a node started with
+/// [`SlowSyncs::env`] first sleeps the milliseconds its file holds (read
+/// at every sync, so a test can slow one node once it knows its role).
+pub struct SlowSyncs(DataDir);
+
+impl SlowSyncs {
+    /// Delay files under a fresh directory named after `name`, none set.
+    pub fn new(name: &str) -> SlowSyncs {
+        let dir = DataDir::new(&format!("{name}-delays"));
+        std::fs::create_dir_all(&dir.0).unwrap();
+        SlowSyncs(dir)
+    }
+
+    /// The environment that points node `id` at its delay file.
+    pub fn env(&self, id: u64) -> Vec<(String, String)> {
+        let file = self.0.0.join(format!("n{id}"));
+        vec![(
+            "IDEMD_UNSAFE_TEST_SLOW_SYNC_FILE".to_owned(),
+            file.to_str().unwrap().to_owned(),
+        )]
+    }
+
+    /// Makes node `id`'s log syncs take `ms` more (0: none).
+    pub fn set(&self, id: u64, ms: u64) {
+        std::fs::write(self.0.0.join(format!("n{id}")), ms.to_string()).unwrap();
+    }
+}
+
+/// Claims every `(key, value)` on `conn`: each must be completed with that
+/// value (`why` ends the message of one that is not).
+pub async fn assert_completed(conn: &mut Conn, completed: &[(String, String)], why: &str) {
+    for (k, v) in completed {
+        assert_eq!(
+            claim(conn.cmd(&["CLAIM", k]).await),
+            ClaimReply::Completed {
+                outcome: Outcome::Ok,
+                value: v.clone().into()
+            },
+            "{k} {why}"
+        );
     }
 }
 

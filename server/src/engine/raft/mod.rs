@@ -855,7 +855,7 @@ impl Limits {
     }
 }
 
-/// A cluster node that led when it stopped does not lead again under the
+/// A node that led other members when it stopped does not lead again under the
 /// same vote. openraft restores a node whose saved vote is its own
 /// committed one as leader at once, in the same term; but a leader sends
 /// its entries to the followers while it writes them itself (the vendored
