@@ -414,7 +414,8 @@ pub fn info_text(node: &Node, wanted: &[String]) -> String {
                 "raft_term:{}\r\nraft_leader:{}\r\nraft_last_log_index:{}\r\nraft_commit_index:{}\r\nraft_applied_index:{}\r\n\
                  raft_snapshot_index:{}\r\nraft_snapshots_built:{}\r\nraft_snapshot_time_sec:{:.3}\r\n\
                  raft_snapshot_pause_ms:{}\r\nraft_snapshot_pause_max_ms:{}\r\n\
-                 raft_log_entries:{}\r\nraft_log_bytes:{}\r\nraft_peer_timeouts:{}\r\n",
+                 raft_log_entries:{}\r\nraft_log_bytes:{}\r\nraft_peer_timeouts:{}\r\n\
+                 raft_appends_sent:{}\r\nraft_appends_empty:{}\r\n",
                 r.term,
                 u8::from(r.leader),
                 r.last_log_index,
@@ -427,7 +428,9 @@ pub fn info_text(node: &Node, wanted: &[String]) -> String {
                 r.snapshot_pause_max_ms,
                 r.log_entries,
                 r.log_bytes,
-                r.peer_timeouts
+                r.peer_timeouts,
+                r.appends_sent,
+                r.appends_empty
             );
         }
     });

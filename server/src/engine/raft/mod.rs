@@ -57,6 +57,11 @@ use types::{Batch, NodeId, TypeConfig};
 pub const SNAPSHOT_CHUNK_BYTES: u64 = 1 << 20;
 /// How long one snapshot chunk may take (the last one installs it), ms.
 pub const INSTALL_SNAPSHOT_TIMEOUT_MS: u64 = 30_000;
+/// How long a leader may wait, ms, before it tells a follower of a newer
+/// commit with an AppendEntries of its own: the next entries it sends carry
+/// that news, so a follower then only applies a little later. (openraft
+/// `Config::commit_send_delay`.)
+pub const COMMIT_SEND_DELAY_MS: u64 = 5;
 /// Log entries in one AppendEntries, at most.
 pub const MAX_PAYLOAD_ENTRIES: u64 = 64;
 
@@ -333,6 +338,10 @@ impl RaftEngine {
             // openraft's own deadline; the peer client gives up at its
             // soft deadline, three quarters of it: append_timeout_ms.
             append_entries_timeout: cfg.append_timeout_ms.saturating_mul(4) / 3,
+            // Under load the next batch follows a commit within a fraction
+            // of this and carries it to the followers: an AppendEntries of
+            // its own for every commit would double their messages.
+            commit_send_delay: COMMIT_SEND_DELAY_MS,
             election_timeout_min: cfg.election_timeout_ms,
             election_timeout_max: cfg.election_timeout_ms * 2,
             snapshot_policy: SnapshotPolicy::LogsSinceLast(cfg.snapshot_entries),
@@ -482,6 +491,7 @@ impl RaftEngine {
                 min_free_disk: cfg.min_free_disk_bytes,
                 snapshot_bytes: cfg.snapshot_log_bytes,
                 dir: data_dir.clone(),
+                proposal_timeout: Duration::from_millis(cfg.proposal_timeout_ms),
             },
             Arc::clone(&stats),
         ));
@@ -720,6 +730,8 @@ impl RaftEngine {
             log_entries,
             log_bytes,
             peer_timeouts: self.peers.timeouts(),
+            appends_sent: self.peers.appends().0,
+            appends_empty: self.peers.appends().1,
         }
     }
 
@@ -817,6 +829,11 @@ pub struct RaftInfo {
     pub log_bytes: u64,
     /// Calls to peers that got no answer by their deadline, since start.
     pub peer_timeouts: u64,
+    /// AppendEntries sent to peers since start.
+    pub appends_sent: u64,
+    /// Of those, the ones with no entries: heartbeats, and news of a
+    /// commit that no entries followed within `COMMIT_SEND_DELAY_MS`.
+    pub appends_empty: u64,
 }
 
 fn op_size(op: &Op) -> usize {
@@ -842,6 +859,9 @@ struct Limits {
     min_free_disk: u64,
     snapshot_bytes: u64,
     dir: PathBuf,
+    /// `proposal_timeout_ms`: past it an entry no longer holds its place
+    /// in flight.
+    proposal_timeout: Duration,
 }
 
 impl Limits {
@@ -995,8 +1015,26 @@ async fn propose(p: Proposer, proposals: Arc<queue::Queue>, limits: Limits, stat
                 continue;
             }
         };
+        let hold = limits.proposal_timeout;
         tokio::spawn(async move {
-            match rx.await {
+            // The entry's place in flight is given back at its answer, or
+            // after proposal_timeout_ms without one (its callers have had
+            // their -TRYAGAIN by then): an answer that never comes must
+            // not stop this node's writes for good.
+            let mut rx = rx;
+            let mut permit = Some(permit);
+            let answer = match tokio::time::timeout(hold, &mut rx).await {
+                Ok(answer) => answer,
+                Err(_) => {
+                    warn!(
+                        proposal_timeout_ms = hold.as_millis() as u64,
+                        "an entry is not answered within proposal_timeout_ms: later writes no longer wait for it"
+                    );
+                    permit = None;
+                    rx.await
+                }
+            };
+            match answer {
                 Ok(Ok(resp)) => {
                     for (tx, applied) in txs.into_iter().zip(resp.data.0) {
                         let _ = tx.send(Ok(applied));

@@ -324,6 +324,9 @@ pub struct Peers {
     dialer: Arc<dyn Dialer>,
     /// Calls to peers that got no answer by their deadline.
     timeouts: std::sync::atomic::AtomicU64,
+    /// AppendEntries sent to peers, and those of them with no entries
+    /// (heartbeats and news of a commit).
+    appends: [std::sync::atomic::AtomicU64; 2],
     /// Connections in their handshake, by source address (only addresses
     /// with some).
     handshaking: Mutex<HashMap<IpAddr, usize>>,
@@ -447,6 +450,7 @@ impl Peers {
             pool: Mutex::new(HashMap::new()),
             dialer,
             timeouts: std::sync::atomic::AtomicU64::new(0),
+            appends: Default::default(),
             handshaking: Mutex::new(HashMap::new()),
             max_handshakes_per_source: limits.max_handshakes_per_source.max(1),
             refusals: Mutex::new((0, None)),
@@ -468,6 +472,16 @@ impl Peers {
     /// by their deadline, since start.
     pub fn timeouts(&self) -> u64 {
         self.timeouts.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// AppendEntries sent to peers since start, and how many of them
+    /// carried no entries.
+    pub fn appends(&self) -> (u64, u64) {
+        let [all, empty] = &self.appends;
+        (
+            all.load(std::sync::atomic::Ordering::Relaxed),
+            empty.load(std::sync::atomic::Ordering::Relaxed),
+        )
     }
 
     /// This node's id.
@@ -1272,6 +1286,10 @@ impl openraft::RaftNetwork<TypeConfig> for PeerClient {
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
+        let counted = if rpc.entries.is_empty() { 2 } else { 1 };
+        for c in &self.peers.appends[..counted] {
+            c.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
         let got = self.call(Request::Append(rpc), option.soft_ttl()).await;
         answer(self.target, got, |r| match r {
             Response::Append(a) => Ok(a),

@@ -135,6 +135,13 @@ pub struct Config {
     #[clap(long, default_value = "0")]
     pub append_entries_timeout: u64,
 
+    // Idem: added; see `commit_send_delay()`.
+    /// How long, in milliseconds, a leader may hold back telling a follower that more entries are
+    /// committed when it has nothing else to send it: the next AppendEntries carries the news
+    /// anyway. `0` (the default) sends an empty AppendEntries at once, as openraft does.
+    #[clap(long, default_value = "0")]
+    pub commit_send_delay: u64,
+
     /// The timeout for sending then installing the last snapshot segment,
     /// in millisecond. It is also used as the timeout for sending a non-last segment, if
     /// `send_snapshot_timeout` is 0.
@@ -278,6 +285,13 @@ impl Config {
         } else {
             Duration::from_millis(self.heartbeat_interval)
         }
+    }
+
+    // Idem: added.
+    /// How long a leader may hold back an AppendEntries that only tells a follower of a newer
+    /// commit: `commit_send_delay`, or `None` when that is `0`.
+    pub fn commit_send_delay(&self) -> Option<Duration> {
+        (self.commit_send_delay > 0).then(|| Duration::from_millis(self.commit_send_delay))
     }
 
     /// Get the timeout for sending a non-last snapshot segment.

@@ -817,6 +817,27 @@ where
         }
     }
 
+    // Idem: added.
+    /// Answers, with `ForwardToLeader`, the proposals waiting on entries up to `index` once a
+    /// snapshot has replaced them: their entries may or may not be in it, and they will not be
+    /// applied one by one. (A node proposes, loses its leadership, then catches up from a
+    /// snapshot of the new leader's.) Without this their callers wait forever.
+    fn answer_proposals_covered_by_snapshot(&mut self, index: u64) {
+        let rest = self.client_resp_channels.split_off(&index.saturating_add(1));
+        let covered = std::mem::replace(&mut self.client_resp_channels, rest);
+        if covered.is_empty() {
+            return;
+        }
+        let leader_id = self.current_leader();
+        let leader_node = self.get_leader_node(leader_id.clone());
+        for (_, tx) in covered {
+            tx.send(Err(ClientWriteError::ForwardToLeader(ForwardToLeader {
+                leader_id: leader_id.clone(),
+                leader_node: leader_node.clone(),
+            })));
+        }
+    }
+
     /// Send result of applying a log entry to its client.
     #[tracing::instrument(level = "debug", skip_all)]
     pub(super) fn send_response(entry: ApplyingEntry<C::NodeId, C::Node>, resp: C::R, tx: Option<ResponderOf<C>>) {
@@ -1477,6 +1498,11 @@ where
                         );
 
                         if let Some(meta) = meta {
+                            // Idem: entries proposed here that the snapshot covers were never
+                            // applied one by one, so their callers would never hear back.
+                            if let Some(last) = &meta.last_log_id {
+                                self.answer_proposals_covered_by_snapshot(last.index);
+                            }
                             let st = self.engine.state.io_state_mut();
                             st.update_applied(meta.last_log_id.clone());
                             st.update_snapshot(meta.last_log_id);

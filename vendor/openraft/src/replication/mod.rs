@@ -145,6 +145,12 @@ where
     /// Appropriate number of entries to send.
     /// This is only used by AppendEntries RPC.
     entries_hint: ReplicationHint,
+
+    // Idem: added.
+    /// When the follower must be told of `committed` if nothing else is sent before: set when the
+    /// commit advances with no action pending and `Config::commit_send_delay()` is set; cleared by
+    /// any AppendEntries, which carries `committed`.
+    commit_send_deadline: Option<InstantOf<C>>,
 }
 
 impl<C, N, LS> ReplicationCore<C, N, LS>
@@ -198,6 +204,7 @@ where
             weak_tx_event: tx_event.downgrade(),
             next_action: None,
             entries_hint: Default::default(),
+            commit_send_deadline: None,
         };
 
         let join_handle = C::AsyncRuntime::spawn(this.main().instrument(span));
@@ -224,6 +231,11 @@ where
             tracing::debug!(replication_data = display(&d), "{} send replication RPC", func_name!());
 
             let request_id = d.request_id();
+
+            // Idem: an AppendEntries carries `committed`: nothing is left to tell.
+            if matches!(d, Data::Heartbeat | Data::Logs(_)) {
+                self.commit_send_deadline = None;
+            }
 
             let res = match d {
                 Data::Heartbeat => {
@@ -631,9 +643,18 @@ where
         // If there is next action to run, do not block waiting for events,
         // instead, just try the best to drain all events.
         if self.next_action.is_none() {
-            let event =
-                self.rx_event.recv().await.ok_or(ReplicationClosed::new("rx_repl is closed in drain_event()"))?;
-            self.process_event(event);
+            // Idem: a commit not yet told is sent at its deadline unless an event comes first.
+            let event = match self.commit_send_deadline.clone() {
+                None => Some(self.rx_event.recv().await),
+                Some(deadline) => C::AsyncRuntime::timeout_at(deadline, self.rx_event.recv()).await.ok(),
+            };
+            match event {
+                Some(event) => {
+                    let event = event.ok_or(ReplicationClosed::new("rx_repl is closed in drain_event()"))?;
+                    self.process_event(event);
+                }
+                None => self.next_action = Some(Data::new_heartbeat()),
+            }
         }
 
         // Returning from process_event(), next_action is never None.
@@ -681,8 +702,17 @@ where
                 self.committed = c;
 
                 // If there is no action, fill in an heartbeat action to send committed index.
+                // Idem: or, with `Config::commit_send_delay()`, wait that long for an action that
+                // carries it (see `drain_events()`).
                 if self.next_action.is_none() {
-                    self.next_action = Some(Data::new_heartbeat());
+                    match self.config.commit_send_delay() {
+                        None => self.next_action = Some(Data::new_heartbeat()),
+                        Some(delay) => {
+                            if self.commit_send_deadline.is_none() {
+                                self.commit_send_deadline = Some(C::now() + delay);
+                            }
+                        }
+                    }
                 }
             }
             Replicate::Heartbeat => {
