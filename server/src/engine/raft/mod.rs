@@ -699,6 +699,7 @@ impl RaftEngine {
         let entries = self.stats.entries.load(Ordering::Relaxed);
         let (fsyncs, fsync_p50_us, fsync_p99_us) = self.log.syncs();
         let (log_entries, log_bytes) = self.log.held();
+        let (appends_sent, appends_empty) = self.peers.appends();
         RaftInfo {
             term: m.current_term,
             last_log_index: m.last_log_index.unwrap_or(0),
@@ -730,8 +731,8 @@ impl RaftEngine {
             log_entries,
             log_bytes,
             peer_timeouts: self.peers.timeouts(),
-            appends_sent: self.peers.appends().0,
-            appends_empty: self.peers.appends().1,
+            appends_sent,
+            appends_empty,
         }
     }
 
@@ -1018,9 +1019,10 @@ async fn propose(p: Proposer, proposals: Arc<queue::Queue>, limits: Limits, stat
         let hold = limits.proposal_timeout;
         tokio::spawn(async move {
             // The entry's place in flight is given back at its answer, or
-            // after proposal_timeout_ms without one (its callers have had
-            // their -TRYAGAIN by then): an answer that never comes must
-            // not stop this node's writes for good.
+            // after proposal_timeout_ms without one (in a cluster its
+            // callers have had their -TRYAGAIN by then; a single node's
+            // wait for the answer): an answer that never comes must not
+            // stop this node's writes for good.
             let mut rx = rx;
             let mut permit = Some(permit);
             let answer = match tokio::time::timeout(hold, &mut rx).await {

@@ -635,15 +635,17 @@ where
 
     /// Receive and process events from RaftCore, until `next_action` is filled.
     ///
-    /// It blocks until at least one event is received.
+    /// It blocks until an event fills it, or (Idem) until the deadline to tell of a commit.
     #[tracing::instrument(level = "trace", skip_all)]
     pub async fn drain_events(&mut self) -> Result<(), ReplicationClosed> {
         tracing::debug!("drain_events");
 
         // If there is next action to run, do not block waiting for events,
         // instead, just try the best to drain all events.
-        if self.next_action.is_none() {
-            // Idem: a commit not yet told is sent at its deadline unless an event comes first.
+        // Idem: a loop, as a `Committed` event may now leave `next_action` empty (it sets
+        // `commit_send_deadline` instead); a commit not yet told is sent at that deadline unless
+        // an event fills `next_action` first.
+        while self.next_action.is_none() {
             let event = match self.commit_send_deadline.clone() {
                 None => Some(self.rx_event.recv().await),
                 Some(deadline) => C::AsyncRuntime::timeout_at(deadline, self.rx_event.recv()).await.ok(),
@@ -657,7 +659,7 @@ where
             }
         }
 
-        // Returning from process_event(), next_action is never None.
+        // Here next_action is never None.
 
         self.try_drain_events().await?;
 
