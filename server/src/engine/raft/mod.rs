@@ -108,8 +108,8 @@ pub struct RaftConfig {
     /// writes get `-TRYAGAIN` (reads and replays keep working).
     pub min_free_disk_bytes: u64,
     /// The shortest election timeout, ms: a follower that hears no leader
-    /// for twice this (the old leader's lease on its vote) plus a random
-    /// time between this and twice this starts an election. The leader
+    /// for this (the old leader's lease on its vote) plus a random time
+    /// between this and twice this starts an election. The leader
     /// sends heartbeats every third of it, and serves for four fifths of it
     /// after a majority last acknowledged it.
     pub election_timeout_ms: u64,
@@ -344,6 +344,14 @@ impl RaftEngine {
             commit_send_delay: COMMIT_SEND_DELAY_MS,
             election_timeout_min: cfg.election_timeout_ms,
             election_timeout_max: cfg.election_timeout_ms * 2,
+            // A follower keeps a leader it heard from for this long (it
+            // refuses other candidates, and campaigns only after this
+            // plus an election timeout): longer than the leader serves on
+            // a majority's answer (four fifths of it, counted from when
+            // the leader sent what they answered), so two leaders never
+            // serve at once. openraft's default, election_timeout_max,
+            // twice this, made every failover wait 300 ms more.
+            leader_lease: cfg.election_timeout_ms,
             snapshot_policy: SnapshotPolicy::LogsSinceLast(cfg.snapshot_entries),
             max_in_snapshot_log_to_keep: 0,
             snapshot_max_chunk_size: SNAPSHOT_CHUNK_BYTES,

@@ -135,6 +135,13 @@ pub struct Config {
     #[clap(long, default_value = "0")]
     pub append_entries_timeout: u64,
 
+    // Idem: added; see `leader_lease()`.
+    /// How long, in milliseconds, a node refuses to vote for another candidate, and waits before it
+    /// campaigns itself, after it last heard from the leader it knows. `0` (the default) uses
+    /// `election_timeout_max`, as openraft does.
+    #[clap(long, default_value = "0")]
+    pub leader_lease: u64,
+
     // Idem: added; see `commit_send_delay()`.
     /// How long, in milliseconds, a leader may hold back telling a follower that more entries are
     /// committed when it has nothing else to send it: the next AppendEntries carries the news
@@ -285,6 +292,17 @@ impl Config {
         } else {
             Duration::from_millis(self.heartbeat_interval)
         }
+    }
+
+    // Idem: added.
+    /// The leader lease a follower grants: `leader_lease`, or `election_timeout_max` when that
+    /// is `0`.
+    pub fn leader_lease(&self) -> Duration {
+        Duration::from_millis(if self.leader_lease > 0 {
+            self.leader_lease
+        } else {
+            self.election_timeout_max
+        })
     }
 
     // Idem: added.

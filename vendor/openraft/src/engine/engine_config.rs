@@ -53,7 +53,8 @@ impl<NID: NodeId> EngineConfig<NID> {
             timer_config: time_state::Config {
                 election_timeout,
                 smaller_log_timeout: Duration::from_millis(config.election_timeout_max * 2),
-                leader_lease: Duration::from_millis(config.election_timeout_max),
+                // Idem: `Config::leader_lease()` (was `election_timeout_max`).
+                leader_lease: config.leader_lease(),
             },
         }
     }

@@ -437,6 +437,14 @@ where C: RaftTypeConfig
         let res = self.append_entries(vote, prev_log_id, entries);
         let is_ok = res.is_ok();
 
+        // Idem: a leader this node accepts ended the election in which it saw a greater log: that
+        // is no reason to delay its next election (by `smaller_log_timeout`) in a later term. The
+        // flag was reset only when this node campaigned, so a node that lost one election
+        // waited that much longer at the next failover, however up to date its log was by then.
+        if is_ok {
+            self.reset_greater_log();
+        }
+
         if let Some(tx) = tx {
             let resp: AppendEntriesResponse<C::NodeId> = res.into();
             self.output.push_command(Command::Respond {
