@@ -189,13 +189,16 @@ pub fn parse_initial_cluster(s: &str) -> Result<Vec<(NodeId, String)>, String> {
 /// Who serves, shared by the engine, the proposer and the role watcher.
 ///
 /// A leader serves only while a majority of the voters acknowledged it
-/// recently (within [`Role::lease`] of the time openraft sent the
-/// acknowledged heartbeat or entry): no other node can have been elected
-/// in that time, since followers wait an election timeout (at least
-/// `election_timeout_ms`) after they last heard from it. A leader cut
-/// off from its peers therefore stops serving reads and taking writes
-/// within the lease, answering `-TRYAGAIN`, while the majority elects
-/// another.
+/// recently (within [`Role::lease`], four fifths of `election_timeout_ms`,
+/// of the time openraft sent the acknowledged heartbeat or entry): no other
+/// node can have been elected in that time, since each follower that
+/// acknowledged it refuses to vote for another candidate for
+/// `election_timeout_ms` after it received that message (openraft's
+/// `Config::leader_lease`). The fifth between the two covers clocks that
+/// run at slightly different rates and the time between checking the
+/// lease and answering. A leader cut off from its peers therefore stops
+/// serving reads and taking writes within the lease, answering
+/// `-TRYAGAIN`, while the majority elects another.
 pub struct Role {
     /// This node leads and has applied every earlier entry.
     serving: AtomicBool,
@@ -373,11 +376,11 @@ pub async fn watch_role(w: Arc<Watch>) {
     loop {
         let (state, leader, term) = {
             let m = rx.borrow_and_update();
-            // The lease: when a majority last acknowledged this leader.
-            if let Some(ms) = m.millis_since_quorum_ack {
-                let at = (w.role.base.elapsed().as_micros() as u64)
-                    .saturating_sub(ms * 1000)
-                    .max(1);
+            // The lease: when a majority last acknowledged this leader
+            // (the instant itself: an age would grow stale while these
+            // metrics wait to be read, and lengthen the lease by as much).
+            if let Some(at) = m.quorum_acked_at {
+                let at = (at.saturating_duration_since(w.role.base).as_micros() as u64).max(1);
                 w.role.acked_at_us.fetch_max(at, Ordering::AcqRel);
             }
             let voters = m.membership_config.membership().voter_ids().count();

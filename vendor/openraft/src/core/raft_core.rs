@@ -556,7 +556,11 @@ where
     #[tracing::instrument(level = "debug", skip_all)]
     pub(crate) fn report_metrics(&mut self, replication: Option<ReplicationMetrics<C::NodeId>>) {
         let last_quorum_acked = self.last_quorum_acked_time();
-        let millis_since_quorum_ack = last_quorum_acked.map(|t| t.elapsed().as_millis() as u64);
+        let millis_since_quorum_ack = last_quorum_acked.as_ref().map(|t| t.elapsed().as_millis() as u64);
+        // Idem: the same instant on tokio's clock (the runtime's clock for Tokio, and the one
+        // simulated with it).
+        let quorum_acked_at =
+            last_quorum_acked.as_ref().and_then(|t| tokio::time::Instant::now().checked_sub(t.elapsed()));
 
         let st = &self.engine.state;
 
@@ -579,6 +583,7 @@ where
             state: st.server_state,
             current_leader: current_leader.clone(),
             millis_since_quorum_ack,
+            quorum_acked_at,
             membership_config: membership_config.clone(),
 
             // --- replication ---

@@ -75,6 +75,13 @@ where
     /// being partitioned from the cluster.
     pub millis_since_quorum_ack: Option<u64>,
 
+    // Idem: added.
+    /// For a leader, when a quorum last acknowledged it (when it sent what they acknowledged), on
+    /// tokio's clock: unlike `millis_since_quorum_ack`, it does not age while the metrics wait to
+    /// be read, and it is not rounded down to a millisecond.
+    #[cfg_attr(feature = "serde", serde(skip))]
+    pub quorum_acked_at: Option<tokio::time::Instant>,
+
     /// The current membership config of the cluster.
     pub membership_config: Arc<StoredMembership<NID, N>>,
 
@@ -153,6 +160,7 @@ where
             state: ServerState::Follower,
             current_leader: None,
             millis_since_quorum_ack: None,
+            quorum_acked_at: None,
             membership_config: Arc::new(StoredMembership::default()),
             replication: None,
         }
