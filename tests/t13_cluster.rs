@@ -381,16 +381,9 @@ async fn writes_with_a_slow_follower(name: &str, append_timeout_ms: &str) -> u64
         .await
         .parse()
         .unwrap();
-    let m = &c.members[slow_one];
-    eventually("the slow follower applies every write", async || {
-        (m.info("idem_applied_index")
-            .await
-            .parse::<u64>()
-            .unwrap_or(0)
-            >= committed)
-            .then_some(())
-    })
-    .await;
+    c.members[slow_one]
+        .caught_up_as_follower(committed, "the slow follower applies every write")
+        .await;
     info_field(&mut conn, "raft_peer_timeouts").await - before
 }
 
@@ -458,16 +451,9 @@ async fn a_commit_rides_on_the_next_entries_to_the_followers() {
         .parse()
         .unwrap();
     for f in c.followers().await {
-        let m = &c.members[f];
-        eventually("each follower applies the last write", async || {
-            (m.info("idem_applied_index")
-                .await
-                .parse::<u64>()
-                .unwrap_or(0)
-                >= committed)
-                .then_some(())
-        })
-        .await;
+        c.members[f]
+            .caught_up_as_follower(committed, "each follower applies the last write")
+            .await;
     }
 }
 
