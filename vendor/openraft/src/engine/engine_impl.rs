@@ -317,6 +317,24 @@ where C: RaftTypeConfig
             }
         }
 
+        // Idem: a leader keeps its own vote while a quorum acknowledged it within the lease,
+        // as its followers do. The check above counts from when the vote last changed, which
+        // for a leader is its election: past the lease it would grant a vote (and so help
+        // elect another leader) while its quorum still acknowledges it, and while it may
+        // still serve reads on that acknowledgement.
+        if let Some(leader) = self.leader.as_mut() {
+            if let Some(acked) = leader.last_quorum_acked_time() {
+                if now <= acked + lease {
+                    tracing::info!(
+                        "reject vote-request: this leader's quorum acknowledged it {:?} ago, within the lease ({:?})",
+                        now - acked,
+                        lease
+                    );
+                    return VoteResponse::new(self.state.vote_ref(), self.state.last_log_id().cloned(), false);
+                }
+            }
+        }
+
         // The first step is to check log. If the candidate has less log, nothing needs to be done.
 
         if req.last_log_id.as_ref() >= self.state.last_log_id() {

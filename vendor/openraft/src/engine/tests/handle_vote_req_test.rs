@@ -9,6 +9,7 @@ use crate::engine::testing::UTConfig;
 use crate::engine::Command;
 use crate::engine::Engine;
 use crate::engine::LogIdList;
+use crate::progress::Progress;
 use crate::raft::VoteRequest;
 use crate::raft::VoteResponse;
 use crate::testing::log_id;
@@ -58,6 +59,53 @@ fn test_handle_vote_req_rejected_by_leader_lease() -> anyhow::Result<()> {
     assert_eq!(ServerState::Candidate, eng.state.server_state);
     assert_eq!(0, eng.output.take_commands().len());
 
+    Ok(())
+}
+
+/// Idem: a leader elected longer ago than the lease (so the lease counted from its vote has
+/// expired) whose quorum acknowledged it `acked_ago` ago.
+fn leader_acked(acked_ago: Duration) -> Engine<UTConfig> {
+    let mut eng = eng();
+    eng.state.vote.update(TokioInstant::now() - Duration::from_millis(1000), Vote::new_committed(2, 1));
+    eng.candidate = None;
+    eng.testing_new_leader();
+    eng.state.server_state = ServerState::Leader;
+    // Node 0 and the leader itself: the quorum of {0,1}.
+    eng.leader.as_mut().unwrap().clock_progress.increase_to(&0, Some(TokioInstant::now() - acked_ago)).unwrap();
+    eng.output.take_commands();
+    eng
+}
+
+#[test]
+fn test_handle_vote_req_rejected_by_leader_quorum_lease() -> anyhow::Result<()> {
+    let mut eng = leader_acked(Duration::from_millis(0));
+
+    let resp = eng.handle_vote_req(VoteRequest {
+        vote: Vote::new(3, 2),
+        last_log_id: Some(log_id(2, 1, 3)),
+    });
+
+    assert_eq!(VoteResponse::new(Vote::new_committed(2, 1), None, false), resp);
+    assert_eq!(Vote::new_committed(2, 1), *eng.state.vote_ref());
+    assert!(eng.leader.is_some());
+    assert_eq!(ServerState::Leader, eng.state.server_state);
+    assert_eq!(0, eng.output.take_commands().len());
+    Ok(())
+}
+
+#[test]
+fn test_handle_vote_req_granted_by_leader_past_quorum_lease() -> anyhow::Result<()> {
+    let mut eng = leader_acked(Duration::from_millis(1000));
+
+    let resp = eng.handle_vote_req(VoteRequest {
+        vote: Vote::new(3, 2),
+        last_log_id: Some(log_id(2, 1, 3)),
+    });
+
+    assert!(resp.vote_granted);
+    assert_eq!(Vote::new(3, 2), *eng.state.vote_ref());
+    assert!(eng.leader.is_none());
+    assert_eq!(ServerState::Follower, eng.state.server_state);
     Ok(())
 }
 
