@@ -1514,3 +1514,120 @@ async fn a_waiting_claim_is_parked_again_on_the_new_leader() {
         g.complete("after-failover").await.unwrap();
     }
 }
+
+/// Sends `sig` (`STOP`, `CONT`) to member `m`'s process.
+fn signal(m: &Member, sig: &str) {
+    let pid = m.proc.as_ref().expect("running").child.id().expect("a pid");
+    let status = std::process::Command::new("kill")
+        .args([&format!("-{sig}"), &pid.to_string()])
+        .status()
+        .expect("kill runs");
+    assert!(status.success(), "kill -{sig} {pid}");
+}
+
+/// A leader paused (SIGSTOP, as a long GC pause or a frozen VM would)
+/// while the others elect a new leader and take writes, then resumed:
+/// the requests waiting in its sockets are the first thing it reads, with
+/// its role and lease as they were before the pause. It must answer them
+/// `-TRYAGAIN` or `-MOVED` (or with what the new leader wrote), never
+/// with the old state: no read misses a write acknowledged meanwhile, and
+/// no claim is granted a second owner.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_leader_resumed_after_a_failover_answers_nothing_stale() {
+    let mut c = Cluster::start("paused-leader", 3).await;
+    let l = c.leader().await;
+    let mut conn = c.members[l].conn().await;
+    let f = conn
+        .acquire(&["CLAIM", "before-pause", "LEASE", "60000"])
+        .await;
+    assert_eq!(
+        conn.cmd(&["COMPLETE", "before-pause", &f.to_string(), "old"])
+            .await,
+        ok()
+    );
+    // Connections to the old leader, opened while it runs.
+    let mut read = c.members[l].conn().await;
+    let mut write = c.members[l].conn().await;
+    signal(&c.members[l], "STOP");
+    // The others elect a leader among themselves (the paused node's
+    // socket accepts but never answers: it is not asked).
+    let others: Vec<usize> = (0..c.members.len()).filter(|&i| i != l).collect();
+    let l2 = eventually("a new leader while the old one is paused", async || {
+        for &i in &others {
+            if c.members[i].info("idem_role").await == "leader" {
+                let mut c2 = c.members[i].conn().await;
+                if let Some(Frame::Array(_) | Frame::Null) =
+                    c2.try_cmd(&["INSPECT", "probe-leader"]).await
+                {
+                    return Some(i);
+                }
+            }
+        }
+        None
+    })
+    .await;
+    let mut conn2 = c.members[l2].conn().await;
+    let f2 = conn2
+        .acquire(&["CLAIM", "after-pause", "LEASE", "60000"])
+        .await;
+    assert_eq!(
+        conn2
+            .cmd(&["COMPLETE", "after-pause", &f2.to_string(), "new"])
+            .await,
+        ok()
+    );
+    // Asked while paused, answered first thing once resumed.
+    read.write(&["INSPECT", "after-pause"]).await;
+    write
+        .write(&["CLAIM", "after-pause", "LEASE", "60000"])
+        .await;
+    signal(&c.members[l], "CONT");
+    let answers = [("INSPECT", &mut read), ("CLAIM", &mut write)];
+    for (what, conn) in answers {
+        let r = tokio::time::timeout(Duration::from_secs(10), conn.reply())
+            .await
+            .unwrap_or_else(|_| panic!("the resumed leader answers the {what}"));
+        match &r {
+            Frame::Error(_) => {
+                let e = err(&r);
+                assert!(
+                    e.starts_with("TRYAGAIN") || e.starts_with("MOVED"),
+                    "{what} on the resumed leader: {e}"
+                );
+            }
+            _ if what == "CLAIM" => assert_eq!(
+                claim(r),
+                ClaimReply::Completed {
+                    outcome: Outcome::Ok,
+                    value: "new".into()
+                },
+                "a CLAIM on the resumed leader saw the old state"
+            ),
+            // INSPECT of the completed record: it names its value.
+            _ => assert!(
+                format!("{r:?}").contains("new"),
+                "an INSPECT on the resumed leader saw the old state: {r:?}"
+            ),
+        }
+    }
+    // It rejoins as a follower and catches up on what it missed.
+    let applied: u64 = c.members[l2]
+        .info("idem_applied_index")
+        .await
+        .parse()
+        .unwrap();
+    c.members[l]
+        .caught_up_as_follower(applied, "the resumed leader rejoins as a follower")
+        .await;
+    let mut conn2 = c.members[l2].conn().await;
+    assert_completed(
+        &mut conn2,
+        &[
+            ("before-pause".into(), "old".into()),
+            ("after-pause".into(), "new".into()),
+        ],
+        "after the paused leader resumed",
+    )
+    .await;
+    c.members[l].kill().await;
+}
