@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use idem_protocol::{ClaimReply, Frame, Outcome, key_slot};
 
-use crate::support::cluster::{Cluster, Member, SlowSyncs, assert_completed};
+use crate::support::cluster::{Cluster, Member, SlowSyncs, assert_completed, cmd_served};
 use crate::support::*;
 
 /// The `-MOVED` target of an error reply.
@@ -247,10 +247,17 @@ async fn a_leader_restarted_at_once_without_its_unwritten_entries_does_not_lead_
     let mut completed = Vec::new();
     for i in 0..10 {
         let k = format!("unwritten-{i}");
-        let f = conn.acquire(&["CLAIM", &k, "LEASE", "60000"]).await;
+        // (A lease lapsed on a loaded machine is waited out.)
+        let r = cmd_served(&mut conn, &["CLAIM", &k, "LEASE", "60000"]).await;
+        let ClaimReply::Acquired { fence: f } = claim(r) else {
+            panic!("{k} is acquired");
+        };
         assert_eq!(
-            conn.cmd(&["COMPLETE", &k, &f.to_string(), &format!("v{i}")])
-                .await,
+            cmd_served(
+                &mut conn,
+                &["COMPLETE", &k, &f.to_string(), &format!("v{i}")]
+            )
+            .await,
             ok()
         );
         completed.push((k, format!("v{i}")));

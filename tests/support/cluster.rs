@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use idem_protocol::{ClaimReply, Frame, Outcome};
 
-use super::{Conn, DataDir, Idemd, bulk, claim, eventually};
+use super::{Conn, DataDir, Idemd, POLL_DEADLINE, bulk, claim, eventually};
 
 /// A free loopback port (bound, then released), never one this test
 /// process handed out before: the kernel may give a released port again.
@@ -154,6 +154,25 @@ impl SlowSyncs {
     /// Makes node `id`'s log syncs take `ms` more (0: none).
     pub fn set(&self, id: u64, ms: u64) {
         std::fs::write(self.0.0.join(format!("n{id}")), ms.to_string()).unwrap();
+    }
+}
+
+/// `args` on `conn`, sent again while the node answers that it does not
+/// serve right now though it leads (its lease lapsed on a loaded machine,
+/// or it applies the log first): such a `-TRYAGAIN` comes before the
+/// command is proposed, so sending it again is safe. Any other reply is
+/// returned; retries stop after [`POLL_DEADLINE`].
+pub async fn cmd_served(conn: &mut Conn, args: &[&str]) -> Frame {
+    let deadline = tokio::time::Instant::now() + POLL_DEADLINE;
+    loop {
+        let r = conn.cmd(args).await;
+        let not_serving = matches!(&r, Frame::Error(e)
+            if e.starts_with(b"TRYAGAIN this node leads but")
+                || e.starts_with(b"TRYAGAIN this node was just elected"));
+        if !not_serving || tokio::time::Instant::now() >= deadline {
+            return r;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 
