@@ -186,6 +186,19 @@ pub fn parse_initial_cluster(s: &str) -> Result<Vec<(NodeId, String)>, String> {
     Ok(out)
 }
 
+/// How long the host has been suspended since it booted, µs: the
+/// difference between `CLOCK_BOOTTIME`, which counts a suspension, and
+/// `CLOCK_MONOTONIC`, which does not (and is tokio's clock).
+fn suspended_us() -> u64 {
+    use rustix::time::{ClockId, clock_gettime};
+    let us = |t: rustix::time::Timespec| {
+        u64::try_from(t.tv_sec).unwrap_or(0) * 1_000_000
+            + u64::try_from(t.tv_nsec).unwrap_or(0) / 1_000
+    };
+    let monotonic = us(clock_gettime(ClockId::Monotonic));
+    us(clock_gettime(ClockId::Boottime)).saturating_sub(monotonic)
+}
+
 /// Who serves, shared by the engine, the proposer and the role watcher.
 ///
 /// A leader serves only while a majority of the voters acknowledged it
@@ -202,11 +215,16 @@ pub fn parse_initial_cluster(s: &str) -> Result<Vec<(NodeId, String)>, String> {
 pub struct Role {
     /// This node leads and has applied every earlier entry.
     serving: AtomicBool,
-    /// When a majority last acknowledged this leader: µs since `base`.
+    /// When a majority last acknowledged this leader: µs on the lease
+    /// clock ([`Role::lease_clock_us`]).
     acked_at_us: AtomicU64,
     /// Voters in the membership.
     voters: AtomicUsize,
     base: Instant,
+    /// How long the host had been suspended when `base` was taken, µs,
+    /// and how to read that ([`suspended_us`], or a test's).
+    suspended_at_base: u64,
+    suspended: fn() -> u64,
     lease: Duration,
     inner: RwLock<RoleInner>,
     /// The term a promotion runs for.
@@ -234,11 +252,23 @@ impl Role {
     /// Not serving yet; `clock` until the first promotion. A leader of
     /// several voters serves for `lease` after a majority acknowledged it.
     pub fn new(clock: Clock, election_timeout: Duration, lease: Duration) -> Arc<Role> {
+        Role::with_suspension(clock, election_timeout, lease, suspended_us)
+    }
+
+    /// [`Role::new`], reading the host's time suspended with `suspended`.
+    fn with_suspension(
+        clock: Clock,
+        election_timeout: Duration,
+        lease: Duration,
+        suspended: fn() -> u64,
+    ) -> Arc<Role> {
         Arc::new(Role {
             serving: AtomicBool::new(false),
             acked_at_us: AtomicU64::new(0),
             voters: AtomicUsize::new(1),
             base: Instant::now(),
+            suspended_at_base: suspended(),
+            suspended,
             lease,
             inner: RwLock::new(RoleInner {
                 clock,
@@ -272,14 +302,32 @@ impl Role {
             return true;
         }
         let acked = self.acked_at_us.load(Ordering::Acquire);
-        let now = self.base.elapsed().as_micros() as u64;
+        let now = self.lease_clock_us(Instant::now());
         acked != 0 && now.saturating_sub(acked) < self.lease.as_micros() as u64
     }
 
     /// How long ago a majority acknowledged this leader, ms (None if never).
     pub fn since_quorum_ack_ms(&self) -> Option<u64> {
         let acked = self.acked_at_us.load(Ordering::Acquire);
-        (acked != 0).then(|| (self.base.elapsed().as_micros() as u64).saturating_sub(acked) / 1000)
+        (acked != 0).then(|| self.lease_clock_us(Instant::now()).saturating_sub(acked) / 1000)
+    }
+
+    /// Records that a majority acknowledged what this leader sent at `at`.
+    fn acknowledged(&self, at: Instant) {
+        let at = self.lease_clock_us(at).max(1);
+        self.acked_at_us.fetch_max(at, Ordering::AcqRel);
+    }
+
+    /// `at` on the lease clock, µs: tokio's clock (the monotonic one,
+    /// which openraft stamps acknowledgements with) plus the time the host
+    /// has spent suspended since this node started, which the monotonic
+    /// clock does not count. A leader whose host was suspended (a laptop's
+    /// lid, a VM suspended to memory) past its lease then finds it expired
+    /// when it wakes, as its followers' leases on their votes did: it does
+    /// not serve on acknowledgements from before the suspension.
+    fn lease_clock_us(&self, at: Instant) -> u64 {
+        let suspended = (self.suspended)().saturating_sub(self.suspended_at_base);
+        (at.saturating_duration_since(self.base).as_micros() as u64).saturating_add(suspended)
     }
 
     /// The clock of the current term.
@@ -380,8 +428,7 @@ pub async fn watch_role(w: Arc<Watch>) {
             // (the instant itself: an age would grow stale while these
             // metrics wait to be read, and lengthen the lease by as much).
             if let Some(at) = m.quorum_acked_at {
-                let at = (at.saturating_duration_since(w.role.base).as_micros() as u64).max(1);
-                w.role.acked_at_us.fetch_max(at, Ordering::AcqRel);
+                w.role.acknowledged(at);
             }
             let voters = m.membership_config.membership().voter_ids().count();
             w.role.voters.store(voters.max(1), Ordering::Relaxed);
@@ -1003,6 +1050,47 @@ mod tests {
             retired_ids(nodes.iter().map(|(i, n)| (i, n))),
             [2, 4].into()
         );
+    }
+
+    static SUSPENDED_US: AtomicU64 = AtomicU64::new(5_000_000);
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lease_does_not_outlive_a_suspension_of_the_host() {
+        let lease = Duration::from_millis(240);
+        let role = Role::with_suspension(
+            Clock::starting_at(0),
+            Duration::from_millis(300),
+            lease,
+            || SUSPENDED_US.load(Ordering::Relaxed),
+        );
+        role.voters.store(3, Ordering::Relaxed);
+        assert!(!role.lease_holds(), "never acknowledged");
+        role.acknowledged(Instant::now());
+        assert!(role.lease_holds());
+        // The lease runs out on tokio's clock...
+        tokio::time::advance(lease + Duration::from_millis(1)).await;
+        assert!(!role.lease_holds());
+        role.acknowledged(Instant::now());
+        tokio::time::advance(lease / 2).await;
+        assert!(role.lease_holds());
+        assert_eq!(role.since_quorum_ack_ms(), Some(120));
+        // ...and across a suspension, which tokio's clock does not count.
+        SUSPENDED_US.fetch_add(1_000_000, Ordering::Relaxed);
+        assert!(!role.lease_holds(), "a lease outlived a suspension");
+        assert_eq!(role.since_quorum_ack_ms(), Some(1_120));
+        // An acknowledgement after the wake-up counts again.
+        role.acknowledged(Instant::now());
+        assert!(role.lease_holds());
+    }
+
+    #[test]
+    fn the_host_suspension_clock_reads_sensibly() {
+        // BOOTTIME runs at least as far as MONOTONIC; a host that never
+        // slept reads (nearly) zero, one that did, its sleep: either way it
+        // does not go back.
+        let a = suspended_us();
+        let b = suspended_us();
+        assert!(b + 1_000 >= a, "{a} then {b}");
     }
 
     #[test]
