@@ -1638,3 +1638,79 @@ async fn a_paused_leader_resumed_after_a_failover_answers_nothing_stale() {
     .await;
     c.members[l].kill().await;
 }
+
+/// Both followers' disks stall once for longer than the leader's lease
+/// (no answer comes from either meanwhile), then recover: the leader holds
+/// the requests that arrive while its lease has lapsed until a majority
+/// answers again, and serves them then, instead of failing them with
+/// `-TRYAGAIN`. (An election timeout of 2.5 s: a lease of 2 s, and the
+/// followers, blocked 2.3 s in the sync, do not campaign when it ends.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_holds_requests_through_a_short_stall_of_its_followers_disks() {
+    let slow = SlowSyncs::new("disk-hiccup");
+    let c = Cluster::start_each("disk-hiccup", 3, |id| {
+        let mut env = slow.env(id);
+        env.push(("IDEM_ELECTION_TIMEOUT_MS".into(), "2500".into()));
+        env
+    })
+    .await;
+    let l = c.leader().await;
+    let followers = c.followers().await;
+    let mut conn = c.members[l].conn().await;
+    let (lapses, held, failed) = (
+        info_field(&mut conn, "raft_lease_lapses").await,
+        info_field(&mut conn, "raft_lease_held").await,
+        info_field(&mut conn, "raft_lease_held_failed").await,
+    );
+    // The followers' next sync takes 2.3 s; the ones after it none.
+    for &f in &followers {
+        slow.set(c.members[f].id, 2_300);
+    }
+    let started = std::time::Instant::now();
+    let mut w = c.members[l].conn().await;
+    w.write(&["CLAIM", "hiccup-first", "LEASE", "60000"]).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for &f in &followers {
+        slow.set(c.members[f].id, 0);
+    }
+    // Reads all along (answered from the leader's store: they need the
+    // lease), and a write once it has lapsed.
+    let mut writer = c.members[l].conn().await;
+    let mut wrote = None;
+    let mut reads = 0;
+    while started.elapsed() < Duration::from_millis(3_000) {
+        let r = conn.cmd(&["INSPECT", "hiccup-first"]).await;
+        assert!(!matches!(r, Frame::Error(_)), "a read in the stall: {r:?}");
+        reads += 1;
+        if wrote.is_none() && started.elapsed() > Duration::from_millis(2_150) {
+            writer
+                .write(&["CLAIM", "hiccup-second", "LEASE", "60000"])
+                .await;
+            wrote = Some(std::time::Instant::now());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(wrote.is_some() && reads > 10);
+    for (what, conn) in [("the first write", &mut w), ("the held write", &mut writer)] {
+        let r = conn.reply().await;
+        assert!(
+            matches!(claim(r.clone()), ClaimReply::Acquired { .. }),
+            "{what}: {r:?}"
+        );
+    }
+    // The stall did lapse the lease (else this proves nothing), requests
+    // were held through it, and none failed.
+    assert!(
+        info_field(&mut conn, "raft_lease_lapses").await > lapses,
+        "the lease never lapsed"
+    );
+    assert!(
+        info_field(&mut conn, "raft_lease_held").await > held,
+        "no request was held"
+    );
+    assert_eq!(
+        info_field(&mut conn, "raft_lease_held_failed").await,
+        failed,
+        "a held request was failed"
+    );
+}

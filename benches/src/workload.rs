@@ -370,7 +370,32 @@ impl Rng {
 }
 
 fn is_error(f: &Frame) -> bool {
-    matches!(f, Frame::Error(_))
+    if let Frame::Error(e) = f {
+        note_error(e);
+        true
+    } else {
+        false
+    }
+}
+
+/// The error replies seen since [`take_seen_errors`] last ran: up to four
+/// distinct messages, each with how often it came.
+static SEEN_ERRORS: std::sync::Mutex<Vec<(String, u64)>> = std::sync::Mutex::new(Vec::new());
+
+fn note_error(e: &[u8]) {
+    let msg: String = String::from_utf8_lossy(e).chars().take(100).collect();
+    let mut seen = SEEN_ERRORS.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(s) = seen.iter_mut().find(|(m, _)| *m == msg) {
+        s.1 += 1;
+    } else if seen.len() < 4 {
+        seen.push((msg, 1));
+    }
+}
+
+/// The error replies seen since the last call (up to four distinct
+/// messages with their counts), so that a run's errors can be named.
+pub fn take_seen_errors() -> Vec<(String, u64)> {
+    std::mem::take(&mut *SEEN_ERRORS.lock().unwrap_or_else(|p| p.into_inner()))
 }
 
 async fn drive(
@@ -415,6 +440,10 @@ async fn drive(
                             Some(Frame::Integer(n)) => Some(*n),
                             _ => None,
                         },
+                        Frame::Error(e) => {
+                            note_error(e);
+                            None
+                        }
                         _ => None,
                     });
                 }

@@ -371,8 +371,22 @@ fn auth_answer(node: &Node, reply: Reply) -> Action {
     }
 }
 
+/// The reply an action comes to.
+async fn reply_of_action(action: Action) -> Reply {
+    match action {
+        Action::Reply(r) | Action::Close(r) => r,
+        Action::Pending(later) | Action::Block(later) => later.await,
+    }
+}
+
 /// A record command: a wait, a read or a write.
 fn record(node: &Node, session: &Session, cmd: Command) -> Action {
+    record_routed(node, session, cmd, true)
+}
+
+/// [`record`]; `may_hold`: a leader whose lease lapsed may hold it until a
+/// majority answers again.
+fn record_routed(node: &Node, session: &Session, cmd: Command, may_hold: bool) -> Action {
     if let Err(e) = validate(&cmd, &node.config().limits) {
         if e.code == ErrorCode::TooBig {
             bump(&node.metrics().toobig);
@@ -382,6 +396,18 @@ fn record(node: &Node, session: &Session, cmd: Command) -> Action {
     // Only the serving leader answers record commands, reads included;
     // elsewhere: -MOVED to the leader, -TRYAGAIN or -CLUSTERDOWN.
     if let Err(e) = node.engine().route(cmd.key().map(|k| &k[..])) {
+        // A leader no majority answered within its lease (their disks or
+        // the network to them slow for a moment, or it is cut off) holds
+        // the command, and the ones after it on this connection, for up
+        // to `election_timeout_ms` until one does: a hiccup costs latency,
+        // not an error. Then it is served, or answered as routing says.
+        if may_hold && node.engine().lease_lapsed() {
+            let (node, session) = (node.clone(), session.clone());
+            return Action::Block(Box::pin(async move {
+                node.engine().lease_regained().await;
+                reply_of_action(record_routed(&node, &session, cmd, false)).await
+            }));
+        }
         return Action::Reply(Reply::Error(e.to_server_error()));
     }
     let wait = match &cmd {

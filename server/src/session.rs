@@ -9,6 +9,7 @@ use crate::clients::ClientInfo;
 use crate::node::Node;
 
 /// Per-connection state.
+#[derive(Clone)]
 pub struct Session {
     /// The registry entry of this connection.
     pub info: Arc<ClientInfo>,

@@ -217,6 +217,9 @@ async fn bench(args: Args) -> anyhow::Result<()> {
                                     String::new()
                                 }
                             );
+                            for (msg, n) in idem_benches::workload::take_seen_errors() {
+                                eprintln!("    {n} x -{msg}");
+                            }
                             match &mut pooled[i] {
                                 Some(all) => all.merge(&m),
                                 slot => *slot = Some(m),

@@ -219,6 +219,24 @@ impl Engine {
         }
     }
 
+    /// Whether this node leads but no majority answered it within its
+    /// lease (never for the memory engine or a single voter).
+    pub fn lease_lapsed(&self) -> bool {
+        match &self.inner {
+            Inner::Memory(_) => false,
+            Inner::Raft { engine, .. } => engine.lease_lapsed(),
+        }
+    }
+
+    /// Waits up to `election_timeout_ms` for a lapsed lease to hold again;
+    /// whether it does.
+    pub async fn lease_regained(&self) -> bool {
+        match &self.inner {
+            Inner::Memory(_) => true,
+            Inner::Raft { engine, .. } => engine.lease_regained().await,
+        }
+    }
+
     /// The raft engine's state, if this is one.
     pub fn raft_info(&self) -> Option<(raft::RaftInfo, std::path::PathBuf)> {
         match &self.inner {

@@ -186,6 +186,9 @@ pub fn parse_initial_cluster(s: &str) -> Result<Vec<(NodeId, String)>, String> {
     Ok(out)
 }
 
+/// How often a request held while the lease has lapsed looks again.
+const LEASE_POLL: Duration = Duration::from_millis(2);
+
 /// How long the host has been suspended since it booted, µs: the
 /// difference between `CLOCK_BOOTTIME`, which counts a suspension, and
 /// `CLOCK_MONOTONIC`, which does not (and is tokio's clock).
@@ -225,6 +228,12 @@ pub struct Role {
     /// and how to read that ([`suspended_us`], or a test's).
     suspended_at_base: u64,
     suspended: fn() -> u64,
+    /// Times the lease lapsed while this node served, since start.
+    lease_lapses: AtomicU64,
+    /// Requests held while the lease had lapsed, and of those the ones
+    /// that it did not come back for in time, since start.
+    lease_held: AtomicU64,
+    lease_held_failed: AtomicU64,
     lease: Duration,
     inner: RwLock<RoleInner>,
     /// The term a promotion runs for.
@@ -269,6 +278,9 @@ impl Role {
             base: Instant::now(),
             suspended_at_base: suspended(),
             suspended,
+            lease_lapses: AtomicU64::new(0),
+            lease_held: AtomicU64::new(0),
+            lease_held_failed: AtomicU64::new(0),
             lease,
             inner: RwLock::new(RoleInner {
                 clock,
@@ -310,6 +322,44 @@ impl Role {
     pub fn since_quorum_ack_ms(&self) -> Option<u64> {
         let acked = self.acked_at_us.load(Ordering::Acquire);
         (acked != 0).then(|| self.lease_clock_us(Instant::now()).saturating_sub(acked) / 1000)
+    }
+
+    /// Whether this node leads and serves, but no majority answered it
+    /// within the lease: it may be cut off, or its followers' disks (or the
+    /// network to them) slow for a moment.
+    pub fn lease_lapsed(&self) -> bool {
+        self.serving() && !self.lease_holds()
+    }
+
+    /// Waits up to `election_timeout_ms` for a lapsed lease to hold again
+    /// (a majority answers); whether it does while this node still serves.
+    pub async fn lease_regained(&self) -> bool {
+        self.lease_held.fetch_add(1, Ordering::Relaxed);
+        let deadline = Instant::now() + self.election_timeout;
+        loop {
+            if !self.serving() {
+                break;
+            }
+            if self.lease_holds() {
+                return true;
+            }
+            if Instant::now() >= deadline {
+                break;
+            }
+            tokio::time::sleep(LEASE_POLL).await;
+        }
+        self.lease_held_failed.fetch_add(1, Ordering::Relaxed);
+        false
+    }
+
+    /// Lease lapses, requests held through one, and of those the ones that
+    /// were not served: since start.
+    pub fn lease_counts(&self) -> (u64, u64, u64) {
+        (
+            self.lease_lapses.load(Ordering::Relaxed),
+            self.lease_held.load(Ordering::Relaxed),
+            self.lease_held_failed.load(Ordering::Relaxed),
+        )
     }
 
     /// Records that a majority acknowledged what this leader sent at `at`.
@@ -495,6 +545,7 @@ fn check_lease(w: &Watch, lost: &mut bool) {
     let holds = w.role.lease_holds();
     if serving && !holds && !*lost {
         *lost = true;
+        w.role.lease_lapses.fetch_add(1, Ordering::Relaxed);
         warn!(
             since_ack_ms = ?w.role.since_quorum_ack_ms(),
             "no majority has answered this leader within its lease: refusing requests until one does"

@@ -622,6 +622,17 @@ impl RaftEngine {
         self.role.clock().now_ms()
     }
 
+    /// Whether this node leads but its lease lapsed ([`cluster::Role::lease_lapsed`]).
+    pub fn lease_lapsed(&self) -> bool {
+        self.role.lease_lapsed()
+    }
+
+    /// Waits (up to `election_timeout_ms`) for a lapsed lease to hold again
+    /// ([`cluster::Role::lease_regained`]).
+    pub async fn lease_regained(&self) -> bool {
+        self.role.lease_regained().await
+    }
+
     /// Whether this node serves commands on `key`; otherwise where to go.
     pub fn route(&self, key: Option<&[u8]>) -> Result<(), EngineError> {
         if self.role.serving() && self.role.lease_holds() {
@@ -708,6 +719,7 @@ impl RaftEngine {
         let (fsyncs, fsync_p50_us, fsync_p99_us) = self.log.syncs();
         let (log_entries, log_bytes) = self.log.held();
         let (appends_sent, appends_empty) = self.peers.appends();
+        let (lease_lapses, lease_held, lease_held_failed) = self.role.lease_counts();
         RaftInfo {
             term: m.current_term,
             last_log_index: m.last_log_index.unwrap_or(0),
@@ -741,6 +753,9 @@ impl RaftEngine {
             peer_timeouts: self.peers.timeouts(),
             appends_sent,
             appends_empty,
+            lease_lapses,
+            lease_held,
+            lease_held_failed,
         }
     }
 
@@ -843,6 +858,14 @@ pub struct RaftInfo {
     /// Of those, the ones with no entries: heartbeats, and news of a
     /// commit that no entries followed within `COMMIT_SEND_DELAY_MS`.
     pub appends_empty: u64,
+    /// Times this leader's lease lapsed (no majority answered it within
+    /// it), since start.
+    pub lease_lapses: u64,
+    /// Requests held while it had lapsed, until a majority answered again
+    /// (at most `election_timeout_ms`), since start.
+    pub lease_held: u64,
+    /// Of those, the ones answered `-TRYAGAIN` because none did in time.
+    pub lease_held_failed: u64,
 }
 
 fn op_size(op: &Op) -> usize {
