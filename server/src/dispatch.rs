@@ -29,8 +29,9 @@ pub enum Action {
     Reply(Reply),
     /// The reply comes later; later commands may run meanwhile.
     Pending(Later),
-    /// The request may wait (WAIT): later commands on the connection run
-    /// only after it is answered, as with Redis blocking commands.
+    /// The request may wait (WAIT, or a command held while the leader's
+    /// lease has lapsed): later commands on the connection run only after
+    /// it is answered, as with Redis blocking commands.
     Block(Later),
     /// Send this reply, then close.
     Close(Reply),
@@ -398,13 +399,14 @@ fn record_routed(node: &Node, session: &Session, cmd: Command, may_hold: bool) -
     if let Err(e) = node.engine().route(cmd.key().map(|k| &k[..])) {
         // A leader no majority answered within its lease (their disks or
         // the network to them slow for a moment, or it is cut off) holds
-        // the command, and the ones after it on this connection, for up
-        // to `election_timeout_ms` until one does: a hiccup costs latency,
-        // not an error. Then it is served, or answered as routing says.
-        if may_hold && node.engine().lease_lapsed() {
+        // the command, and the ones after it on this connection, until one
+        // does, for at most `election_timeout_ms` after the lease lapsed:
+        // a hiccup costs latency, not an error. Then it is served, or
+        // answered as routing says (nothing is proposed while it is held).
+        if may_hold && let Some(until) = node.engine().lease_hold_until() {
             let (node, session) = (node.clone(), session.clone());
             return Action::Block(Box::pin(async move {
-                node.engine().lease_regained().await;
+                node.engine().lease_regained(until).await;
                 reply_of_action(record_routed(&node, &session, cmd, false)).await
             }));
         }

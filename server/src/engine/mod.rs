@@ -219,21 +219,22 @@ impl Engine {
         }
     }
 
-    /// Whether this node leads but no majority answered it within its
-    /// lease (never for the memory engine or a single voter).
-    pub fn lease_lapsed(&self) -> bool {
+    /// Until when a request that this node refuses now is held instead,
+    /// for its lease to hold again: only on a leader no majority answered
+    /// within its lease, for `election_timeout_ms` after it lapsed.
+    pub fn lease_hold_until(&self) -> Option<tokio::time::Instant> {
         match &self.inner {
-            Inner::Memory(_) => false,
-            Inner::Raft { engine, .. } => engine.lease_lapsed(),
+            Inner::Memory(_) => None,
+            Inner::Raft { engine, .. } => engine.lease_hold_until(),
         }
     }
 
-    /// Waits up to `election_timeout_ms` for a lapsed lease to hold again;
-    /// whether it does.
-    pub async fn lease_regained(&self) -> bool {
+    /// Waits until the lease holds again, at most until `until`; whether
+    /// it does.
+    pub async fn lease_regained(&self, until: tokio::time::Instant) -> bool {
         match &self.inner {
             Inner::Memory(_) => true,
-            Inner::Raft { engine, .. } => engine.lease_regained().await,
+            Inner::Raft { engine, .. } => engine.lease_regained(until).await,
         }
     }
 

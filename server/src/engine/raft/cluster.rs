@@ -186,20 +186,34 @@ pub fn parse_initial_cluster(s: &str) -> Result<Vec<(NodeId, String)>, String> {
     Ok(out)
 }
 
-/// How often a request held while the lease has lapsed looks again.
-const LEASE_POLL: Duration = Duration::from_millis(2);
+/// Growth of the host's suspended time below this is taken for the noise
+/// of reading two clocks one after the other, µs.
+const SUSPENSION_NOISE_US: u64 = 1_000;
 
 /// How long the host has been suspended since it booted, µs: the
 /// difference between `CLOCK_BOOTTIME`, which counts a suspension, and
-/// `CLOCK_MONOTONIC`, which does not (and is tokio's clock).
+/// `CLOCK_MONOTONIC`, which does not (and is tokio's clock). The two are
+/// read one after the other: a read that straddled a preemption is taken
+/// again.
 fn suspended_us() -> u64 {
     use rustix::time::{ClockId, clock_gettime};
     let us = |t: rustix::time::Timespec| {
         u64::try_from(t.tv_sec).unwrap_or(0) * 1_000_000
             + u64::try_from(t.tv_nsec).unwrap_or(0) / 1_000
     };
-    let monotonic = us(clock_gettime(ClockId::Monotonic));
-    us(clock_gettime(ClockId::Boottime)).saturating_sub(monotonic)
+    let mut best = u64::MAX;
+    for _ in 0..4 {
+        let before = us(clock_gettime(ClockId::Monotonic));
+        let boot = us(clock_gettime(ClockId::Boottime));
+        let after = us(clock_gettime(ClockId::Monotonic));
+        // Between `before` and `after`: `boot - after` is never more than
+        // the time suspended.
+        best = best.min(boot.saturating_sub(after));
+        if after - before < 50 {
+            break;
+        }
+    }
+    best
 }
 
 /// Who serves, shared by the engine, the proposer and the role watcher.
@@ -218,23 +232,31 @@ fn suspended_us() -> u64 {
 pub struct Role {
     /// This node leads and has applied every earlier entry.
     serving: AtomicBool,
-    /// When a majority last acknowledged this leader: µs on the lease
-    /// clock ([`Role::lease_clock_us`]).
+    /// When a majority last acknowledged this leader: µs since `base` on
+    /// tokio's clock.
     acked_at_us: AtomicU64,
     /// Voters in the membership.
     voters: AtomicUsize,
     base: Instant,
-    /// How long the host had been suspended when `base` was taken, µs,
-    /// and how to read that ([`suspended_us`], or a test's).
-    suspended_at_base: u64,
+    /// The host's suspended time as last read, µs, and how to read it
+    /// ([`suspended_us`], or a test's).
+    suspended_seen: AtomicU64,
     suspended: fn() -> u64,
+    /// When this node last found that the host had been suspended: µs
+    /// since `base`. Acknowledgements from before it do not count.
+    woke_at_us: AtomicU64,
+    /// Signalled when an acknowledgement moves the lease on, and when this
+    /// node stops serving: what requests held through a lapse wait for.
+    lease_changed: tokio::sync::Notify,
     /// Times the lease lapsed while this node served, since start.
     lease_lapses: AtomicU64,
     /// Requests held while the lease had lapsed, and of those the ones
-    /// that it did not come back for in time, since start.
+    /// that were not served after all, since start.
     lease_held: AtomicU64,
     lease_held_failed: AtomicU64,
     lease: Duration,
+    /// How long after its lease lapsed a leader holds requests.
+    hold: Duration,
     inner: RwLock<RoleInner>,
     /// The term a promotion runs for.
     promoting: Mutex<Option<u64>>,
@@ -260,8 +282,16 @@ struct RoleInner {
 impl Role {
     /// Not serving yet; `clock` until the first promotion. A leader of
     /// several voters serves for `lease` after a majority acknowledged it.
-    pub fn new(clock: Clock, election_timeout: Duration, lease: Duration) -> Arc<Role> {
-        Role::with_suspension(clock, election_timeout, lease, suspended_us)
+    /// Requests that come while the lease has lapsed are held for up to
+    /// `hold` after it lapsed; `election_timeout` is how long no leader may
+    /// be known before the cluster is reported down.
+    pub fn new(
+        clock: Clock,
+        election_timeout: Duration,
+        lease: Duration,
+        hold: Duration,
+    ) -> Arc<Role> {
+        Role::with_suspension(clock, election_timeout, lease, hold, suspended_us)
     }
 
     /// [`Role::new`], reading the host's time suspended with `suspended`.
@@ -269,6 +299,7 @@ impl Role {
         clock: Clock,
         election_timeout: Duration,
         lease: Duration,
+        hold: Duration,
         suspended: fn() -> u64,
     ) -> Arc<Role> {
         Arc::new(Role {
@@ -276,12 +307,15 @@ impl Role {
             acked_at_us: AtomicU64::new(0),
             voters: AtomicUsize::new(1),
             base: Instant::now(),
-            suspended_at_base: suspended(),
+            suspended_seen: AtomicU64::new(suspended()),
             suspended,
+            woke_at_us: AtomicU64::new(0),
+            lease_changed: tokio::sync::Notify::new(),
             lease_lapses: AtomicU64::new(0),
             lease_held: AtomicU64::new(0),
             lease_held_failed: AtomicU64::new(0),
             lease,
+            hold,
             inner: RwLock::new(RoleInner {
                 clock,
                 leader: None,
@@ -308,52 +342,68 @@ impl Role {
     }
 
     /// Whether the leader's lease holds: a single voter always; several
-    /// while a majority acknowledged it within the lease.
+    /// while a majority acknowledged it within the lease (and since the
+    /// host last woke from a suspension).
     pub fn lease_holds(&self) -> bool {
         if !self.replicated() {
             return true;
         }
+        self.note_suspension();
         let acked = self.acked_at_us.load(Ordering::Acquire);
-        let now = self.lease_clock_us(Instant::now());
-        acked != 0 && now.saturating_sub(acked) < self.lease.as_micros() as u64
+        acked != 0
+            && acked >= self.woke_at_us.load(Ordering::Acquire)
+            && self.us(Instant::now()).saturating_sub(acked) < self.lease.as_micros() as u64
     }
 
     /// How long ago a majority acknowledged this leader, ms (None if never).
     pub fn since_quorum_ack_ms(&self) -> Option<u64> {
         let acked = self.acked_at_us.load(Ordering::Acquire);
-        (acked != 0).then(|| self.lease_clock_us(Instant::now()).saturating_sub(acked) / 1000)
+        (acked != 0).then(|| self.us(Instant::now()).saturating_sub(acked) / 1000)
     }
 
-    /// Whether this node leads and serves, but no majority answered it
-    /// within the lease: it may be cut off, or its followers' disks (or the
-    /// network to them) slow for a moment.
-    pub fn lease_lapsed(&self) -> bool {
-        self.serving() && !self.lease_holds()
+    /// Until when a request that comes now is held for the lease to hold
+    /// again: `None` unless this node serves, its lease has lapsed, and
+    /// lapsed less than `hold` ago (a leader cut off for longer answers at
+    /// once).
+    pub fn lease_hold_until(&self) -> Option<Instant> {
+        if !self.serving() || self.lease_holds() {
+            return None;
+        }
+        let acked = self.acked_at_us.load(Ordering::Acquire);
+        if acked == 0 || acked < self.woke_at_us.load(Ordering::Acquire) {
+            return None;
+        }
+        let until = self.base + Duration::from_micros(acked) + self.lease + self.hold;
+        (Instant::now() < until).then_some(until)
     }
 
-    /// Waits up to `election_timeout_ms` for a lapsed lease to hold again
-    /// (a majority answers); whether it does while this node still serves.
-    pub async fn lease_regained(&self) -> bool {
+    /// Waits until the lease holds again (a majority answered), at most
+    /// until `until`; whether it does while this node still serves.
+    pub async fn lease_regained(&self, until: Instant) -> bool {
         self.lease_held.fetch_add(1, Ordering::Relaxed);
-        let deadline = Instant::now() + self.election_timeout;
         loop {
+            let changed = self.lease_changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
             if !self.serving() {
                 break;
             }
             if self.lease_holds() {
                 return true;
             }
-            if Instant::now() >= deadline {
+            if tokio::time::timeout_at(until, changed).await.is_err() {
+                if self.serving() && self.lease_holds() {
+                    return true;
+                }
                 break;
             }
-            tokio::time::sleep(LEASE_POLL).await;
         }
         self.lease_held_failed.fetch_add(1, Ordering::Relaxed);
         false
     }
 
     /// Lease lapses, requests held through one, and of those the ones that
-    /// were not served: since start.
+    /// were not served after all: since start.
     pub fn lease_counts(&self) -> (u64, u64, u64) {
         (
             self.lease_lapses.load(Ordering::Relaxed),
@@ -362,22 +412,40 @@ impl Role {
         )
     }
 
-    /// Records that a majority acknowledged what this leader sent at `at`.
+    /// Records that a majority acknowledged what this leader sent at `at`
+    /// (an instant seen again is a no-op).
     fn acknowledged(&self, at: Instant) {
-        let at = self.lease_clock_us(at).max(1);
-        self.acked_at_us.fetch_max(at, Ordering::AcqRel);
+        self.note_suspension();
+        let at = self.us(at).max(1);
+        if at < self.woke_at_us.load(Ordering::Acquire) {
+            // Sent before the host was suspended: it says nothing of now.
+            return;
+        }
+        if self.acked_at_us.fetch_max(at, Ordering::AcqRel) < at {
+            self.lease_changed.notify_waiters();
+        }
     }
 
-    /// `at` on the lease clock, µs: tokio's clock (the monotonic one,
-    /// which openraft stamps acknowledgements with) plus the time the host
-    /// has spent suspended since this node started, which the monotonic
-    /// clock does not count. A leader whose host was suspended (a laptop's
-    /// lid, a VM suspended to memory) past its lease then finds it expired
-    /// when it wakes, as its followers' leases on their votes did: it does
-    /// not serve on acknowledgements from before the suspension.
-    fn lease_clock_us(&self, at: Instant) -> u64 {
-        let suspended = (self.suspended)().saturating_sub(self.suspended_at_base);
-        (at.saturating_duration_since(self.base).as_micros() as u64).saturating_add(suspended)
+    /// Notes whether the host was suspended since last looked: tokio's
+    /// clock (the monotonic one, which openraft stamps acknowledgements
+    /// with) does not count that time, so the acknowledgements from before
+    /// a suspension stop counting at once. A leader whose host was
+    /// suspended (a laptop's lid, a host suspended to memory) then does
+    /// not serve on them when it wakes, however little time its own clock
+    /// shows: its followers' leases on their votes ran on meanwhile.
+    fn note_suspension(&self) {
+        let now = (self.suspended)();
+        let seen = self.suspended_seen.load(Ordering::Acquire);
+        if now > seen.saturating_add(SUSPENSION_NOISE_US) {
+            self.suspended_seen.fetch_max(now, Ordering::AcqRel);
+            self.woke_at_us
+                .fetch_max(self.us(Instant::now()).max(1), Ordering::AcqRel);
+        }
+    }
+
+    /// `at` as µs since `base`.
+    fn us(&self, at: Instant) -> u64 {
+        at.saturating_duration_since(self.base).as_micros() as u64
     }
 
     /// The clock of the current term.
@@ -465,7 +533,7 @@ pub struct Watch {
 /// lead.
 pub async fn watch_role(w: Arc<Watch>) {
     let mut rx = w.raft.metrics();
-    let mut lease_lost = false;
+    let mut lease = LeaseState::Holds;
     // One timer for the life of the watcher: metrics change often (every
     // pass of the Raft core), and must not keep pushing the lease check
     // back.
@@ -511,6 +579,7 @@ pub async fn watch_role(w: Arc<Watch>) {
         };
         if demoted {
             info!(term, leader = ?leader, "this node no longer leads: redirecting clients");
+            w.role.lease_changed.notify_waiters();
             (w.on_demoted)();
         }
         if leads && !w.role.serving() {
@@ -523,7 +592,7 @@ pub async fn watch_role(w: Arc<Watch>) {
         // On every change of the metrics and a few times per lease: a
         // leader cut off from the majority hears nothing, yet its parked
         // requests must not wait in silence.
-        check_lease(&w, &mut lease_lost);
+        check_lease(&w, &mut lease);
         loop {
             tokio::select! {
                 changed = rx.changed() => {
@@ -532,28 +601,51 @@ pub async fn watch_role(w: Arc<Watch>) {
                     }
                     break;
                 }
-                _ = tick.tick() => check_lease(&w, &mut lease_lost),
+                _ = tick.tick() => check_lease(&w, &mut lease),
             }
         }
     }
 }
 
-/// Answers the parked requests of a leader whose lease ran out (once per
-/// loss), and notes when a majority answers again.
-fn check_lease(w: &Watch, lost: &mut bool) {
+/// Where a serving leader's lease stands, as the role watcher last saw it.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum LeaseState {
+    Holds,
+    /// Lapsed: requests are held, for up to `hold` after it lapsed.
+    Lapsed,
+    /// Lapsed longer than that: requests are refused, parked ones answered.
+    Refusing,
+}
+
+/// Notes a lapse of the lease (requests are held meanwhile); once it has
+/// lapsed for longer than requests are held, answers the parked ones
+/// (once per loss); notes when a majority answers again.
+fn check_lease(w: &Watch, state: &mut LeaseState) {
     let serving = w.role.serving();
     let holds = w.role.lease_holds();
-    if serving && !holds && !*lost {
-        *lost = true;
-        w.role.lease_lapses.fetch_add(1, Ordering::Relaxed);
-        warn!(
-            since_ack_ms = ?w.role.since_quorum_ack_ms(),
-            "no majority has answered this leader within its lease: refusing requests until one does"
-        );
-        (w.on_demoted)();
-    } else if holds && *lost {
-        *lost = false;
-        info!("a majority answers this leader again");
+    if serving && !holds {
+        if *state == LeaseState::Holds {
+            *state = LeaseState::Lapsed;
+            w.role.lease_lapses.fetch_add(1, Ordering::Relaxed);
+            info!(
+                since_ack_ms = ?w.role.since_quorum_ack_ms(),
+                hold_ms = w.role.hold.as_millis() as u64,
+                "no majority has answered this leader within its lease: holding requests until one does"
+            );
+        }
+        if *state == LeaseState::Lapsed && w.role.lease_hold_until().is_none() {
+            *state = LeaseState::Refusing;
+            warn!(
+                since_ack_ms = ?w.role.since_quorum_ack_ms(),
+                "no majority has answered this leader within its lease and the hold after it: refusing requests until one does"
+            );
+            (w.on_demoted)();
+        }
+    } else if holds && *state != LeaseState::Holds {
+        if *state == LeaseState::Refusing {
+            info!("a majority answers this leader again");
+        }
+        *state = LeaseState::Holds;
     }
 }
 
@@ -1105,43 +1197,78 @@ mod tests {
 
     static SUSPENDED_US: AtomicU64 = AtomicU64::new(5_000_000);
 
+    fn test_role(suspended: fn() -> u64) -> Arc<Role> {
+        let role = Role::with_suspension(
+            Clock::starting_at(0),
+            Duration::from_millis(600),
+            Duration::from_millis(240),
+            Duration::from_millis(300),
+            suspended,
+        );
+        role.voters.store(3, Ordering::Relaxed);
+        role
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_lease_does_not_outlive_a_suspension_of_the_host() {
         let lease = Duration::from_millis(240);
-        let role = Role::with_suspension(
-            Clock::starting_at(0),
-            Duration::from_millis(300),
-            lease,
-            || SUSPENDED_US.load(Ordering::Relaxed),
-        );
-        role.voters.store(3, Ordering::Relaxed);
+        let role = test_role(|| SUSPENDED_US.load(Ordering::Relaxed));
         assert!(!role.lease_holds(), "never acknowledged");
+        tokio::time::advance(Duration::from_millis(1)).await;
         role.acknowledged(Instant::now());
         assert!(role.lease_holds());
         // The lease runs out on tokio's clock...
-        tokio::time::advance(lease + Duration::from_millis(1)).await;
+        tokio::time::advance(lease).await;
         assert!(!role.lease_holds());
-        role.acknowledged(Instant::now());
+        let before = Instant::now();
+        role.acknowledged(before);
         tokio::time::advance(lease / 2).await;
         assert!(role.lease_holds());
         assert_eq!(role.since_quorum_ack_ms(), Some(120));
         // ...and across a suspension, which tokio's clock does not count.
         SUSPENDED_US.fetch_add(1_000_000, Ordering::Relaxed);
         assert!(!role.lease_holds(), "a lease outlived a suspension");
-        assert_eq!(role.since_quorum_ack_ms(), Some(1_120));
-        // An acknowledgement after the wake-up counts again.
+        // The same acknowledgement, seen again after the wake-up (the
+        // metrics repeat it), does not bring it back.
+        role.acknowledged(before);
+        assert!(
+            !role.lease_holds(),
+            "an acknowledgement from before the suspension counted"
+        );
+        // One sent after the wake-up does.
+        tokio::time::advance(Duration::from_millis(1)).await;
         role.acknowledged(Instant::now());
         assert!(role.lease_holds());
     }
 
-    #[test]
-    fn the_host_suspension_clock_reads_sensibly() {
-        // BOOTTIME runs at least as far as MONOTONIC; a host that never
-        // slept reads (nearly) zero, one that did, its sleep: either way it
-        // does not go back.
-        let a = suspended_us();
-        let b = suspended_us();
-        assert!(b + 1_000 >= a, "{a} then {b}");
+    #[tokio::test(start_paused = true)]
+    async fn requests_are_held_for_a_bounded_time_after_a_lapse() {
+        let role = test_role(|| 0);
+        role.serving.store(true, Ordering::Release);
+        tokio::time::advance(Duration::from_millis(1)).await;
+        let acked = Instant::now();
+        role.acknowledged(acked);
+        assert_eq!(role.lease_hold_until(), None, "the lease holds");
+        tokio::time::advance(Duration::from_millis(250)).await;
+        // Lapsed: held until lease + hold after the acknowledgement.
+        let until = role.lease_hold_until().expect("held");
+        assert_eq!(until, acked + Duration::from_millis(240 + 300));
+        // An answer within the hold: the request is served.
+        let waiting = {
+            let role = Arc::clone(&role);
+            tokio::spawn(async move { role.lease_regained(until).await })
+        };
+        tokio::time::advance(Duration::from_millis(10)).await;
+        role.acknowledged(Instant::now());
+        assert!(waiting.await.unwrap());
+        // No answer within it: refused at its end, and requests that come
+        // later are not held at all.
+        tokio::time::advance(Duration::from_millis(250)).await;
+        let until = role.lease_hold_until().expect("held");
+        assert!(!role.lease_regained(until).await);
+        assert!(Instant::now() >= until);
+        assert_eq!(role.lease_hold_until(), None, "held again after the hold");
+        assert_eq!(role.lease_counts(), (0, 2, 1));
     }
 
     #[test]

@@ -438,6 +438,8 @@ impl RaftEngine {
             // Below the shortest election timeout, with room for clocks
             // that run at slightly different rates.
             Duration::from_millis(cfg.election_timeout_ms * 4 / 5),
+            // Requests wait out a lapse of the lease this long.
+            Duration::from_millis(cfg.election_timeout_ms),
         );
         let on_demoted: Arc<dyn Fn() + Send + Sync> = {
             let (sink, role, raft, peers) = (
@@ -622,15 +624,16 @@ impl RaftEngine {
         self.role.clock().now_ms()
     }
 
-    /// Whether this node leads but its lease lapsed ([`cluster::Role::lease_lapsed`]).
-    pub fn lease_lapsed(&self) -> bool {
-        self.role.lease_lapsed()
+    /// Until when a request is held for a lapsed lease to hold again
+    /// ([`cluster::Role::lease_hold_until`]).
+    pub fn lease_hold_until(&self) -> Option<tokio::time::Instant> {
+        self.role.lease_hold_until()
     }
 
-    /// Waits (up to `election_timeout_ms`) for a lapsed lease to hold again
+    /// Waits until the lease holds again, at most until `until`
     /// ([`cluster::Role::lease_regained`]).
-    pub async fn lease_regained(&self) -> bool {
-        self.role.lease_regained().await
+    pub async fn lease_regained(&self, until: tokio::time::Instant) -> bool {
+        self.role.lease_regained(until).await
     }
 
     /// Whether this node serves commands on `key`; otherwise where to go.
@@ -864,7 +867,8 @@ pub struct RaftInfo {
     /// Requests held while it had lapsed, until a majority answered again
     /// (at most `election_timeout_ms`), since start.
     pub lease_held: u64,
-    /// Of those, the ones answered `-TRYAGAIN` because none did in time.
+    /// Of those, the ones not served after all (no majority answered in
+    /// time, or this node stopped leading): answered as routing says.
     pub lease_held_failed: u64,
 }
 
