@@ -194,6 +194,8 @@ async fn bench(args: Args) -> anyhow::Result<()> {
                             } else {
                                 &mut prep_idem
                             };
+                            // Errors seen before this turn are not its own.
+                            idem_benches::workload::take_seen_errors();
                             let m = measure(&spec, prep)
                                 .await
                                 .with_context(|| format!("{} {w:?}", flavor.label()))?;
