@@ -251,6 +251,11 @@ impl Waiters {
     async fn ask_once(&self, ask: &Ask) -> Result<Reply, (Reply, u64)> {
         match ask {
             Ask::Settle(key) => {
+                // A lapse of the leader's lease is waited out as for any
+                // request (see dispatch's `record_routed`).
+                if let Some(until) = self.engine.lease_hold_until() {
+                    self.engine.lease_regained(until).await;
+                }
                 // A node that stopped serving while this waited answers
                 // with the redirect, never from its own (stale) store.
                 if let Err(e) = self.engine.route(Some(key)) {
