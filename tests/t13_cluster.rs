@@ -154,9 +154,9 @@ async fn kill_9_of_the_leader_loses_no_acknowledged_record() {
         fences.push(f);
         // The killed node restarts on its data and rejoins as a follower.
         c.members[l].start(None, &[]).await;
-        let applied = c.members[l2].info("idem_applied_index").await;
+        let applied = c.members[l2].applied().await;
         c.members[l]
-            .caught_up_as_follower(applied.parse().unwrap(), "the restarted node catches up")
+            .caught_up_as_follower(applied, "the restarted node catches up")
             .await;
     }
 }
@@ -220,11 +220,7 @@ async fn a_leader_with_a_stalled_disk_acknowledges_through_its_followers() {
     let id = c.members[l].id;
     slow.set(id, 0);
     c.members[l].start_env(None, &slow.env(id)).await;
-    let applied: u64 = c.members[l2]
-        .info("idem_applied_index")
-        .await
-        .parse()
-        .unwrap();
+    let applied = c.members[l2].applied().await;
     c.members[l]
         .caught_up_as_follower(applied, "the old leader rejoins and catches up")
         .await;
@@ -283,11 +279,7 @@ async fn a_leader_restarted_at_once_without_its_unwritten_entries_does_not_lead_
     .await;
     // Every node holds the same records (each applied the same entries).
     let want = int(&conn.cmd(&["DBSIZE"]).await);
-    let applied: u64 = c.members[l2]
-        .info("idem_applied_index")
-        .await
-        .parse()
-        .unwrap();
+    let applied = c.members[l2].applied().await;
     for m in &c.members {
         eventually("every node applies the same records", async || {
             let a: u64 = m.info("idem_applied_index").await.parse().unwrap_or(0);
@@ -1619,11 +1611,7 @@ async fn a_paused_leader_resumed_after_a_failover_answers_nothing_stale() {
         }
     }
     // It rejoins as a follower and catches up on what it missed.
-    let applied: u64 = c.members[l2]
-        .info("idem_applied_index")
-        .await
-        .parse()
-        .unwrap();
+    let applied = c.members[l2].applied().await;
     c.members[l]
         .caught_up_as_follower(applied, "the resumed leader rejoins as a follower")
         .await;

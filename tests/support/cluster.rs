@@ -83,6 +83,14 @@ impl Member {
         self.start(initial, &env).await;
     }
 
+    /// Its applied index (`CLUSTER INFO`'s `idem_applied_index`).
+    pub async fn applied(&self) -> u64 {
+        self.info("idem_applied_index")
+            .await
+            .parse()
+            .expect("idem_applied_index")
+    }
+
     /// Waits until it has applied `applied` as a follower.
     pub async fn caught_up_as_follower(&self, applied: u64, what: &str) {
         eventually(what, async || {
