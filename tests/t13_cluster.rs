@@ -165,17 +165,25 @@ async fn kill_9_of_the_leader_loses_no_acknowledged_record() {
 /// each entry to its followers while it writes it itself, and a majority
 /// (the two followers) has it on disk long before the leader's own sync
 /// returns. What it acknowledged that way survives its kill -9, and it
-/// rejoins afterwards on its data. (Debug builds slow a node's log syncs by
-/// the milliseconds in `IDEMD_UNSAFE_TEST_SLOW_SYNC_FILE`.)
+/// rejoins afterwards on its data. Snapshots every few entries make it
+/// purge its log meanwhile: a purge waits for the stalled disk, the Raft
+/// core must not. (Debug builds slow a node's log syncs by the
+/// milliseconds in `IDEMD_UNSAFE_TEST_SLOW_SYNC_FILE`.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leader_with_a_stalled_disk_acknowledges_through_its_followers() {
     let slow = SlowSyncs::new("stalled-disk");
-    let mut c = Cluster::start_each("stalled-disk", 3, |id| slow.env(id)).await;
+    let env = |id| {
+        let mut env = slow.env(id);
+        env.push(("IDEM_SNAPSHOT_ENTRIES".to_owned(), "4".to_owned()));
+        env
+    };
+    let mut c = Cluster::start_each("stalled-disk", 3, env).await;
     let l = c.leader().await;
     let stall = Duration::from_millis(2_000);
     slow.set(c.members[l].id, stall.as_millis() as u64);
     let mut conn = c.members[l].conn().await;
     let syncs_before = info_field(&mut conn, "wal_fsyncs").await;
+    let snapshots_before = info_field(&mut conn, "raft_snapshots_built").await;
     let writes_started = std::time::Instant::now();
     let mut completed = Vec::new();
     for i in 0..10 {
@@ -203,6 +211,11 @@ async fn a_leader_with_a_stalled_disk_acknowledges_through_its_followers() {
         u128::from(syncs) <= stalls + 1,
         "the leader synced {syncs} times within {stalls} stalls: its disk was not stalled"
     );
+    let snapshots = info_field(&mut conn, "raft_snapshots_built").await - snapshots_before;
+    assert!(
+        snapshots >= 2,
+        "the leader built {snapshots} snapshots during the stall: its log was not purged"
+    );
     // The leader's log is still behind (its syncs are queued), yet what it
     // acknowledged is on the followers' disks: kill -9 it now.
     c.members[l].kill().await;
@@ -219,7 +232,7 @@ async fn a_leader_with_a_stalled_disk_acknowledges_through_its_followers() {
     // catches up on what it had not written.
     let id = c.members[l].id;
     slow.set(id, 0);
-    c.members[l].start_env(None, &slow.env(id)).await;
+    c.members[l].start_env(None, &env(id)).await;
     let applied = c.members[l2].applied().await;
     c.members[l]
         .caught_up_as_follower(applied, "the old leader rejoins and catches up")

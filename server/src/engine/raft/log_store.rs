@@ -18,8 +18,8 @@
 //! place, since every job handed over before it is done, and it saves the
 //! two thread wakeups of a hand-off. Truncation, purging
 //! and the metadata file (vote, committed index, purge point; replaced
-//! atomically) go through the same thread, in order with the appends, and
-//! are awaited. So a saved vote is also a barrier: when `save_vote`
+//! atomically) go through the same thread, in order with the appends;
+//! all but purging are awaited. So a saved vote is also a barrier: when `save_vote`
 //! returns, every entry appended before it is on disk. A leader that steps
 //! down saves the higher vote it saw before it answers anyone as a
 //! follower, so it never reports as matching an entry it has not flushed;
@@ -117,12 +117,9 @@ enum Job {
         index: u64,
         done: oneshot::Sender<Result<(), StorageError>>,
     },
-    /// Save the metadata, then remove the records up to this index.
-    Purge {
-        index: u64,
-        meta: Vec<u8>,
-        done: oneshot::Sender<Result<(), StorageError>>,
-    },
+    /// Save the metadata, then remove the records up to this index. Not
+    /// awaited (see [`LogStore::purge`](RaftLogStorage::purge)).
+    Purge { index: u64, meta: Vec<u8> },
     /// Save the metadata.
     Meta {
         meta: Vec<u8>,
@@ -341,6 +338,17 @@ impl LogStore {
         self.state.lock().meta.committed.map_or(0, |l| l.index)
     }
 
+    /// Blocks until the writer has done every job handed to it (tests:
+    /// a purge is not awaited, and a test's directory must outlive it).
+    #[cfg(test)]
+    pub(super) fn wait_idle(&self) {
+        if let Jobs::Thread(h) = &self.jobs {
+            while h.queued.load(Ordering::Acquire) > 0 {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+        }
+    }
+
     /// Hands `job` (made with a completion sender) to the writer and waits
     /// for it to be done.
     async fn run(
@@ -467,16 +475,21 @@ impl Writer {
                     .map_err(|e| checked(e, StorageIOError::write_logs)),
                 done,
             ),
-            Job::Purge { index, meta, done } => {
-                let r = write_meta(&self.dir, &meta)
+            Job::Purge { index, meta } => {
+                // An I/O error is fatal (`checked`); anything else leaves
+                // the records in place, to be purged with the next one.
+                if let Err(e) = write_meta(&self.dir, &meta)
                     .map_err(|e| checked(e, StorageIOError::write_vote))
                     .and_then(|()| {
                         self.wal
                             .purge_upto(index)
                             .map(|_| ())
                             .map_err(|e| checked(e, StorageIOError::write_logs))
-                    });
-                (r, done)
+                    })
+                {
+                    tracing::error!(index, error = %e, "cannot purge the log");
+                }
+                return;
             }
             Job::Meta { meta, done } => (
                 write_meta(&self.dir, &meta).map_err(|e| checked(e, StorageIOError::write_vote)),
@@ -634,12 +647,19 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             state.drop_upto(log_id.index);
             LogStore::encoded_meta(&state)?
         };
-        self.run(|done| Job::Purge {
-            index: log_id.index,
-            meta,
-            done,
-        })
-        .await
+        // Handed to the writer, in order with the appends, and not waited
+        // for: openraft needs no purge on disk (a restart before it is
+        // finds those entries still in the log, under the snapshot that
+        // covers them, and purges them again), and waiting would stop the
+        // Raft core for as long as the writer is busy: behind a sync, or
+        // for good on a stalled disk, which a leader otherwise rides out
+        // on its followers' disks.
+        self.jobs
+            .send(Job::Purge {
+                index: log_id.index,
+                meta,
+            })
+            .map_err(|_| storage_err(StorageIOError::write_logs, "the log writer stopped"))
     }
 }
 
@@ -806,6 +826,48 @@ mod tests {
             "(append, vote saved when it was reported)"
         );
         assert_eq!(saved(&dir), [9]);
+    }
+
+    /// A purge is handed to the writer and not waited for: a writer held
+    /// up (a stalled disk) does not hold up the Raft core that purges, and
+    /// the purge is saved once the writer goes on.
+    #[tokio::test]
+    async fn a_purge_does_not_wait_for_a_busy_writer() {
+        let dir =
+            Dir(std::env::temp_dir().join(format!("idem-log-store-purge-{}", std::process::id())));
+        let _ = std::fs::remove_dir_all(&dir.0);
+        let mut store = LogStore::open(&dir.0, 1 << 16, Writing::Thread).unwrap();
+        let Jobs::Thread(h) = &store.jobs else {
+            unreachable!("opened with a writer thread")
+        };
+        // Another thread holds the writer, as a sync that does not return
+        // would, until told to let go.
+        let writer = Arc::clone(&h.writer);
+        let (held_tx, held_rx) = mpsc::channel();
+        let (go_tx, go_rx) = mpsc::channel::<()>();
+        let busy = std::thread::spawn(move || {
+            let _writer = writer.lock();
+            held_tx.send(()).unwrap();
+            let _ = go_rx.recv();
+        });
+        held_rx.recv().unwrap();
+        let log_id = LogId::new(openraft::CommittedLeaderId::new(1, 1), 5);
+        let purged =
+            tokio::time::timeout(std::time::Duration::from_secs(5), store.purge(log_id)).await;
+        // Let go of the writer before anything can fail: a purge it does
+        // after the directory is gone would stop the process.
+        drop(go_tx);
+        busy.join().unwrap();
+        purged
+            .expect("the purge waited for the busy writer")
+            .unwrap();
+        let state = store.get_log_state().await.unwrap();
+        assert_eq!(state.last_purged_log_id, Some(log_id));
+        // The writer saves it once it goes on.
+        store.wait_idle();
+        let meta: Meta = postcard::from_bytes(&read_meta(&dir.0).unwrap().unwrap()).unwrap();
+        assert_eq!(meta.purged, Some(log_id));
+        drop(store);
     }
 
     #[test]

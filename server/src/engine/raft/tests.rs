@@ -16,7 +16,9 @@ use super::{EngineIo, RaftConfig, StartError, log_store};
 use crate::engine::Engine;
 use crate::store::{Defaults, Op, Store, StoreConfig};
 
-struct TempDir(PathBuf);
+/// A test's directory, removed once the log in it (if any) has done
+/// everything handed to it.
+struct TempDir(PathBuf, Option<LogStore>);
 
 impl TempDir {
     fn new(name: &str) -> TempDir {
@@ -25,12 +27,15 @@ impl TempDir {
         let p = std::env::temp_dir().join(format!("idem-raft-{name}-{}-{n}", std::process::id()));
         let _ = std::fs::remove_dir_all(&p);
         std::fs::create_dir_all(&p).unwrap();
-        TempDir(p)
+        TempDir(p, None)
     }
 }
 
 impl Drop for TempDir {
     fn drop(&mut self) {
+        if let Some(log) = self.1.take() {
+            log.wait_idle();
+        }
         let _ = std::fs::remove_dir_all(&self.0);
     }
 }
@@ -39,8 +44,9 @@ struct Builder;
 
 impl StoreBuilder<TypeConfig, LogStore, StateMachine, TempDir> for Builder {
     async fn build(&self) -> Result<(TempDir, LogStore, StateMachine), StorageError> {
-        let dir = TempDir::new("suite");
+        let mut dir = TempDir::new("suite");
         let log = LogStore::open(&dir.0.join("log"), 1 << 16, log_store::Writing::Thread).unwrap();
+        dir.1 = Some(log.clone());
         let store = Arc::new(Store::new(StoreConfig::default()));
         let sm = StateMachine::open(store, &dir.0).unwrap();
         Ok((dir, log, sm))
