@@ -380,6 +380,14 @@ async fn run_once_panic_and_cancellation_abandon() {
 
 /// A fake node that answers every request with `reply`.
 async fn fake(reply: impl Fn(usize) -> String + Send + Sync + 'static) -> String {
+    fake_with(move |n, _| (Duration::ZERO, reply(n))).await
+}
+
+/// A fake node that answers each request (after the client's HELLO) with
+/// what `reply` gives for its number and frame, after the delay it gives.
+async fn fake_with(
+    reply: impl Fn(usize, &idem_protocol::Frame) -> (Duration, String) + Send + Sync + 'static,
+) -> String {
     let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap().to_string();
     let reply = Arc::new(reply);
@@ -394,10 +402,7 @@ async fn fake(reply: impl Fn(usize) -> String + Send + Sync + 'static) -> String
                     match idem_protocol::decode(&mut buf, &idem_protocol::Limits::default()) {
                         Ok(Some(frame)) => {
                             // The client's handshake: answered as Idem.
-                            if matches!(&frame, idem_protocol::Frame::Array(a)
-                                if matches!(a.first(), Some(idem_protocol::Frame::Bulk(b))
-                                    if b.eq_ignore_ascii_case(b"HELLO")))
-                            {
+                            if command_name(&frame).eq_ignore_ascii_case("HELLO") {
                                 let hello = "*2\r\n$6\r\nserver\r\n$4\r\nidem\r\n";
                                 if sock.write_all(hello.as_bytes()).await.is_err() {
                                     return;
@@ -405,7 +410,11 @@ async fn fake(reply: impl Fn(usize) -> String + Send + Sync + 'static) -> String
                                 continue;
                             }
                             let n = count.fetch_add(1, Ordering::SeqCst);
-                            if sock.write_all(reply(n).as_bytes()).await.is_err() {
+                            let (delay, text) = reply(n, &frame);
+                            if !delay.is_zero() {
+                                tokio::time::sleep(delay).await;
+                            }
+                            if sock.write_all(text.as_bytes()).await.is_err() {
                                 return;
                             }
                             continue;
@@ -421,6 +430,140 @@ async fn fake(reply: impl Fn(usize) -> String + Send + Sync + 'static) -> String
         }
     });
     addr
+}
+
+/// A request's arguments as text.
+fn args_of(frame: &idem_protocol::Frame) -> Vec<String> {
+    match frame {
+        idem_protocol::Frame::Array(items) => items
+            .iter()
+            .map(|f| match f {
+                idem_protocol::Frame::Bulk(b) => String::from_utf8_lossy(b).into_owned(),
+                other => format!("{other:?}"),
+            })
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// A request's command name.
+fn command_name(frame: &idem_protocol::Frame) -> String {
+    args_of(frame).into_iter().next().unwrap_or_default()
+}
+
+/// A waiting CLAIM parked on a node that stopped leading is answered
+/// `-MOVED` there and sent to the leader. It was parked there with its
+/// whole WAIT again (following MOVED did not count as a retry), so a
+/// waiter could wait up to twice as long as it asked, and with a tight
+/// deadline failed instead of being answered INFLIGHT.
+#[tokio::test]
+async fn a_waiting_claim_redirected_waits_only_for_the_time_left() {
+    let waits = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = waits.clone();
+    let leader = fake_with(move |_, frame| {
+        let args = args_of(frame);
+        let wait = args
+            .iter()
+            .position(|a| a.eq_ignore_ascii_case("WAIT"))
+            .and_then(|i| args.get(i + 1))
+            .and_then(|w| w.parse::<u64>().ok());
+        seen.lock().unwrap().push(wait);
+        (Duration::ZERO, "*2\r\n+INFLIGHT\r\n:5000\r\n".into())
+    })
+    .await;
+    let to = leader.clone();
+    // The node the claim first waits on stops leading after 1 s.
+    let former =
+        fake_with(move |_, _| (Duration::from_secs(1), format!("-MOVED 1 {to}\r\n"))).await;
+    let c = Client::connect(former).await.unwrap();
+    let got = c
+        .claim(key("redirected-wait").as_str())
+        .wait(Duration::from_secs(3))
+        .await
+        .unwrap();
+    assert!(matches!(got, ClaimOutcome::InFlight { .. }), "{got:?}");
+    assert_eq!(c.stats().redirects, 1);
+    let waits = waits.lock().unwrap().clone();
+    let [Some(wait)] = waits[..] else {
+        panic!("the leader got {waits:?}")
+    };
+    assert!(
+        (1_000..=2_000).contains(&wait),
+        "parked again with WAIT {wait} ms of 3,000, a second of them spent"
+    );
+}
+
+/// A CLAIM answered `-TRYAGAIN` to its last try (on a node that had it
+/// proposed: it may have been applied) came back as a plain server error,
+/// without its attempt id and without the clean-up of a grant that may
+/// have been made.
+#[tokio::test]
+async fn a_claim_refused_with_tryagain_to_the_end_is_an_unknown_outcome() {
+    let always = fake(|_| "-TRYAGAIN may have been applied\r\n".into()).await;
+    let c = Client::connect_with_config(
+        always,
+        ClientConfig::default()
+            .retries(1)
+            .backoff(Duration::from_millis(1), Duration::from_millis(2)),
+    )
+    .await
+    .unwrap();
+    let claim = c.claim(key("tryagain-claim").as_str());
+    let attempt = claim.attempt_id().clone();
+    let e = claim.await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::TryAgain, "{e}");
+    assert!(e.is_retryable());
+    assert_eq!(e.attempt(), Some(&attempt), "{e}");
+}
+
+/// A claim guard stopped renewing once no renewal had landed for a whole
+/// lease (ownership presumed lost). A cluster's lease clock stands still
+/// while no node leads, so after a longer election the lease was still
+/// live, but nothing renewed it any more. Now renewals go on, and one that
+/// lands clears the presumption.
+#[tokio::test]
+async fn a_guard_keeps_renewing_after_presuming_its_claim_lost() {
+    let down = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let renewals = Arc::new(AtomicUsize::new(0));
+    let (is_down, renewed) = (down.clone(), renewals.clone());
+    let node = fake_with(move |_, frame| {
+        let reply = match command_name(frame).to_ascii_uppercase().as_str() {
+            "CLAIM" => "*2\r\n+ACQUIRED\r\n:1\r\n",
+            "RENEW" if is_down.load(Ordering::SeqCst) => "-TRYAGAIN no leader yet\r\n",
+            "RENEW" => {
+                renewed.fetch_add(1, Ordering::SeqCst);
+                "+OK\r\n"
+            }
+            _ => "+OK\r\n",
+        };
+        (Duration::ZERO, reply.into())
+    })
+    .await;
+    let c = Client::connect_with_config(
+        node,
+        ClientConfig::default().backoff(Duration::from_millis(5), Duration::from_millis(20)),
+    )
+    .await
+    .unwrap();
+    let ClaimOutcome::Acquired(guard) = c
+        .claim(key("presumed-lost").as_str())
+        .lease(Duration::from_millis(300))
+        .await
+        .unwrap()
+    else {
+        panic!("the fake grants every claim")
+    };
+    down.store(true, Ordering::SeqCst);
+    eventually("ownership presumed lost", async || {
+        guard.is_lost().then_some(())
+    })
+    .await;
+    let before = renewals.load(Ordering::SeqCst);
+    down.store(false, Ordering::SeqCst);
+    eventually("a renewal landed and cleared the presumption", async || {
+        (!guard.is_lost() && renewals.load(Ordering::SeqCst) > before).then_some(())
+    })
+    .await;
 }
 
 #[tokio::test]

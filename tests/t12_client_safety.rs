@@ -700,6 +700,56 @@ async fn a_claim_that_times_out_does_not_leave_its_grant_behind() {
     .await;
 }
 
+/// A claim that timed out is cleaned up in the background (its grant
+/// looked for by attempt id and released), while its error tells the
+/// caller to retry with that attempt id. A caller that did got its grant
+/// back, and then the clean-up released it under the caller: the key was
+/// free while the caller's effect ran. Now a retry with the attempt id
+/// stops the clean-up first.
+#[tokio::test]
+async fn a_retry_with_the_attempt_id_keeps_its_grant_from_the_clean_up() {
+    let s = Idemd::start().await;
+    let slow = slow_replies(s.addr, Duration::from_millis(700)).await;
+    let c = Client::connect_with_config(
+        slow,
+        idem_client::ClientConfig::default()
+            .retries(0)
+            .request_timeout(Duration::from_secs(3)),
+    )
+    .await
+    .unwrap();
+    let k = key("retried-claim");
+    let e = c
+        .claim(k.as_str())
+        .deadline(Duration::from_millis(300))
+        .await
+        .unwrap_err();
+    assert!(e.is_timeout(), "{e}");
+    let attempt = e.attempt().expect("the claim's attempt id").clone();
+    // Retried at once, as the error says: the same grant comes back.
+    let ClaimOutcome::Acquired(claim) = c
+        .claim(k.as_str())
+        .attempt(attempt.clone())
+        .deadline(Duration::from_secs(5))
+        .await
+        .unwrap()
+    else {
+        panic!("the retry got its grant back")
+    };
+    // The clean-up would have released it within a few round trips of
+    // 0.7 s; the key stays in flight under the retry's fence meanwhile.
+    let direct = client(&s).await;
+    for _ in 0..8 {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let info = direct.inspect(k.as_str()).await.unwrap();
+        let info = info.expect("the key was freed under its owner");
+        assert_eq!(info.state, idem_client::RecordState::InFlight);
+        assert_eq!(info.fence, claim.fence());
+        assert_eq!(info.attempt.as_ref(), Some(&attempt));
+    }
+    claim.complete("charged once").await.unwrap();
+}
+
 /// Errors printed their kind twice (`Protocol: Protocol: ...`); a server
 /// error printed `Fenced: FENCED ...`.
 #[tokio::test]

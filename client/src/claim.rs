@@ -73,12 +73,16 @@ impl ClaimCtx {
             .await
     }
 
-    /// Whether a renewal was refused: someone else may own the key now.
+    /// Whether ownership is lost or presumed lost: a renewal was refused
+    /// (`FENCED`: for good), or none landed for a whole lease (someone
+    /// else may own the key now; renewals go on, and one that lands
+    /// clears this).
     pub fn is_lost(&self) -> bool {
         self.lost.borrow().is_some()
     }
 
-    /// Resolves when ownership is lost (never, if it is not).
+    /// Resolves when ownership is lost or presumed lost (see
+    /// [`is_lost`](Self::is_lost); never, if it is not).
     pub async fn lost(&self) -> Arc<Error> {
         let mut rx = self.lost.clone();
         loop {
@@ -125,7 +129,8 @@ impl Claim {
         self.ctx.clone()
     }
 
-    /// Whether a renewal was refused as FENCED.
+    /// Whether ownership is lost or presumed lost (see
+    /// [`ClaimCtx::is_lost`]).
     pub fn is_lost(&self) -> bool {
         self.ctx.is_lost()
     }
@@ -274,27 +279,50 @@ async fn renew_loop(
 ) {
     let period = (lease / 3).max(Duration::from_millis(1));
     let mut last_ok = tokio::time::Instant::now();
+    let mut presumed_lost = false;
+    let mut pause = period;
     loop {
-        tokio::time::sleep(period).await;
-        match client.renew(key.clone(), fence, lease).await {
-            Ok(()) => last_ok = tokio::time::Instant::now(),
-            Err(e) if e.kind() != ErrorKind::Fenced && last_ok.elapsed() >= lease => {
-                // No renewal has landed for a whole lease: the lease has
-                // run out and someone else may own the key.
-                warn!(key = ?key, fence, error = %e, "lease renewals failed for a whole lease: ownership presumed lost");
-                let error = Error::new(
-                    ErrorKind::Timeout,
-                    format!("no lease renewal succeeded for {lease:?}; last error: {e}"),
-                );
-                let _ = lost.send(Some(Arc::new(error)));
-                return;
+        tokio::time::sleep(pause).await;
+        // Each renewal gets one period, retries included, and each try
+        // less than that: a node whose host vanished (its connection open,
+        // nothing answering) costs one period, not the client's request
+        // timeout, so a failover within the lease keeps the claim.
+        match client.renew_within(key.clone(), fence, lease, period).await {
+            Ok(()) => {
+                last_ok = tokio::time::Instant::now();
+                pause = period;
+                if presumed_lost {
+                    // The lease outlived the outage (a cluster's lease
+                    // clock stands still while no node leads).
+                    warn!(key = ?key, fence, "lease renewed again: ownership kept after all");
+                    presumed_lost = false;
+                    let _ = lost.send(None);
+                }
             }
             Err(e) if e.kind() == ErrorKind::Fenced => {
                 warn!(key = ?key, fence, "lease renewal refused: ownership lost");
                 let _ = lost.send(Some(Arc::new(e)));
                 return;
             }
-            Err(e) => warn!(key = ?key, fence, error = %e, "lease renewal failed; retrying"),
+            Err(e) => {
+                // Tried again soon: the time of a failed renewal already
+                // ate into the lease.
+                pause = (period / 3).max(Duration::from_millis(1));
+                if !presumed_lost && last_ok.elapsed() >= lease {
+                    // No renewal has landed for a whole lease: the lease
+                    // may have run out and someone else may own the key.
+                    // Renewals go on: the server has the last word.
+                    warn!(key = ?key, fence, error = %e, "lease renewals failed for a whole lease: ownership presumed lost");
+                    presumed_lost = true;
+                    let error = Error::new(
+                        ErrorKind::Timeout,
+                        format!("no lease renewal succeeded for {lease:?}; last error: {e}"),
+                    );
+                    let _ = lost.send(Some(Arc::new(error)));
+                } else {
+                    warn!(key = ?key, fence, error = %e, "lease renewal failed; retrying");
+                }
+            }
         }
     }
 }

@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::future::{Future, IntoFuture};
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -85,7 +85,12 @@ pub(crate) struct Inner {
     seeds: Vec<String>,
     target: parking::Mutex<String>,
     conns: parking::Mutex<HashMap<String, Connection>>,
-    connecting: AsyncMutex<()>,
+    /// One connect at a time per node (a node that does not answer holds
+    /// up only those who need it).
+    connecting: parking::Mutex<HashMap<String, Arc<AsyncMutex<()>>>>,
+    /// A `-MOVED` was seen: the client talks to a cluster, even through
+    /// one seed (a virtual address), and rides out its failovers.
+    seen_moved: AtomicBool,
     /// Idle connections for waiting requests, by node.
     waiting: parking::Mutex<Vec<(String, Connection)>>,
     /// Waiting requests in progress, at most `max_waiting_connections`.
@@ -93,6 +98,18 @@ pub(crate) struct Inner {
     pub(crate) stats: Counters,
     /// TLS, if the client talks it (built once from the config).
     tls: Option<Arc<crate::tls::Tls>>,
+    /// Claims being sent or settled, by attempt id (see [`send_claim`]).
+    claims: parking::Mutex<HashMap<Bytes, Arc<Settling>>>,
+}
+
+/// The clean-up of one claim: a grant nobody will use (its caller left, or
+/// its outcome was unknown to the caller) is released under `step`, unless
+/// a later claim with the same attempt id, which would get that grant back,
+/// has `stopped` it.
+#[derive(Default)]
+struct Settling {
+    stopped: AtomicBool,
+    step: AsyncMutex<()>,
 }
 
 /// The client's counters (see [`ClientStats`]).
@@ -133,6 +150,9 @@ pub struct ClientStats {
 
 /// Idle connections kept for waiting requests.
 const IDLE_WAIT_CONNECTIONS: usize = 16;
+
+/// Less than this left of a call's deadline is not worth another try.
+const MIN_LAST_TRY: Duration = Duration::from_millis(5);
 
 /// The `host:port` of each seed of `addrs`: `host:port` or
 /// `idem://host:port[/]`, several separated by commas (the nodes of a
@@ -445,13 +465,15 @@ impl Client {
                 seeds,
                 target: parking::Mutex::new(addr.clone()),
                 conns: parking::Mutex::new(HashMap::new()),
-                connecting: AsyncMutex::new(()),
+                connecting: parking::Mutex::new(HashMap::new()),
+                seen_moved: AtomicBool::new(false),
                 waiting: parking::Mutex::new(Vec::new()),
                 waiting_slots: Arc::new(tokio::sync::Semaphore::new(
                     config.max_waiting_connections,
                 )),
                 stats: Counters::default(),
                 tls,
+                claims: parking::Mutex::new(HashMap::new()),
                 config,
             }),
         };
@@ -503,6 +525,44 @@ impl Client {
         self.inner.target.lock().clone()
     }
 
+    /// Registers a claim with `attempt` about to be sent. A clean-up still
+    /// running for an earlier claim with that id is stopped, and a step of
+    /// it under way (a release) is waited for, up to `within`: otherwise
+    /// it could release the very grant this claim gets back (the server
+    /// answers a claim by the attempt id that owns the key with its grant).
+    async fn claim_sent(&self, attempt: &Bytes, within: Duration) -> Result<Arc<Settling>> {
+        let token = Arc::new(Settling::default());
+        let earlier = self
+            .inner
+            .claims
+            .lock()
+            .insert(attempt.clone(), Arc::clone(&token));
+        if let Some(earlier) = earlier {
+            earlier.stopped.store(true, Ordering::Release);
+            if tokio::time::timeout(within, earlier.step.lock())
+                .await
+                .is_err()
+            {
+                self.claim_done(attempt, &token);
+                return Err(Error::new(
+                    ErrorKind::Timeout,
+                    "the clean-up of an earlier claim with this attempt id did not finish in time",
+                )
+                .with_attempt(Some(attempt.clone())));
+            }
+        }
+        Ok(token)
+    }
+
+    /// Forgets the claim `token` of `attempt` (once nothing of it is left
+    /// to settle), unless a later claim with that id took its place.
+    fn claim_done(&self, attempt: &Bytes, token: &Arc<Settling>) {
+        let mut claims = self.inner.claims.lock();
+        if claims.get(attempt).is_some_and(|t| Arc::ptr_eq(t, token)) {
+            claims.remove(attempt);
+        }
+    }
+
     /// The seeds this client was given.
     pub fn seeds(&self) -> &[String] {
         &self.inner.seeds
@@ -524,7 +584,14 @@ impl Client {
         if let Some(c) = self.inner.conns.lock().get(addr).filter(|c| !c.is_closed()) {
             return Ok(c.clone());
         }
-        let _one_at_a_time = self.inner.connecting.lock().await;
+        let lock = Arc::clone(
+            self.inner
+                .connecting
+                .lock()
+                .entry(addr.to_owned())
+                .or_default(),
+        );
+        let _one_at_a_time = lock.lock().await;
         if let Some(c) = self.inner.conns.lock().get(addr).filter(|c| !c.is_closed()) {
             return Ok(c.clone());
         }
@@ -534,6 +601,13 @@ impl Client {
             .lock()
             .insert(addr.to_owned(), conn.clone());
         Ok(conn)
+    }
+
+    /// Closes and forgets the shared connection to `addr`, if any.
+    fn drop_connection(&self, addr: &str) {
+        if let Some(c) = self.inner.conns.lock().remove(addr) {
+            c.abort();
+        }
     }
 
     /// Opens a connection to `addr` and checks that it is an Idem server.
@@ -660,12 +734,12 @@ impl Client {
             Command::Claim(c) => c.attempt.clone(),
             _ => None,
         };
-        let (mut attempt, mut redirects) = (0u32, 0u32);
+        let (mut attempt, mut redirects, mut sent) = (0u32, 0u32, false);
         // Retries while a cluster fails over (refused connections, MOVED to
         // a node that is gone, TRYAGAIN, CLUSTERDOWN) are bounded by the
         // deadline, not by `retries`: with several seeds, one of them
         // takes over.
-        let cluster = self.inner.seeds.len() > 1;
+        let cluster = self.inner.seeds.len() > 1 || self.inner.seen_moved.load(Ordering::Relaxed);
         let wait_total = match cmd {
             Command::Claim(c) => c.wait_ms,
             Command::Settle(s) => s.wait_ms,
@@ -682,9 +756,12 @@ impl Client {
             };
             let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
             let timeout = (cfg.request_timeout + extra).min(remaining);
-            // A waiting request sent again waits only for what is left.
+            let full_try = timeout == cfg.request_timeout + extra;
+            // A waiting request sent again (retried, or redirected by a
+            // node that stopped leading while it waited) waits only for
+            // what is left.
             let frame = match wait_total {
-                Some(total) if waits && attempt > 0 => {
+                Some(total) if waits && sent => {
                     let left = total.saturating_sub(started.elapsed().as_millis() as u64);
                     let mut again = cmd.clone();
                     match &mut again {
@@ -696,6 +773,7 @@ impl Client {
                 }
                 _ => frame.clone(),
             };
+            sent = true;
             let call = async {
                 if waits {
                     self.call_waiting(&addr, frame, timeout).await
@@ -719,6 +797,7 @@ impl Client {
                             let to = err.message.split_whitespace().nth(1).unwrap_or("");
                             if !to.is_empty() && to != addr && redirects < cfg.max_redirects {
                                 redirects += 1;
+                                self.inner.seen_moved.store(true, Ordering::Relaxed);
                                 counters.redirects.fetch_add(1, Ordering::Relaxed);
                                 *self.inner.target.lock() = to.to_owned();
                                 continue;
@@ -728,14 +807,9 @@ impl Client {
                             redirects = 0;
                             self.next_seed(&addr);
                             failover = cluster;
-                            if !cluster && attempt >= cfg.retries {
-                                return Ok(Frame::Error(text));
-                            }
                             Error::server(err)
                         }
-                        ErrorCode::TryAgain | ErrorCode::ClusterDown
-                            if attempt < cfg.retries || cluster =>
-                        {
+                        ErrorCode::TryAgain | ErrorCode::ClusterDown => {
                             if cluster {
                                 // An election runs, or this node is cut
                                 // off from the others: another may lead.
@@ -751,7 +825,14 @@ impl Client {
                 Err(e) if e.is_retryable() && (attempt < cfg.retries || cluster) => {
                     if cluster && (e.is_connection() || e.is_timeout()) {
                         // The node is gone (or its host is: no answer at
-                        // all): another seed leads or knows who does.
+                        // all): another seed leads or knows who does. A
+                        // connection that gave no answer for a whole
+                        // request timeout is not used again: a host that
+                        // vanished leaves it open, and every request on it
+                        // would wait out its timeout.
+                        if e.is_timeout() && full_try {
+                            self.drop_connection(&addr);
+                        }
                         self.next_seed(&addr);
                     }
                     failover = cluster;
@@ -770,8 +851,11 @@ impl Client {
                     .with_context(context(attempt + 1))
                     .with_attempt(claim_attempt));
             }
-            let backoff = cfg.backoff_for(attempt);
-            if tokio::time::Instant::now() + backoff >= deadline {
+            // The backoff is cut to what is left of the deadline: a last
+            // try at its end rather than none.
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            let backoff = cfg.backoff_for(attempt).min(left);
+            if left < MIN_LAST_TRY {
                 counters.failures.fetch_add(1, Ordering::Relaxed);
                 return Err(retry_err
                     .with_context(context(attempt + 1))
@@ -868,6 +952,26 @@ impl Client {
         expect_ok(self.request(&cmd, Duration::ZERO).await?)
     }
 
+    /// [`renew`](Self::renew) within `budget`, retries included (each try
+    /// within it too).
+    pub(crate) async fn renew_within(
+        &self,
+        key: impl Into<Key>,
+        fence: u64,
+        lease: Duration,
+        budget: Duration,
+    ) -> Result<()> {
+        let cmd = Command::Renew(Renew {
+            key: key.into().to_bytes(),
+            fence,
+            lease_ms: ms(lease),
+        });
+        expect_ok(
+            self.request_within(&cmd, Duration::ZERO, Some(budget))
+                .await?,
+        )
+    }
+
     /// Replaces the journal of `key` owned under `fence`.
     pub async fn journal(
         &self,
@@ -915,6 +1019,12 @@ impl Client {
     }
 
     /// Deletes a record (administrative); true if there was one.
+    ///
+    /// Retried like every call (a lost reply, a `-TRYAGAIN` during a
+    /// failover). FORGET is not fenced: if an attempt whose reply was lost
+    /// had deleted the record and another client claimed the key before the
+    /// retry, the retry deletes that claim's record too. Use it on keys
+    /// that are not busy.
     pub async fn forget(&self, key: impl Into<Key>) -> Result<bool> {
         match self
             .request(
@@ -1104,7 +1214,10 @@ impl IntoFuture for ClaimBuilder {
 ///   and a grant that raced the close (the key handed over just before) is
 ///   found with `INSPECT` by its attempt id and settled as above;
 /// - a claim that failed with its outcome unknown (deadline, broken
-///   connection) is looked for and settled the same way.
+///   connection, `-TRYAGAIN` after it was sent) is looked for and settled
+///   the same way, while its caller may retry it with its attempt id: such
+///   a retry from this client stops the clean-up first, so the grant it
+///   gets back is never released under it.
 async fn send_claim(
     client: &Client,
     cmd: Command,
@@ -1118,7 +1231,11 @@ async fn send_claim(
         return Err(Error::new(ErrorKind::InvalidRequest, "not a CLAIM"));
     };
     let (key, wait) = (c.key.clone(), Duration::from_millis(c.wait_ms.unwrap_or(0)));
+    let token = client
+        .claim_sent(&attempt, budget.unwrap_or(client.inner.config.deadline))
+        .await?;
     let (caller_client, caller_key) = (client.clone(), key.clone());
+    let (caller_attempt, caller_token) = (attempt.clone(), Arc::clone(&token));
     // After this no grant can come: the last try's server-side wait is over.
     let until = tokio::time::Instant::now()
         + wait
@@ -1135,26 +1252,35 @@ async fn send_claim(
                 () = tx.closed(), if waits => {
                     // Dropping the request aborts its connection.
                     drop(request);
-                    settle_lost_claim(&client, &key, &cmd, &attempt, until).await;
+                    settle_lost_claim(&client, &key, &cmd, &attempt, until, &token).await;
+                    client.claim_done(&attempt, &token);
                     return;
                 }
             }
         };
         let unknown = matches!(&reply, Err(e) if e.is_retryable());
-        if let Err(Ok(frame)) = tx.send(reply) {
-            settle_orphan(&client, &key, frame).await;
-        } else if unknown {
-            // Given up on (deadline, connection lost) with the outcome
-            // unknown: a grant may still have been made, or be on its way;
-            // it is looked for and settled.
-            settle_lost_claim(&client, &key, &cmd, &attempt, until).await;
+        let grant_possible = reply.is_ok();
+        match tx.send(reply) {
+            Err(Ok(frame)) => settle_orphan(&client, &key, frame, &token).await,
+            // Given up on (deadline, connection lost, TRYAGAIN) with the
+            // outcome unknown: a grant may still have been made, or be on
+            // its way; it is looked for and settled.
+            _ if unknown => {
+                settle_lost_claim(&client, &key, &cmd, &attempt, until, &token).await;
+            }
+            // The caller has the reply (or its guard does): it lets go.
+            Ok(()) if grant_possible => return,
+            _ => {}
         }
+        client.claim_done(&attempt, &token);
     });
     // A reply handed over just as the caller goes away is settled too.
     let mut guard = OrphanGuard {
         rx: Some(rx),
         client: caller_client,
         key: caller_key,
+        attempt: caller_attempt,
+        token: caller_token,
     };
     let stopped = || {
         Err(Error::new(
@@ -1167,6 +1293,9 @@ async fn send_claim(
         None => stopped(),
     };
     guard.rx = None;
+    if reply.is_ok() {
+        guard.client.claim_done(&guard.attempt, &guard.token);
+    }
     reply
 }
 
@@ -1176,6 +1305,8 @@ struct OrphanGuard {
     rx: Option<tokio::sync::oneshot::Receiver<Result<Frame>>>,
     client: Client,
     key: Bytes,
+    attempt: Bytes,
+    token: Arc<Settling>,
 }
 
 impl Drop for OrphanGuard {
@@ -1184,18 +1315,35 @@ impl Drop for OrphanGuard {
             return;
         };
         rx.close();
-        if let Ok(Ok(frame)) = rx.try_recv()
-            && let Ok(rt) = tokio::runtime::Handle::try_current()
-        {
-            let (client, key) = (self.client.clone(), self.key.clone());
-            rt.spawn(async move { settle_orphan(&client, &key, frame).await });
+        match rx.try_recv() {
+            Ok(Ok(frame)) => {
+                let (client, key) = (self.client.clone(), self.key.clone());
+                let (attempt, token) = (self.attempt.clone(), Arc::clone(&self.token));
+                if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                    rt.spawn(async move {
+                        settle_orphan(&client, &key, frame, &token).await;
+                        client.claim_done(&attempt, &token);
+                    });
+                } else {
+                    self.client.claim_done(&self.attempt, &self.token);
+                }
+            }
+            // An error the task settles itself, if it has to.
+            Ok(Err(_)) => {}
+            // Not sent yet: the task settles what comes.
+            Err(_) => {}
         }
     }
 }
 
 /// Settles a claim reply nobody will read: releases an `ACQUIRED`,
-/// abandons a `RECOVER` again.
-async fn settle_orphan(client: &Client, key: &Bytes, frame: Frame) {
+/// abandons a `RECOVER` again (unless a later claim with the same attempt
+/// id stopped the clean-up: it got that grant back).
+async fn settle_orphan(client: &Client, key: &Bytes, frame: Frame, token: &Settling) {
+    let _step = token.step.lock().await;
+    if token.stopped.load(Ordering::Acquire) {
+        return;
+    }
     let result = match ClaimReply::from_frame(frame) {
         Ok(ClaimReply::Acquired { fence }) => client.release(key.clone(), fence).await,
         Ok(ClaimReply::Recover { fence, .. }) => client.abandon(key.clone(), fence).await,
@@ -1232,6 +1380,7 @@ async fn settle_lost_claim(
     cmd: &Command,
     attempt: &Bytes,
     until: tokio::time::Instant,
+    token: &Settling,
 ) {
     let mut looks = [
         tokio::time::Instant::now(),
@@ -1242,6 +1391,9 @@ async fn settle_lost_claim(
     looks.sort();
     for at in looks {
         tokio::time::sleep_until(at).await;
+        if token.stopped.load(Ordering::Acquire) {
+            return;
+        }
         let ours = match client.inspect(key.clone()).await {
             Ok(Some(info)) => {
                 info.state == idem_protocol::RecordState::InFlight
@@ -1259,7 +1411,7 @@ async fn settle_lost_claim(
                 c.wait_ms = None;
             }
             if let Ok(frame) = client.request(&again, Duration::ZERO).await {
-                settle_orphan(client, key, frame).await;
+                settle_orphan(client, key, frame, token).await;
             }
             return;
         }

@@ -114,8 +114,9 @@ impl ClientConfig {
 
     /// How many times a request is retried after a connection failure,
     /// timeout or `-TRYAGAIN` (default 5; 0 disables retries). A client of
-    /// several seed nodes (a cluster) retries those until the call's
-    /// deadline instead, since a failover takes a moment.
+    /// several seed nodes (a cluster), or one that was sent `-MOVED` (a
+    /// cluster behind one address), retries until the call's deadline
+    /// instead, since a failover takes a moment.
     pub fn retries(mut self, n: u32) -> Self {
         self.retries = n;
         self
