@@ -97,7 +97,7 @@ async fn main() -> anyhow::Result<()> {
     let layered = serve(
         Router::new()
             .route("/pay", handler)
-            .layer(IdempotencyLayer::new(client)),
+            .layer(IdempotencyLayer::new(client).shared_key_space()),
     )
     .await?;
     println!("{conns} connections, {secs} s each; handler returns a constant");

@@ -50,7 +50,17 @@ async fn main() -> anyhow::Result<()> {
     let app = Router::new()
         .route("/payments", post(pay))
         .with_state(Ledger::default())
-        .layer(IdempotencyLayer::new(idem));
+        // Keys are scoped by the caller's account (here a header a gateway
+        // in front sets; an auth layer's extension works the same), so
+        // one account can never replay another's payment.
+        .layer(IdempotencyLayer::new(idem).scope(|parts| {
+            parts
+                .headers
+                .get("x-account-id")
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("anonymous")
+                .to_owned()
+        }));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:3000").await?;
     println!("payments on http://{}", listener.local_addr()?);
     axum::serve(listener, app).await?;

@@ -9,7 +9,11 @@
 //! let idem = idem_client::Client::connect("127.0.0.1:7379").await?;
 //! let app: Router = Router::new()
 //!     .route("/payments", post(|| async { "paid" }))
-//!     .layer(IdempotencyLayer::new(idem));
+//!     // Scoped by the caller (here an account header set by a gateway).
+//!     .layer(IdempotencyLayer::new(idem).scope(|parts| {
+//!         let account = parts.headers.get("x-account-id");
+//!         account.and_then(|v| v.to_str().ok()).unwrap_or("").to_owned()
+//!     }));
 //! # Ok(()) }
 //! ```
 //!
@@ -27,9 +31,26 @@
 //! | the handler answers | the key is | a retry |
 //! |---|---|---|
 //! | 1xx, 2xx, 3xx | completed | replays the response |
-//! | 4xx but 408, 425, 429 | completed as an error | replays the response |
+//! | 400, 401, 403, 404, 405, 406, 411, 413, 414, 415, 422, 431 (refused before anything happened) | released | runs the handler again (the corrected request) |
 //! | 408, 425, 429, 503 | released | runs the handler again |
-//! | other 5xx, a panic, a timeout, a dropped request | abandoned (outcome unknown) | gets `500 outcome-unknown`, or runs with [`Recovering`] under [`OnRecover::RunWithRecovery`] |
+//! | other 4xx (402, 409, 410, 412, ...) | completed as an error | replays the response |
+//! | other 5xx, a panic, a timeout | abandoned (outcome unknown) | gets `500 outcome-unknown`, or runs with [`Recovering`] under [`OnRecover::RunWithRecovery`] |
+//!
+//! A recovery run ([`Recovering`]) never releases: the key keeps what the
+//! earlier run journaled until an outcome is recorded. The handler runs
+//! to its end in a task of its own, and the key is settled, even if the
+//! client goes away meanwhile (its retry then replays the outcome). Use
+//! [`handler_timeout`](IdempotencyLayer::handler_timeout) rather than a
+//! timeout layer inside this one: a timeout layer inside answers `408` or
+//! `503` for a handler it cut off midway, which this layer would take for
+//! "nothing happened" and release.
+//!
+//! Keys are scoped by [`scope`](IdempotencyLayer::scope) (a tenant or
+//! principal): set one wherever callers are different principals, or one
+//! could replay another's response by using its key. A layer without one
+//! logs a warning when it is built, unless
+//! [`shared_key_space`](IdempotencyLayer::shared_key_space) says that all
+//! callers are one.
 //!
 //! The layer's own errors are RFC 9457 problem details ([`Problem`]).
 //! Nothing is buffered without a bound: request bodies up to
@@ -92,13 +113,20 @@ pub enum Decision {
     Abandon,
 }
 
-/// The default policy: 1xx, 2xx and 3xx complete; 408 (timeout), 425 (too
-/// early), 429 (too many requests) and 503 (unavailable) release; other 4xx
-/// complete as errors; other 5xx abandon (the handler may have had an
-/// effect before failing).
+/// The default policy: 1xx, 2xx and 3xx complete. A 4xx that refuses the
+/// request before anything happened releases, so that the corrected
+/// request (the draft asks clients to correct it before retrying) runs
+/// under the same key: 400 (bad request), 401 and 403 (credentials), 404,
+/// 405, 406, 411, 413, 414, 415, 422 (validation), 431; so do 408
+/// (timeout), 425 (too early), 429 (too many requests) and 503
+/// (unavailable). Other 4xx (402, 409, 410, 412, ...: an answer the
+/// handler gave after looking) complete as errors; other 5xx abandon (the
+/// handler may have had an effect before failing).
 pub fn default_policy(status: StatusCode) -> Decision {
     match status.as_u16() {
-        408 | 425 | 429 | 503 => Decision::Release,
+        400 | 401 | 403..=406 | 408 | 411 | 413..=415 | 422 | 425 | 429 | 431 | 503 => {
+            Decision::Release
+        }
         500..=599 => Decision::Abandon,
         400..=499 => Decision::CompleteError,
         _ => Decision::Complete,
@@ -186,6 +214,8 @@ struct Settings {
     handler_timeout: Option<Duration>,
     on_recover: OnRecover,
     namespace: String,
+    /// All callers are one principal: no scope needed.
+    shared: bool,
 }
 
 /// The layer; see the crate docs. Cheap to clone.
@@ -238,6 +268,7 @@ impl IdempotencyLayer {
                 handler_timeout: None,
                 on_recover: OnRecover::Refuse,
                 namespace: "http".into(),
+                shared: false,
             }),
         }
     }
@@ -263,9 +294,19 @@ impl IdempotencyLayer {
     /// (an auth header, an extension set by an auth layer). Two scopes
     /// never share a key, so one tenant cannot read another's responses.
     /// Without a scope (the default) every caller shares one key space:
-    /// set one wherever callers are different principals.
+    /// set one wherever callers are different principals. Scope by the
+    /// principal (a user or account id), not by a raw credential: a token
+    /// refreshed between a request and its retry would make the retry a
+    /// new key, and run the handler again.
     pub fn scope(self, f: impl Fn(&request::Parts) -> String + Send + Sync + 'static) -> Self {
         self.with(|s| s.scope = Some(Arc::new(f)))
+    }
+
+    /// Says that all callers are one principal (a service behind an API
+    /// gateway that scopes keys itself, an internal queue): keys are not
+    /// scoped, and the layer does not warn about it.
+    pub fn shared_key_space(self) -> Self {
+        self.with(|s| s.shared = true)
     }
 
     /// The lease of a running handler (renewed in the background while it
@@ -308,8 +349,14 @@ impl IdempotencyLayer {
     }
 
     /// Replaces the request fingerprint (default: SHA-256 over the method,
-    /// the path, the query with its parameters sorted, and the body), e.g.
-    /// to leave out a field of a JSON body that changes on every retry.
+    /// the path, the query with its parameters sorted by name, and the
+    /// body), e.g. to leave out a field of a JSON body that changes on
+    /// every retry. A fingerprint longer than 32 bytes is hashed (SHA-256),
+    /// so returning the filtered body itself is fine. The default takes
+    /// the body as sent: a body whose bytes change between retries of the
+    /// same request (a multipart body with a fresh boundary, a compressed
+    /// body with a timestamp) needs a fingerprint of its own, or every
+    /// retry gets `422 key-reused`.
     pub fn fingerprint_with(
         self,
         f: impl Fn(&request::Parts, &Bytes) -> Bytes + Send + Sync + 'static,
@@ -317,7 +364,8 @@ impl IdempotencyLayer {
         self.with(|s| s.fingerprint = Some(Arc::new(f)))
     }
 
-    /// Query parameters the default fingerprint leaves out.
+    /// Query parameters the default fingerprint leaves out (compared with
+    /// the names as sent, not percent-decoded).
     pub fn fingerprint_ignore_query(
         self,
         names: impl IntoIterator<Item = impl Into<String>>,
@@ -334,7 +382,8 @@ impl IdempotencyLayer {
     }
 
     /// Abandons the key and answers `504 handler-timed-out` when the
-    /// handler has not answered within `timeout`.
+    /// handler has not answered within `timeout`. Use this rather than a
+    /// timeout layer inside this one (see the crate docs).
     pub fn handler_timeout(self, timeout: Duration) -> Self {
         self.with(|s| s.handler_timeout = Some(timeout))
     }
@@ -355,6 +404,11 @@ impl<S> Layer<S> for IdempotencyLayer {
     type Service = IdempotencyService<S>;
 
     fn layer(&self, inner: S) -> Self::Service {
+        if self.settings.scope.is_none() && !self.settings.shared {
+            warn!(
+                "IdempotencyLayer without a scope: all callers share one key space, so one can replay another's response by using its key; set .scope(...) by principal, or .shared_key_space() if all callers are one"
+            );
+        }
         IdempotencyService {
             inner,
             settings: Arc::clone(&self.settings),
@@ -440,8 +494,10 @@ async fn handle<S, ReqB, ResB>(
     req: Request<ReqB>,
 ) -> Result<Response<ResponseBody>, S::Error>
 where
-    S: Service<Request<ReqB>, Response = Response<ResB>>,
-    ReqB: http_body::Body + From<Bytes>,
+    S: Service<Request<ReqB>, Response = Response<ResB>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    ReqB: http_body::Body + From<Bytes> + Send + 'static,
     ReqB::Error: Into<BoxError>,
     ResB: http_body::Body<Data = Bytes> + Send + 'static,
     ResB::Error: Into<BoxError>,
@@ -478,7 +534,7 @@ where
         Err(e) => return Ok(Problem::UnreadableBody.response(&e.to_string())),
     };
     let fingerprint = match &s.fingerprint {
-        Some(f) => f(&parts, &body),
+        Some(f) => bounded_fingerprint(f(&parts, &body)),
         None => default_fingerprint(&parts, &body, &s.ignore_query),
     };
     let scope = s.scope.as_ref().map(|f| f(&parts)).unwrap_or_default();
@@ -499,6 +555,13 @@ where
         Err(e) if e.is_mismatch() => Ok(Problem::KeyReused.response(
             "this Idempotency-Key was used with a different request (method, path, query or body)",
         )),
+        // Retrying cannot help: no Retry-After.
+        Err(e) if e.kind() == idem_client::ErrorKind::TooBig => {
+            warn!(error = %e, "the idempotency store refused the key or fingerprint as too large");
+            Ok(Problem::StoreRefused.response(
+                "the idempotency store refused this request's key or fingerprint as too large; nothing was run",
+            ))
+        }
         Err(e) => {
             warn!(error = %e, "idempotency store unavailable: request refused");
             Ok(retry_after(
@@ -514,10 +577,12 @@ where
             ),
             remaining.as_secs_f64().ceil() as u64,
         )),
-        Ok(ClaimOutcome::Acquired(claim)) => run(&s, inner, parts, body, key, claim, None).await,
+        Ok(ClaimOutcome::Acquired(claim)) => {
+            spawn_run(s, inner, parts, body, key, claim, None).await
+        }
         Ok(ClaimOutcome::Recover { claim, journal }) => match s.on_recover {
             OnRecover::RunWithRecovery => {
-                run(&s, inner, parts, body, key, claim, Some(journal)).await
+                spawn_run(s, inner, parts, body, key, claim, Some(journal)).await
             }
             OnRecover::Refuse => {
                 if let Err(e) = claim.abandon().await {
@@ -536,8 +601,45 @@ where
     }
 }
 
+/// [`run`] in a task of its own: the handler runs to its end and the key is
+/// settled even if the caller goes away (hyper drops the request's future
+/// when its client disconnects, and a handler stopped at an await point
+/// would leave the key abandoned, so the client's retry, the reason it
+/// reconnects, got `500 outcome-unknown`). The retry waits for it instead
+/// and replays its response.
+async fn spawn_run<S, ReqB, ResB>(
+    s: Arc<Settings>,
+    inner: S,
+    parts: request::Parts,
+    body: Bytes,
+    key: String,
+    claim: idem_client::Claim,
+    journal: Option<Bytes>,
+) -> Result<Response<ResponseBody>, S::Error>
+where
+    S: Service<Request<ReqB>, Response = Response<ResB>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    ReqB: From<Bytes> + Send + 'static,
+    ResB: http_body::Body<Data = Bytes> + Send + 'static,
+    ResB::Error: Into<BoxError>,
+{
+    let task = tokio::spawn(async move { run(&s, inner, parts, body, key, claim, journal).await });
+    match task.await {
+        Ok(answer) => answer,
+        // `run` catches the handler's panics: this is a runtime shutting
+        // down (the claim, dropped unfinished, is abandoned).
+        Err(e) => {
+            warn!(error = %e, "the request's task ended without an answer");
+            Ok(Problem::HandlerPanicked.response("the request failed; its outcome is unknown"))
+        }
+    }
+}
+
 /// Runs the handler as the key's owner, then settles the key by the
-/// policy.
+/// policy. A recovery run (`journal`) abandons where another would
+/// release: the earlier run's effect may have happened, and its record
+/// (journal included) must stay until an outcome is recorded.
 async fn run<S, ReqB, ResB>(
     s: &Settings,
     mut inner: S,
@@ -557,6 +659,7 @@ where
         ctx: claim.ctx(),
         key,
     });
+    let recovering = journal.is_some();
     if let Some(journal) = journal {
         parts.extensions.insert(Recovering { journal });
     }
@@ -566,8 +669,10 @@ where
         }
     };
     if let Err(e) = futures_util::future::poll_fn(|cx| inner.poll_ready(cx)).await {
-        // Not run: nothing happened.
-        if let Err(e) = claim.release().await {
+        // Not run: nothing happened (on a recovery run, nothing more).
+        if recovering {
+            abandon(claim).await;
+        } else if let Err(e) = claim.release().await {
             warn!(error = %e, "could not release the key; its lease will lapse instead");
         }
         return Err(e);
@@ -604,6 +709,10 @@ where
     let error = match decision {
         Decision::Complete => false,
         Decision::CompleteError => true,
+        Decision::Release if recovering => {
+            abandon(claim).await;
+            return Ok(boxed(resp));
+        }
         Decision::Release => {
             if let Err(e) = claim.release().await {
                 warn!(error = %e, "could not release the key; its lease will lapse instead");
@@ -721,25 +830,47 @@ struct SettleAtEnd {
 }
 
 impl SettleAtEnd {
+    /// The next frame. The key is settled in a task of its own, so that a
+    /// caller who stops reading cannot cut the settling short.
     async fn next(mut self) -> Option<(Result<Frame<Bytes>, BoxError>, SettleAtEnd)> {
-        let claim = self.claim.take()?;
+        self.claim.as_ref()?;
         match self.body.frame().await {
-            Some(Ok(frame)) => {
-                self.claim = Some(claim);
-                Some((Ok(frame), self))
-            }
+            Some(Ok(frame)) => Some((Ok(frame), self)),
             Some(Err(e)) => {
                 warn!(error = %e, "the response body failed midway; the key is abandoned");
-                if let Err(e) = claim.abandon().await {
-                    warn!(error = %e, "could not abandon the key; its lease will lapse instead");
+                if let Some(claim) = self.claim.take() {
+                    tokio::spawn(async move {
+                        if let Err(e) = claim.abandon().await {
+                            warn!(error = %e, "could not abandon the key; its lease will lapse instead");
+                        }
+                    });
                 }
                 Some((Err(e), self))
             }
             None => {
-                settle(claim, self.marker.clone(), self.error, self.retention).await;
+                self.settle();
                 None
             }
         }
+    }
+
+    /// Records the marker (replays answer `410 response-not-stored` with
+    /// the status).
+    fn settle(&mut self) {
+        if let Some(claim) = self.claim.take()
+            && let Ok(rt) = tokio::runtime::Handle::try_current()
+        {
+            let (marker, error, retention) = (self.marker.clone(), self.error, self.retention);
+            rt.spawn(settle(claim, marker, error, retention));
+        }
+    }
+}
+
+impl Drop for SettleAtEnd {
+    /// The caller stopped reading: the handler answered with its status, so
+    /// the key is settled by it, as at the end, rather than abandoned.
+    fn drop(&mut self) {
+        self.settle();
     }
 }
 
@@ -798,11 +929,14 @@ fn route_of(parts: &request::Parts) -> String {
 /// The key in Idem, through the client's [`Key`] builder (which escapes
 /// every part, so two different requests never share a key): namespace
 /// `<namespace>/<scope>`, version `<METHOD> <route>`, name the
-/// `Idempotency-Key`. A scope or route part longer than 256 bytes is
-/// replaced by its SHA-256, so the key stays within Idem's key limit.
+/// `Idempotency-Key`. A scope or route part longer than 200 bytes once
+/// escaped, or a key longer than 510, is replaced by its SHA-256, so the
+/// whole key stays within Idem's default key limit (1,024 bytes).
 fn store_key(ns: &str, scope: &str, method: &Method, route: &str, key: &str) -> Key {
-    let bounded = |part: String| {
-        if part.len() <= 256 {
+    let bounded = |part: String, max: usize| {
+        // What the Key builder's escaping makes of it.
+        let escaped = part.len() + part.bytes().filter(|b| matches!(b, b':' | b'\\')).count();
+        if escaped <= max {
             return part;
         }
         let mut hashed = String::from("#");
@@ -811,13 +945,23 @@ fn store_key(ns: &str, scope: &str, method: &Method, route: &str, key: &str) -> 
         }
         hashed
     };
-    Key::new(key)
-        .namespace(bounded(format!("{ns}/{scope}")))
-        .version(bounded(format!("{method} {route}")))
+    Key::new(bounded(key.to_owned(), 510))
+        .namespace(bounded(format!("{ns}/{scope}"), 200))
+        .version(bounded(format!("{method} {route}"), 200))
 }
 
-/// SHA-256 over the method, the path, the query (its parameters sorted,
-/// those in `ignore` left out) and the body.
+/// A fingerprint of at most 32 bytes: a longer one (a custom fingerprint
+/// returning the filtered body itself) is hashed, since Idem keeps
+/// fingerprints small (`max_fingerprint_bytes`, 256 by default).
+fn bounded_fingerprint(fp: Bytes) -> Bytes {
+    if fp.len() <= 32 {
+        return fp;
+    }
+    Bytes::copy_from_slice(&Sha256::digest(&fp))
+}
+
+/// SHA-256 over the method, the path, the query (its parameters sorted by
+/// name, those in `ignore` left out) and the body.
 fn default_fingerprint(parts: &request::Parts, body: &Bytes, ignore: &[String]) -> Bytes {
     let mut h = Sha256::new();
     h.update(parts.method.as_str().as_bytes());
@@ -835,7 +979,9 @@ fn default_fingerprint(parts: &request::Parts, body: &Bytes, ignore: &[String]) 
             !ignore.iter().any(|i| i == name)
         })
         .collect();
-    params.sort_unstable();
+    // By name only, and stable: the values of a repeated parameter keep
+    // their order (`a=1&a=2` is not `a=2&a=1`).
+    params.sort_by_key(|p| p.split('=').next().unwrap_or(""));
     for p in params {
         h.update(p.as_bytes());
         h.update([b'&']);
@@ -859,10 +1005,14 @@ mod tests {
         assert_eq!(d(200), Decision::Complete);
         assert_eq!(d(201), Decision::Complete);
         assert_eq!(d(303), Decision::Complete);
-        assert_eq!(d(400), Decision::CompleteError);
-        assert_eq!(d(404), Decision::CompleteError);
-        assert_eq!(d(409), Decision::CompleteError);
-        for s in [408, 425, 429, 503] {
+        for s in [402, 409, 410, 412, 418, 451] {
+            assert_eq!(d(s), Decision::CompleteError, "{s}");
+        }
+        // Refused before anything happened: the corrected request (or the
+        // same one, later) runs under the same key.
+        for s in [
+            400, 401, 403, 404, 405, 406, 408, 411, 413, 414, 415, 422, 425, 429, 431, 503,
+        ] {
             assert_eq!(d(s), Decision::Release, "{s}");
         }
         for s in [500, 502, 504] {
@@ -872,7 +1022,9 @@ mod tests {
 
     #[test]
     fn keys_do_not_collide_across_scopes_routes_and_methods() {
-        let k = |scope, m: Method, route, key| store_key("http", scope, &m, route, key).to_bytes();
+        let k = |scope: &str, m: Method, route: &str, key: &str| {
+            store_key("http", scope, &m, route, key).to_bytes()
+        };
         let a = k("tenant-a", Method::POST, "/pay", "k1");
         assert_eq!(a, "http/tenant-a:POST /pay:k1");
         assert_ne!(a, k("tenant-b", Method::POST, "/pay", "k1"));
@@ -887,6 +1039,23 @@ mod tests {
         let hashed = k("t", Method::POST, &long, "k1");
         assert!(hashed.len() < 100, "{hashed:?}");
         assert_ne!(hashed, k("t", Method::POST, &"/y".repeat(300), "k1"));
+        // Parts of colons double when escaped: bounded after escaping, so
+        // the key stays within Idem's default 1,024 bytes.
+        let (colons, scope) = (":".repeat(255), ":".repeat(190));
+        let route = format!("/{colons}");
+        let worst = k(&scope, Method::POST, &route, &colons);
+        assert!(worst.len() <= 1024, "{} bytes", worst.len());
+        assert_ne!(worst, k(&scope, Method::POST, &route, "k"));
+    }
+
+    #[test]
+    fn long_fingerprints_are_hashed() {
+        let short = Bytes::from_static(b"0123456789abcdef");
+        assert_eq!(bounded_fingerprint(short.clone()), short);
+        let body = Bytes::from(vec![b'x'; 10_000]);
+        let fp = bounded_fingerprint(body.clone());
+        assert_eq!(fp.len(), 32);
+        assert_ne!(fp, bounded_fingerprint(Bytes::from(vec![b'y'; 10_000])));
     }
 
     #[test]
@@ -895,6 +1064,12 @@ mod tests {
             default_fingerprint(&parts(uri), &Bytes::from_static(body.as_bytes()), ignore)
         };
         assert_eq!(fp("/p?a=1&b=2", "x", &[]), fp("/p?b=2&a=1", "x", &[]));
+        // A repeated parameter's values keep their order.
+        assert_ne!(fp("/p?a=1&a=2", "x", &[]), fp("/p?a=2&a=1", "x", &[]));
+        assert_eq!(
+            fp("/p?a=1&b=0&a=2", "x", &[]),
+            fp("/p?b=0&a=1&a=2", "x", &[])
+        );
         assert_ne!(fp("/p?a=1", "x", &[]), fp("/p?a=2", "x", &[]));
         assert_ne!(fp("/p", "x", &[]), fp("/p", "y", &[]));
         assert_ne!(fp("/p", "x", &[]), fp("/q", "x", &[]));

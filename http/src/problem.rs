@@ -35,6 +35,10 @@ pub enum Problem {
     ResponseNotStored,
     /// 503: the idempotency store cannot be reached; nothing was run.
     StoreUnavailable,
+    /// 500: the idempotency store refused the request's key or fingerprint
+    /// as too large (a configuration to fix: retrying cannot help);
+    /// nothing was run.
+    StoreRefused,
     /// 500: the handler panicked (the key is abandoned).
     HandlerPanicked,
     /// 504: the handler did not answer within the timeout (the key is
@@ -52,7 +56,9 @@ impl Problem {
             Problem::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Problem::KeyReused => StatusCode::UNPROCESSABLE_ENTITY,
             Problem::InFlight => StatusCode::CONFLICT,
-            Problem::OutcomeUnknown | Problem::HandlerPanicked => StatusCode::INTERNAL_SERVER_ERROR,
+            Problem::OutcomeUnknown | Problem::HandlerPanicked | Problem::StoreRefused => {
+                StatusCode::INTERNAL_SERVER_ERROR
+            }
             Problem::ResponseNotStored => StatusCode::GONE,
             Problem::StoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
             Problem::HandlerTimedOut => StatusCode::GATEWAY_TIMEOUT,
@@ -71,6 +77,7 @@ impl Problem {
             Problem::OutcomeUnknown => "outcome-unknown",
             Problem::ResponseNotStored => "response-not-stored",
             Problem::StoreUnavailable => "store-unavailable",
+            Problem::StoreRefused => "store-refused",
             Problem::HandlerPanicked => "handler-panicked",
             Problem::HandlerTimedOut => "handler-timed-out",
         }
@@ -87,6 +94,7 @@ impl Problem {
             Problem::OutcomeUnknown => "Outcome of an earlier request unknown",
             Problem::ResponseNotStored => "Original response not stored",
             Problem::StoreUnavailable => "Idempotency store unavailable",
+            Problem::StoreRefused => "Refused by the idempotency store",
             Problem::HandlerPanicked => "Request failed",
             Problem::HandlerTimedOut => "Request timed out",
         }
