@@ -43,6 +43,39 @@ async fn hello_setname_cannot_inject_lines_into_client_list() {
     assert!(bulk(&c.cmd(&["CLIENT", "LIST"]).await).contains("name=svc-b"));
 }
 
+/// A connection's name and library info had no length limit: 1 MB each
+/// through CLIENT SETNAME, SETINFO and HELLO ... SETNAME, kept for the
+/// connection's life outside every memory budget (3 MB a connection) and
+/// copied into every CLIENT LIST.
+#[tokio::test]
+async fn connection_names_and_library_info_are_bounded() {
+    let s = Idemd::start().await;
+    let mut c = s.conn().await;
+    let max = config_num(&mut c, "max_client_name_bytes").await as usize;
+    assert_eq!(max, 256);
+    let long = "n".repeat(1 << 20);
+    for cmd in [
+        vec!["CLIENT", "SETNAME", long.as_str()],
+        vec!["CLIENT", "SETINFO", "LIB-NAME", long.as_str()],
+        vec!["CLIENT", "SETINFO", "LIB-VER", long.as_str()],
+        vec!["HELLO", "2", "SETNAME", long.as_str()],
+    ] {
+        let reply = c.cmd(&cmd).await;
+        assert!(
+            err(&reply).contains("max_client_name_bytes"),
+            "{} {}: {reply:?}",
+            cmd[0],
+            cmd[1]
+        );
+    }
+    let list = bulk(&c.cmd(&["CLIENT", "LIST"]).await);
+    assert!(list.len() < 1000, "{list}");
+    // At the limit it is taken.
+    let at = "n".repeat(max);
+    assert_eq!(c.cmd(&["CLIENT", "SETNAME", &at]).await, ok());
+    assert!(bulk(&c.cmd(&["CLIENT", "LIST"]).await).contains(&format!("name={at}")));
+}
+
 /// An empty ATTEMPT id was accepted: it would name every attempt that left
 /// it empty.
 #[tokio::test]

@@ -381,3 +381,37 @@ async fn idem_client_authenticates_and_again_after_reconnecting() {
         "{replies:?}"
     );
 }
+
+/// A connection that had not logged in could send frames as large as an
+/// authenticated one's (2 MB), and hold a partial one for good: 10,000
+/// such connections pinned 20 GB before any password was checked. Before
+/// AUTH, frames are now at most `max_unauthenticated_frame_bytes` (as
+/// Redis limits unauthenticated requests); after it, the usual limits.
+#[tokio::test]
+async fn frames_before_auth_are_small() {
+    let s = Idemd::start_with(&[], &["--requirepass", PASS]).await;
+    let mut c = s.conn().await;
+    // The header of a 100 kB bulk string is refused before its payload.
+    c.write_raw(b"*3\r\n$4\r\nAUTH\r\n$7\r\nsomeone\r\n$100000\r\n")
+        .await;
+    let reply = error_text(&c.reply().await);
+    assert!(reply.contains("over the limit of 16384"), "{reply}");
+    assert!(c.closed().await, "the connection was kept");
+    // A login fits, and after it a 100 kB value is fine.
+    let mut c = s.conn().await;
+    assert_eq!(c.cmd(&["AUTH", PASS]).await, ok());
+    let f = c.acquire(&["CLAIM", "big"]).await;
+    let value = "v".repeat(100_000);
+    assert_eq!(
+        c.cmd(&["COMPLETE", "big", &f.to_string(), &value]).await,
+        ok()
+    );
+    // Without a password set, nothing changes before any AUTH.
+    let open = Idemd::start().await;
+    let mut c = open.conn().await;
+    let f = c.acquire(&["CLAIM", "big"]).await;
+    assert_eq!(
+        c.cmd(&["COMPLETE", "big", &f.to_string(), &value]).await,
+        ok()
+    );
+}

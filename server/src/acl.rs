@@ -798,14 +798,38 @@ pub struct AclLog {
 /// Entries `ACL LOG` keeps (Redis's `acllog-max-len` default).
 pub const ACL_LOG_LEN: usize = 128;
 
+/// The longest text an `ACL LOG` entry keeps of its object, user name and
+/// client line; longer ones are cut (and say so). A denied key or a failed
+/// AUTH's user name can be as large as a frame: kept whole, 128 entries
+/// of them pinned hundreds of MB outside every memory budget.
+pub const ACL_LOG_FIELD_BYTES: usize = 512;
+
+/// `text` cut to [`ACL_LOG_FIELD_BYTES`] (at a character boundary), with a
+/// note of its length.
+fn clip(text: &mut String) {
+    if text.len() <= ACL_LOG_FIELD_BYTES {
+        return;
+    }
+    let full = text.len();
+    let mut end = ACL_LOG_FIELD_BYTES;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text.truncate(end);
+    text.push_str(&format!("...({full} bytes)"));
+}
+
 impl AclLog {
     /// Logs a denial at `now_ms`: a repeat of a recent one is counted on it.
-    pub fn add(&mut self, denial: Denial, now_ms: u64) {
+    pub fn add(&mut self, mut denial: Denial, now_ms: u64) {
+        clip(&mut denial.object);
+        clip(&mut denial.username);
+        clip(&mut denial.client_info);
         if let Some(e) = self.entries.iter_mut().find(|e| {
-            e.denial.reason == denial.reason
+            now_ms.saturating_sub(e.updated_ms) < 60_000
+                && e.denial.reason == denial.reason
                 && e.denial.object == denial.object
                 && e.denial.username == denial.username
-                && now_ms.saturating_sub(e.updated_ms) < 60_000
         }) {
             e.count += 1;
             e.updated_ms = now_ms;

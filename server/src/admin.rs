@@ -91,6 +91,9 @@ pub fn hello(node: &Node, session: &mut Session, h: Hello) -> Reply {
     };
     session.info.resp.store(proto, Ordering::Relaxed);
     if let Some(name) = h.setname {
+        if let Err(e) = check_name_len(node, &name) {
+            return e;
+        }
         *session.info.name.lock() = Some(name);
     }
     let s = |v: &'static str| Frame::Bulk(Bytes::from_static(v.as_bytes()));
@@ -111,6 +114,9 @@ pub fn client(node: &Node, session: &mut Session, c: ClientCmd) -> Reply {
     match c {
         ClientCmd::Id => Reply::Frame(Frame::Integer(session.info.id as i64)),
         ClientCmd::SetName(name) => {
+            if let Err(e) = check_name_len(node, &name) {
+                return e;
+            }
             *session.info.name.lock() = if name.is_empty() { None } else { Some(name) };
             Reply::Ok
         }
@@ -125,6 +131,9 @@ pub fn client(node: &Node, session: &mut Session, c: ClientCmd) -> Reply {
         ClientCmd::List => Reply::Frame(Frame::Bulk(Bytes::from(node.clients().list()))),
         ClientCmd::Info => Reply::Frame(Frame::Bulk(Bytes::from(session.info.line() + "\n"))),
         ClientCmd::SetInfo { attr, value } => {
+            if let Err(e) = check_name_len(node, &value) {
+                return e;
+            }
             let mut lib = session.info.lib.lock();
             if attr == "lib-name" {
                 lib.0 = Some(value);
@@ -135,6 +144,22 @@ pub fn client(node: &Node, session: &mut Session, c: ClientCmd) -> Reply {
         }
         _ => err("unsupported CLIENT subcommand"),
     }
+}
+
+/// A connection name, library name or version is kept for the
+/// connection's life and shows in every `CLIENT LIST`: at most
+/// `max_client_name_bytes`.
+fn check_name_len(node: &Node, name: &[u8]) -> Result<(), Reply> {
+    let max = node.config().max_client_name_bytes;
+    if name.len() > max {
+        return Err(Reply::Error(ServerError::owned(
+            ErrorCode::Err,
+            format!(
+                "client names and library info are limited to {max} bytes (max_client_name_bytes)"
+            ),
+        )));
+    }
+    Ok(())
 }
 
 fn bulk(s: impl Into<Bytes>) -> Frame {

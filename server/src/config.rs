@@ -165,6 +165,10 @@ pub struct RawConfig {
     pub max_args: usize,
     /// Longest inline command line, bytes.
     pub max_inline_bytes: usize,
+    /// Largest request frame (and bulk string, and inline line) of a
+    /// connection that has not authenticated yet, where authentication is
+    /// required, bytes.
+    pub max_unauthenticated_frame_bytes: usize,
     /// Most client connections at once.
     pub max_connections: usize,
     /// Length of the listen socket's queue of connections not yet accepted.
@@ -194,6 +198,9 @@ pub struct RawConfig {
     /// Most requests one connection may have in progress (decoded, not yet
     /// answered); when full, the connection stops reading.
     pub max_pending_per_connection: usize,
+    /// Longest connection name (`CLIENT SETNAME`, `HELLO ... SETNAME`) and
+    /// library name or version (`CLIENT SETINFO`) a connection may set.
+    pub max_client_name_bytes: usize,
     /// Wrong passwords accepted per second, server-wide (guessing limit).
     pub max_auth_failures_per_sec: u64,
     /// Log filter (tracing `EnvFilter` syntax); `RUST_LOG` overrides it.
@@ -255,6 +262,7 @@ impl Default for RawConfig {
             max_frame_bytes: 2 * 1024 * 1024,
             max_args: 1024,
             max_inline_bytes: 64 * 1024,
+            max_unauthenticated_frame_bytes: 16 * 1024,
             max_connections: 10_000,
             tcp_backlog: 511,
             max_memory_bytes: 1 << 30,
@@ -267,6 +275,7 @@ impl Default for RawConfig {
             sweep_batch: 2000,
             expire_batch: 1000,
             max_pending_per_connection: 1024,
+            max_client_name_bytes: 256,
             max_auth_failures_per_sec: 100,
             // openraft logs every failed call to a peer that is down:
             // idemd logs when a peer becomes unreachable and comes back.
@@ -356,6 +365,8 @@ pub struct Config {
     pub expire_batch: usize,
     /// Most requests in progress per connection.
     pub max_pending_per_connection: usize,
+    /// Longest connection name, library name or version.
+    pub max_client_name_bytes: usize,
     /// Bounds on parked (waiting) requests.
     pub wait_limits: crate::waiters::WaitLimits,
     /// Wrong passwords accepted per second, server-wide; past it, every
@@ -408,6 +419,10 @@ pub struct RequestLimits {
     pub max_attempt_bytes: usize,
     /// Frame decoding limits.
     pub frame: idem_protocol::Limits,
+    /// Frame decoding limits before authentication (where it is
+    /// required): an AUTH or HELLO needs little, and a connection that has
+    /// not logged in holds no more than this of a partial frame.
+    pub frame_unauthenticated: idem_protocol::Limits,
 }
 
 /// The SHA-256 of `requirepass`: given as `#` and 64 hex digits, or
@@ -469,6 +484,9 @@ fn invalid(key: &'static str, reason: impl Into<String>) -> ConfigError {
 pub const MAX_LEASE_BOUND_MS: u64 = 30 * 24 * 3_600_000;
 /// The largest `max_wait_ms` accepted: one day.
 pub const MAX_WAIT_BOUND_MS: u64 = 24 * 3_600_000;
+/// The largest timeout or interval a key may set (30 days): far beyond
+/// any use, and small enough to add to a clock reading.
+pub const MAX_TIMEOUT_BOUND_MS: u64 = 30 * 24 * 3_600_000;
 
 macro_rules! numeric_keys {
     ($m:ident) => {
@@ -502,6 +520,7 @@ macro_rules! numeric_keys {
             max_frame_bytes,
             max_args,
             max_inline_bytes,
+            max_unauthenticated_frame_bytes,
             max_connections,
             tcp_backlog,
             max_memory_bytes,
@@ -514,6 +533,7 @@ macro_rules! numeric_keys {
             sweep_batch,
             expire_batch,
             max_pending_per_connection,
+            max_client_name_bytes,
             max_auth_failures_per_sec,
             worker_threads
         )
@@ -943,6 +963,7 @@ impl RawConfig {
             self.max_pending_per_connection as u64,
         )?;
         positive("max_auth_failures_per_sec", self.max_auth_failures_per_sec)?;
+        positive("max_client_name_bytes", self.max_client_name_bytes as u64)?;
         positive("max_waiters_per_key", self.max_waiters_per_key as u64)?;
         positive("max_waiters", self.max_waiters as u64)?;
         if self.memory_headroom_percent > 100 {
@@ -968,6 +989,19 @@ impl RawConfig {
                 "max_retain_ms",
                 format!("must be at most {} (about 49.7 days)", u32::MAX),
             ));
+        }
+        for (key, v) in [
+            ("proposal_timeout_ms", self.proposal_timeout_ms),
+            ("client_write_timeout_ms", self.client_write_timeout_ms),
+            ("idle_timeout_ms", self.idle_timeout_ms),
+            ("sweep_interval_ms", self.sweep_interval_ms),
+        ] {
+            if v > MAX_TIMEOUT_BOUND_MS {
+                return Err(invalid(
+                    key,
+                    format!("must be at most {MAX_TIMEOUT_BOUND_MS} (30 days)"),
+                ));
+            }
         }
         if self.max_wait_ms > MAX_WAIT_BOUND_MS {
             return Err(invalid(
@@ -1031,6 +1065,12 @@ impl RawConfig {
         }
         if self.max_args < 16 {
             return Err(invalid("max_args", "must be at least 16"));
+        }
+        if self.max_unauthenticated_frame_bytes < 1024 {
+            return Err(invalid(
+                "max_unauthenticated_frame_bytes",
+                "must be at least 1024",
+            ));
         }
         if self.max_inline_bytes < 64 {
             return Err(invalid("max_inline_bytes", "must be at least 64"));
@@ -1130,6 +1170,17 @@ impl RawConfig {
                     max_frame: self.max_frame_bytes,
                     inline: true,
                 },
+                frame_unauthenticated: {
+                    let max = self.max_unauthenticated_frame_bytes;
+                    idem_protocol::Limits {
+                        max_bulk: max,
+                        max_array: self.max_args,
+                        max_inline: max.min(self.max_inline_bytes),
+                        max_depth: 1,
+                        max_frame: max,
+                        inline: true,
+                    }
+                },
             },
             max_connections: self.max_connections,
             tcp_backlog: self.tcp_backlog,
@@ -1141,6 +1192,7 @@ impl RawConfig {
             sweep_batch: self.sweep_batch,
             expire_batch: self.expire_batch,
             max_pending_per_connection: self.max_pending_per_connection,
+            max_client_name_bytes: self.max_client_name_bytes,
             max_auth_failures_per_sec: self.max_auth_failures_per_sec,
             wait_limits: crate::waiters::WaitLimits {
                 per_key: self.max_waiters_per_key,
@@ -1202,6 +1254,24 @@ mod tests {
             ("max_lease_ms", "18446744073709551615", "max_lease_ms"),
             ("max_retain_ms", "4294967296", "max_retain_ms"),
             ("max_wait_ms", "86400001", "max_wait_ms"),
+            // Added to clock readings: a huge one panicked at the first
+            // connection or write.
+            ("idle_timeout_ms", "18446744073709551615", "idle_timeout_ms"),
+            (
+                "client_write_timeout_ms",
+                "2592000001",
+                "client_write_timeout_ms",
+            ),
+            (
+                "proposal_timeout_ms",
+                "18446744073709551615",
+                "proposal_timeout_ms",
+            ),
+            (
+                "sweep_interval_ms",
+                "18446744073709551615",
+                "sweep_interval_ms",
+            ),
             ("tcp_backlog", "0", "tcp_backlog"),
             ("tcp_backlog", "65536", "tcp_backlog"),
             ("default_lease_ms", "7200000", "default_lease_ms"),

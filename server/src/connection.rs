@@ -557,7 +557,8 @@ async fn run(
     mut stop: watch::Receiver<bool>,
 ) -> std::io::Result<()> {
     let config = node.config();
-    let limits = config.limits.frame;
+    let (limits, limits_unauthenticated) =
+        (config.limits.frame, config.limits.frame_unauthenticated);
     let max_out = config.max_output_buffer_bytes;
     let max_pending = config.max_pending_per_connection;
     let write_timeout = (config.client_write_timeout_ms > 0)
@@ -599,7 +600,16 @@ async fn run(
             }
             let cmd = match held.take() {
                 Some(cmd) => Ok(cmd),
-                None => match decoder.decode(&mut inbuf, &limits) {
+                // Until the connection logs in (where it must), frames are
+                // small: it holds no more than that of a partial frame.
+                None => match decoder.decode(
+                    &mut inbuf,
+                    if session.user.is_some() {
+                        &limits
+                    } else {
+                        &limits_unauthenticated
+                    },
+                ) {
                     Ok(Some(frame)) => {
                         decoded = true;
                         Command::from_frame(frame)

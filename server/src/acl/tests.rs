@@ -320,3 +320,46 @@ fn the_log_folds_repeats_and_is_bounded() {
     log.reset();
     assert_eq!(log.latest(10).count(), 0);
 }
+
+/// A denied 1 MB key, or a failed AUTH's 1 MB user name, was kept whole:
+/// 128 entries pinned over 100 MB outside every memory budget.
+#[test]
+fn log_entries_keep_a_bounded_part_of_large_objects() {
+    let mut log = AclLog::default();
+    let huge = "é".repeat(500_000);
+    log.add(
+        Denial {
+            reason: "auth",
+            object: "AUTH".into(),
+            username: huge.clone(),
+            client_info: huge.clone(),
+        },
+        1000,
+    );
+    let e = log.latest(1).next().unwrap();
+    for field in [&e.denial.username, &e.denial.client_info] {
+        assert!(
+            field.len() < ACL_LOG_FIELD_BYTES + 32,
+            "{} bytes",
+            field.len()
+        );
+        assert!(field.starts_with("éé"), "cut at a character boundary");
+        assert!(
+            field.ends_with("...(1000000 bytes)"),
+            "{}",
+            &field[field.len() - 30..]
+        );
+    }
+    // Repeats of the same large denial still fold.
+    log.add(
+        Denial {
+            reason: "auth",
+            object: "AUTH".into(),
+            username: huge.clone(),
+            client_info: "id=2".into(),
+        },
+        2000,
+    );
+    assert_eq!(log.latest(10).count(), 1);
+    assert_eq!(log.latest(1).next().unwrap().count, 2);
+}
