@@ -749,6 +749,24 @@ async fn a_single_node_grows_into_a_cluster_and_shrinks_back() {
         .cmd(&["CLUSTER", "ADD", "2", "127.0.0.1:1", "127.0.0.1:2"])
         .await);
     assert!(e.contains("already a member"), "{e}");
+    // A peer address another member has: the learner would never be
+    // reached (its messages go to that member, which refuses them).
+    let taken = others[0].peer.to_string();
+    let e = err(&conn
+        .cmd(&["CLUSTER", "ADD", "9", &taken, "127.0.0.1:2"])
+        .await);
+    assert!(e.contains("is node 2's"), "{e}");
+    // Ids show as signed integers: at most i64::MAX.
+    let e = err(&conn
+        .cmd(&[
+            "CLUSTER",
+            "ADD",
+            "9223372036854775808",
+            "127.0.0.1:1",
+            "127.0.0.1:2",
+        ])
+        .await);
+    assert!(e.contains("node ids are from 1 to"), "{e}");
     let e = err(&conn.cmd(&["CLUSTER", "PROMOTE", "9"]).await);
     assert!(e.contains("not a member"), "{e}");
     // The cluster replicates: node 1 dies, the record is on the others.

@@ -781,8 +781,14 @@ impl RawConfig {
         engine: EngineKind,
     ) -> Result<crate::engine::raft::cluster::ClusterConfig, ConfigError> {
         use crate::engine::raft::cluster::{ClusterConfig, parse_initial_cluster};
-        if self.node_id == 0 {
-            return Err(invalid("node_id", "must be at least 1"));
+        if self.node_id == 0 || self.node_id > crate::engine::raft::cluster::MAX_NODE_ID {
+            return Err(invalid(
+                "node_id",
+                format!(
+                    "must be from 1 to {}",
+                    crate::engine::raft::cluster::MAX_NODE_ID
+                ),
+            ));
         }
         let addr = |key: &'static str, v: &str| -> Result<SocketAddr, ConfigError> {
             v.trim().parse().map_err(|_| {

@@ -158,6 +158,10 @@ impl Default for ClusterConfig {
     }
 }
 
+/// The largest node id: ids show as signed 64-bit integers (`CLUSTER
+/// MEMBERS`).
+pub const MAX_NODE_ID: NodeId = i64::MAX as NodeId;
+
 /// Parses `1=HOST:PORT,2=HOST:PORT,...`.
 pub fn parse_initial_cluster(s: &str) -> Result<Vec<(NodeId, String)>, String> {
     let mut out: Vec<(NodeId, String)> = Vec::new();
@@ -169,8 +173,10 @@ pub fn parse_initial_cluster(s: &str) -> Result<Vec<(NodeId, String)>, String> {
             .trim()
             .parse()
             .ok()
-            .filter(|&n| n > 0)
-            .ok_or_else(|| format!("'{id}' is not a node id (a positive integer)"))?;
+            .filter(|&n| n > 0 && n <= MAX_NODE_ID)
+            .ok_or_else(|| {
+                format!("'{id}' is not a node id (an integer from 1 to {MAX_NODE_ID})")
+            })?;
         let addr = addr.trim();
         if addr
             .rsplit_once(':')
@@ -1037,8 +1043,10 @@ pub async fn add_member(
     id: NodeId,
     addr: MemberAddr,
 ) -> Result<(), ChangeError> {
-    if id == 0 {
-        return Err(ChangeError::Refused("node ids start at 1".into()));
+    if id == 0 || id > MAX_NODE_ID {
+        return Err(ChangeError::Refused(format!(
+            "node ids are from 1 to {MAX_NODE_ID}"
+        )));
     }
     if view.members.iter().any(|m| m.id == id) {
         return Err(ChangeError::Refused(format!(
@@ -1071,6 +1079,19 @@ pub async fn add_member(
                 "'{a}' is not a {what} address (IP:PORT)"
             )));
         }
+    }
+    // Raft messages for the new member would reach another one (which
+    // refuses them: wrong node id), and the learner would never catch up.
+    let peer: Option<SocketAddr> = addr.peer.parse().ok();
+    if let Some(m) = view
+        .members
+        .iter()
+        .find(|m| m.addr.peer.parse::<SocketAddr>().ok() == peer)
+    {
+        return Err(ChangeError::Refused(format!(
+            "peer address {} is node {}'s",
+            addr.peer, m.id
+        )));
     }
     raft.add_learner(id, addr.node(), false)
         .await

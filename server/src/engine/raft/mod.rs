@@ -668,19 +668,35 @@ impl RaftEngine {
                 "this node has no peer address: restart it with --peer-listen (node id 1) to grow it into a cluster".into(),
             ));
         }
-        // One change at a time on this node, each on the membership as it
-        // is once the previous one is done.
-        let _one_at_a_time = self.role.membership_changes().await;
-        let view = self.cluster_view();
-        match change {
-            MembershipChange::Add { id, addr } => {
-                cluster::add_member(&self.raft, &view, id, addr).await
-            }
-            MembershipChange::Promote(id) => {
-                cluster::promote_member(&self.raft, &view, id, self.cluster.promote_max_lag_entries)
+        // Bounded like a write: a change needs a majority to commit, and
+        // without one it would hold up this connection (and every later
+        // change on this node) for good.
+        let change = async {
+            // One change at a time on this node, each on the membership as
+            // it is once the previous one is done.
+            let _one_at_a_time = self.role.membership_changes().await;
+            let view = self.cluster_view();
+            match change {
+                MembershipChange::Add { id, addr } => {
+                    cluster::add_member(&self.raft, &view, id, addr).await
+                }
+                MembershipChange::Promote(id) => {
+                    cluster::promote_member(
+                        &self.raft,
+                        &view,
+                        id,
+                        self.cluster.promote_max_lag_entries,
+                    )
                     .await
+                }
+                MembershipChange::Remove(id) => cluster::remove_member(&self.raft, &view, id).await,
             }
-            MembershipChange::Remove(id) => cluster::remove_member(&self.raft, &view, id).await,
+        };
+        match tokio::time::timeout(self.proposal_timeout, change).await {
+            Ok(done) => done,
+            Err(_) => Err(cluster::ChangeError::Refused(
+                "the change was not committed within proposal_timeout_ms (is a majority of the voters up?); it may still be applied: see CLUSTER MEMBERS".into(),
+            )),
         }
     }
 

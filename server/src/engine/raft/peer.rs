@@ -516,6 +516,16 @@ impl Peers {
         Ok(())
     }
 
+    /// The IP address of member `id`'s recorded peer address, if `id` is a
+    /// member and its peer address is an IP one.
+    fn member_peer_ip(&self, id: NodeId) -> Option<std::net::IpAddr> {
+        let raft = self.raft.get()?;
+        let m = raft.metrics().borrow().membership_config.clone();
+        let node = m.membership().get_node(&id)?;
+        let peer = super::cluster::MemberAddr::parse(&node.addr).peer;
+        peer.parse::<SocketAddr>().ok().map(|a| a.ip())
+    }
+
     /// The incarnation the membership records for `id`, if any.
     fn recorded_incarnation(&self, id: NodeId) -> Option<u64> {
         let raft = self.raft.get()?;
@@ -900,7 +910,12 @@ async fn serve_conn(
     )
     .await?;
     drop(handshake);
-    if !hello.client_addr.is_empty() {
+    // Only from a member connecting from its recorded host: any process
+    // that can complete a handshake (on loopback without a secret, any
+    // local one) could otherwise send this cluster's clients, and the
+    // passwords they send, to an address of its choosing, and grow the
+    // map by an entry per id it claims.
+    if !hello.client_addr.is_empty() && peers.member_peer_ip(hello.from) == Some(addr.ip()) {
         peers
             .advertised
             .lock()
@@ -1397,7 +1412,7 @@ mod tests {
     async fn the_handshake_checks_secret_cluster_and_node_id() {
         let dir = Dir::new("handshake");
         let c1 = random16();
-        let (_, a2) = node(&dir, 2, Some("0123456789abcdef-secret"), Some(c1)).await;
+        let (p2, a2) = node(&dir, 2, Some("0123456789abcdef-secret"), Some(c1)).await;
         let me = |secret: Option<&str>, cluster: Option<ClusterId>| {
             let d = dir.0.join(format!("me-{}", cluster_hex(&random16())));
             std::fs::create_dir_all(&d).unwrap();
@@ -1425,6 +1440,10 @@ mod tests {
         assert_eq!(info.client_addr, "127.0.0.1:7002");
         assert_eq!(info.cluster, Some(c1));
         assert_eq!(good.advertised(2).as_deref(), Some("127.0.0.1:7002"));
+        // The other way, a connecting node's client address is taken only
+        // from a member (node 2 has no membership here): a handshake alone
+        // cannot redirect node 2's clients.
+        assert_eq!(p2.advertised(1), None);
         // A fresh node (no cluster yet) may probe.
         let fresh = me(Some("0123456789abcdef-secret"), None);
         assert!(PeerClient::new(fresh, 2, a2.clone()).probe().await.is_ok());
