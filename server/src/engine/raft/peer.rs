@@ -334,6 +334,9 @@ pub struct Peers {
     max_handshakes_per_source: usize,
     /// Connections refused since the last refusal logged, and when that was.
     refusals: Mutex<(u64, Option<std::time::Instant>)>,
+    /// The snapshot being received, and how far (see
+    /// [`Peers::check_snapshot_chunk`]).
+    snapshot_in: Mutex<Option<(String, u64)>>,
 }
 
 /// A peer connection let in: its place among the connections served and,
@@ -454,6 +457,7 @@ impl Peers {
             handshaking: Mutex::new(HashMap::new()),
             max_handshakes_per_source: limits.max_handshakes_per_source.max(1),
             refusals: Mutex::new((0, None)),
+            snapshot_in: Mutex::new(None),
         }))
     }
 
@@ -514,6 +518,29 @@ impl Peers {
         .map_err(|e| e.to_string())?;
         *c = Some(id);
         Ok(())
+    }
+
+    /// Lets a snapshot chunk through if it starts a snapshot (offset 0) or
+    /// continues the one being received at or before where it got to.
+    /// openraft writes a chunk at its offset into the snapshot's buffer, so
+    /// a chunk far past the end (a peer's bug) would grow the buffer to
+    /// that offset: an allocation of up to 2^64 bytes.
+    fn check_snapshot_chunk(&self, id: &str, offset: u64, len: usize) -> Result<(), String> {
+        let mut s = self.snapshot_in.lock();
+        let end = offset.saturating_add(len as u64);
+        match &mut *s {
+            _ if offset == 0 => {
+                *s = Some((id.to_owned(), end));
+                Ok(())
+            }
+            Some((current, upto)) if current == id && offset <= *upto => {
+                *upto = (*upto).max(end);
+                Ok(())
+            }
+            _ => Err(format!(
+                "snapshot {id}: a chunk at offset {offset} does not follow what was received"
+            )),
+        }
     }
 
     /// The IP address of member `id`'s recorded peer address, if `id` is a
@@ -956,7 +983,15 @@ async fn serve_conn(
         let resp = match req {
             Request::Append(r) => Response::Append(raft.append_entries(r).await),
             Request::Vote(r) => Response::Vote(raft.vote(r).await),
-            Request::Snapshot(r) => Response::Snapshot(raft.install_snapshot(r).await),
+            Request::Snapshot(r) => {
+                match peers.check_snapshot_chunk(&r.meta.snapshot_id, r.offset, r.data.len()) {
+                    Ok(()) => Response::Snapshot(raft.install_snapshot(r).await),
+                    Err(why) => {
+                        warn!(from = asker, reason = %why, "refused a snapshot chunk");
+                        Response::Failed(why)
+                    }
+                }
+            }
             Request::Probe => Response::Probe(peers.probe_info(asker)),
         };
         send(&mut conn, &resp).await?;
@@ -1378,6 +1413,25 @@ mod tests {
         fn drop(&mut self) {
             let _ = std::fs::remove_dir_all(&self.0);
         }
+    }
+
+    #[tokio::test]
+    async fn snapshot_chunks_must_follow_what_was_received() {
+        let dir = Dir::new("chunks");
+        let (p, _) = node(&dir, 1, None, None).await;
+        // A chunk past the start of a snapshot never begun.
+        assert!(p.check_snapshot_chunk("s1", 1 << 40, 10).is_err());
+        assert!(p.check_snapshot_chunk("s1", 0, 100).is_ok());
+        assert!(p.check_snapshot_chunk("s1", 100, 100).is_ok());
+        // A chunk sent again (its answer was lost) is fine.
+        assert!(p.check_snapshot_chunk("s1", 100, 100).is_ok());
+        // A gap, or another snapshot's chunk past its start: refused.
+        assert!(p.check_snapshot_chunk("s1", 1 << 40, 10).is_err());
+        assert!(p.check_snapshot_chunk("s2", 200, 10).is_err());
+        assert!(p.check_snapshot_chunk("s1", 200, 10).is_ok());
+        // A new snapshot starts over.
+        assert!(p.check_snapshot_chunk("s2", 0, 10).is_ok());
+        assert!(p.check_snapshot_chunk("s1", 210, 10).is_err());
     }
 
     /// A node `id` serving the peer protocol (no Raft behind it: probes
