@@ -70,6 +70,14 @@ async fn connection_names_and_library_info_are_bounded() {
     }
     let list = bulk(&c.cmd(&["CLIENT", "LIST"]).await);
     assert!(list.len() < 1000, "{list}");
+    // A HELLO refused for its name changed nothing: still RESP2.
+    assert!(matches!(c.cmd(&["PING"]).await, Frame::Simple(_)));
+    let reply = c.cmd(&["HELLO", "3", "SETNAME", long.as_str()]).await;
+    assert!(err(&reply).contains("max_client_name_bytes"), "{reply:?}");
+    assert!(
+        matches!(c.cmd(&["CLIENT", "INFO"]).await, Frame::Bulk(b) if String::from_utf8_lossy(&b).contains("resp=2")),
+        "the refused HELLO switched the protocol"
+    );
     // At the limit it is taken.
     let at = "n".repeat(max);
     assert_eq!(c.cmd(&["CLIENT", "SETNAME", &at]).await, ok());

@@ -151,8 +151,8 @@ pub struct ClientStats {
 /// Idle connections kept for waiting requests.
 const IDLE_WAIT_CONNECTIONS: usize = 16;
 
-/// Less than this left of a call's deadline is not worth another try.
-const MIN_LAST_TRY: Duration = Duration::from_millis(5);
+/// The least time a last try before a call's deadline is given.
+const MIN_LAST_TRY: Duration = Duration::from_millis(20);
 
 /// The `host:port` of each seed of `addrs`: `host:port` or
 /// `idem://host:port[/]`, several separated by commas (the nodes of a
@@ -526,31 +526,30 @@ impl Client {
     }
 
     /// Registers a claim with `attempt` about to be sent. A clean-up still
-    /// running for an earlier claim with that id is stopped, and a step of
-    /// it under way (a release) is waited for, up to `within`: otherwise
-    /// it could release the very grant this claim gets back (the server
-    /// answers a claim by the attempt id that owns the key with its grant).
+    /// running for an earlier claim with that id is stopped first (after a
+    /// step of it under way, a release, is done; waited for up to
+    /// `within`): otherwise it could release the very grant this claim
+    /// gets back (the server answers a claim by the attempt id that owns
+    /// the key with its grant). Nothing changes if this is cancelled or
+    /// times out before the clean-up stops.
     async fn claim_sent(&self, attempt: &Bytes, within: Duration) -> Result<Arc<Settling>> {
-        let token = Arc::new(Settling::default());
-        let earlier = self
-            .inner
-            .claims
-            .lock()
-            .insert(attempt.clone(), Arc::clone(&token));
+        let earlier = self.inner.claims.lock().get(attempt).cloned();
         if let Some(earlier) = earlier {
-            earlier.stopped.store(true, Ordering::Release);
-            if tokio::time::timeout(within, earlier.step.lock())
-                .await
-                .is_err()
-            {
-                self.claim_done(attempt, &token);
+            let Ok(step) = tokio::time::timeout(within, earlier.step.lock()).await else {
                 return Err(Error::new(
                     ErrorKind::Timeout,
                     "the clean-up of an earlier claim with this attempt id did not finish in time",
                 )
                 .with_attempt(Some(attempt.clone())));
-            }
+            };
+            earlier.stopped.store(true, Ordering::Release);
+            drop(step);
         }
+        let token = Arc::new(Settling::default());
+        self.inner
+            .claims
+            .lock()
+            .insert(attempt.clone(), Arc::clone(&token));
         Ok(token)
     }
 
@@ -601,13 +600,6 @@ impl Client {
             .lock()
             .insert(addr.to_owned(), conn.clone());
         Ok(conn)
-    }
-
-    /// Closes and forgets the shared connection to `addr`, if any.
-    fn drop_connection(&self, addr: &str) {
-        if let Some(c) = self.inner.conns.lock().remove(addr) {
-            c.abort();
-        }
     }
 
     /// Opens a connection to `addr` and checks that it is an Idem server.
@@ -756,7 +748,6 @@ impl Client {
             };
             let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
             let timeout = (cfg.request_timeout + extra).min(remaining);
-            let full_try = timeout == cfg.request_timeout + extra;
             // A waiting request sent again (retried, or redirected by a
             // node that stopped leading while it waited) waits only for
             // what is left.
@@ -825,14 +816,7 @@ impl Client {
                 Err(e) if e.is_retryable() && (attempt < cfg.retries || cluster) => {
                     if cluster && (e.is_connection() || e.is_timeout()) {
                         // The node is gone (or its host is: no answer at
-                        // all): another seed leads or knows who does. A
-                        // connection that gave no answer for a whole
-                        // request timeout is not used again: a host that
-                        // vanished leaves it open, and every request on it
-                        // would wait out its timeout.
-                        if e.is_timeout() && full_try {
-                            self.drop_connection(&addr);
-                        }
+                        // all): another seed leads or knows who does.
                         self.next_seed(&addr);
                     }
                     failover = cluster;
@@ -851,11 +835,13 @@ impl Client {
                     .with_context(context(attempt + 1))
                     .with_attempt(claim_attempt));
             }
-            // The backoff is cut to what is left of the deadline: a last
-            // try at its end rather than none.
+            // The backoff is cut short so that a last try has at least
+            // MIN_LAST_TRY before the deadline, rather than no try.
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-            let backoff = cfg.backoff_for(attempt).min(left);
-            if left < MIN_LAST_TRY {
+            let backoff = cfg
+                .backoff_for(attempt)
+                .min(left.saturating_sub(MIN_LAST_TRY));
+            if left < MIN_LAST_TRY * 2 {
                 counters.failures.fetch_add(1, Ordering::Relaxed);
                 return Err(retry_err
                     .with_context(context(attempt + 1))
@@ -1258,7 +1244,10 @@ async fn send_claim(
                 }
             }
         };
-        let unknown = matches!(&reply, Err(e) if e.is_retryable());
+        // A MOVED or CLUSTERDOWN is only ever the answer to a request that
+        // was not proposed: nothing to look for.
+        let unknown = matches!(&reply, Err(e) if e.is_retryable()
+            && !matches!(e.kind(), ErrorKind::Moved | ErrorKind::ClusterDown));
         let grant_possible = reply.is_ok();
         match tx.send(reply) {
             Err(Ok(frame)) => settle_orphan(&client, &key, frame, &token).await,
@@ -1344,6 +1333,11 @@ async fn settle_orphan(client: &Client, key: &Bytes, frame: Frame, token: &Settl
     if token.stopped.load(Ordering::Acquire) {
         return;
     }
+    settle_frame(client, key, frame).await;
+}
+
+/// Releases an `ACQUIRED`, abandons a `RECOVER` again.
+async fn settle_frame(client: &Client, key: &Bytes, frame: Frame) {
     let result = match ClaimReply::from_frame(frame) {
         Ok(ClaimReply::Acquired { fence }) => client.release(key.clone(), fence).await,
         Ok(ClaimReply::Recover { fence, .. }) => client.abandon(key.clone(), fence).await,
@@ -1406,12 +1400,19 @@ async fn settle_lost_claim(
             }
         };
         if ours {
+            // Claimed again and settled in one step: a retry by the caller
+            // either stops this first or waits until the release is done
+            // (and then claims afresh).
+            let _step = token.step.lock().await;
+            if token.stopped.load(Ordering::Acquire) {
+                return;
+            }
             let mut again = cmd.clone();
             if let Command::Claim(c) = &mut again {
                 c.wait_ms = None;
             }
             if let Ok(frame) = client.request(&again, Duration::ZERO).await {
-                settle_orphan(client, key, frame, token).await;
+                settle_frame(client, key, frame).await;
             }
             return;
         }

@@ -624,7 +624,10 @@ where
     ResB: http_body::Body<Data = Bytes> + Send + 'static,
     ResB::Error: Into<BoxError>,
 {
-    let task = tokio::spawn(async move { run(&s, inner, parts, body, key, claim, journal).await });
+    use tracing::Instrument;
+    let task = tokio::spawn(
+        async move { run(&s, inner, parts, body, key, claim, journal).await }.in_current_span(),
+    );
     match task.await {
         Ok(answer) => answer,
         // `run` catches the handler's panics: this is a runtime shutting
@@ -763,7 +766,9 @@ where
     if overflow {
         // Too large to store: the caller gets it as it streams, and the key
         // is settled when the stream ends (a marker that replays answer
-        // 410), or abandoned if it fails or the caller goes away first.
+        // 410), or abandoned if it fails. If the caller goes away first,
+        // the rest is read (and dropped) to its end, then settled the same
+        // way.
         let marker = Stored {
             status: rparts.status,
             headers,
@@ -867,10 +872,46 @@ impl SettleAtEnd {
 }
 
 impl Drop for SettleAtEnd {
-    /// The caller stopped reading: the handler answered with its status, so
-    /// the key is settled by it, as at the end, rather than abandoned.
+    /// The caller stopped reading: the rest of the body (which the handler
+    /// may still be producing) is read to its end in a task of its own,
+    /// then the key is settled as at the end (or abandoned if the body
+    /// fails).
     fn drop(&mut self) {
-        self.settle();
+        let Some(claim) = self.claim.take() else {
+            return;
+        };
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let mut rest = SettleAtEnd {
+            body: std::mem::replace(&mut self.body, full(Bytes::new())),
+            claim: Some(claim),
+            marker: self.marker.clone(),
+            error: self.error,
+            retention: self.retention,
+        };
+        rt.spawn(async move {
+            loop {
+                match rest.body.frame().await {
+                    Some(Ok(_)) => {}
+                    Some(Err(e)) => {
+                        warn!(error = %e, "the response body failed midway (its caller had gone); the key is abandoned");
+                        if let Some(claim) = rest.claim.take()
+                            && let Err(e) = claim.abandon().await
+                        {
+                            warn!(error = %e, "could not abandon the key; its lease will lapse instead");
+                        }
+                        return;
+                    }
+                    None => {
+                        if let Some(claim) = rest.claim.take() {
+                            settle(claim, rest.marker.clone(), rest.error, rest.retention).await;
+                        }
+                        return;
+                    }
+                }
+            }
+        });
     }
 }
 

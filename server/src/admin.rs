@@ -69,6 +69,11 @@ pub fn hello(node: &Node, session: &mut Session, h: Hello) -> Reply {
             "unsupported protocol version",
         ));
     }
+    if let Some(name) = &h.setname
+        && let Err(e) = check_name_len(node, name)
+    {
+        return e;
+    }
     if let Some((user, password)) = &h.auth {
         let epoch = node.acl_epoch();
         match check_password(node, session, Some(user), password) {
@@ -91,9 +96,6 @@ pub fn hello(node: &Node, session: &mut Session, h: Hello) -> Reply {
     };
     session.info.resp.store(proto, Ordering::Relaxed);
     if let Some(name) = h.setname {
-        if let Err(e) = check_name_len(node, &name) {
-            return e;
-        }
         *session.info.name.lock() = Some(name);
     }
     let s = |v: &'static str| Frame::Bulk(Bytes::from_static(v.as_bytes()));

@@ -668,34 +668,39 @@ impl RaftEngine {
                 "this node has no peer address: restart it with --peer-listen (node id 1) to grow it into a cluster".into(),
             ));
         }
-        // Bounded like a write: a change needs a majority to commit, and
-        // without one it would hold up this connection (and every later
-        // change on this node) for good.
-        let change = async {
+        // The change runs in a task of its own, to its end: openraft's
+        // two-step change (joint, then uniform) is driven by the caller,
+        // and cut off after the first it would leave the cluster in joint
+        // consensus. Only the wait for it is bounded (a change without a
+        // majority would hold this connection for good).
+        let (raft, role, peers) = (
+            self.raft.clone(),
+            Arc::clone(&self.role),
+            Arc::clone(&self.peers),
+        );
+        let max_lag = self.cluster.promote_max_lag_entries;
+        let task = tokio::spawn(async move {
             // One change at a time on this node, each on the membership as
             // it is once the previous one is done.
-            let _one_at_a_time = self.role.membership_changes().await;
-            let view = self.cluster_view();
+            let _one_at_a_time = role.membership_changes().await;
+            let view = cluster::ClusterView::of(&raft, &role, &peers);
             match change {
                 MembershipChange::Add { id, addr } => {
-                    cluster::add_member(&self.raft, &view, id, addr).await
+                    cluster::add_member(&raft, &view, id, addr).await
                 }
                 MembershipChange::Promote(id) => {
-                    cluster::promote_member(
-                        &self.raft,
-                        &view,
-                        id,
-                        self.cluster.promote_max_lag_entries,
-                    )
-                    .await
+                    cluster::promote_member(&raft, &view, id, max_lag).await
                 }
-                MembershipChange::Remove(id) => cluster::remove_member(&self.raft, &view, id).await,
+                MembershipChange::Remove(id) => cluster::remove_member(&raft, &view, id).await,
             }
-        };
-        match tokio::time::timeout(self.proposal_timeout, change).await {
-            Ok(done) => done,
+        });
+        match tokio::time::timeout(self.proposal_timeout, task).await {
+            Ok(Ok(done)) => done,
+            Ok(Err(e)) => Err(cluster::ChangeError::Refused(format!(
+                "the change stopped: {e}"
+            ))),
             Err(_) => Err(cluster::ChangeError::Refused(
-                "the change was not committed within proposal_timeout_ms (is a majority of the voters up?); it may still be applied: see CLUSTER MEMBERS".into(),
+                "the change was not committed within proposal_timeout_ms (is a majority of the voters up?); it goes on, and may still be applied: see CLUSTER MEMBERS".into(),
             )),
         }
     }

@@ -46,14 +46,15 @@ use bytes::Bytes;
 use futures_util::{SinkExt, StreamExt};
 use hmac::{Hmac, Mac};
 use openraft::error::{
-    InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable,
+    InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, SnapshotMismatch,
+    Unreachable,
 };
 use openraft::network::RPCOption;
 use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
     VoteRequest, VoteResponse,
 };
-use openraft::{BasicNode, Raft};
+use openraft::{BasicNode, Raft, SnapshotSegmentId};
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use sha2::Sha256;
@@ -521,25 +522,38 @@ impl Peers {
     }
 
     /// Lets a snapshot chunk through if it starts a snapshot (offset 0) or
-    /// continues the one being received at or before where it got to.
-    /// openraft writes a chunk at its offset into the snapshot's buffer, so
-    /// a chunk far past the end (a peer's bug) would grow the buffer to
-    /// that offset: an allocation of up to 2^64 bytes.
-    fn check_snapshot_chunk(&self, id: &str, offset: u64, len: usize) -> Result<(), String> {
-        let mut s = self.snapshot_in.lock();
+    /// continues the one openraft took chunks of, at or before where it
+    /// got to. openraft writes a chunk at its offset into the snapshot's
+    /// buffer, so a chunk far past the end (a peer's bug) would grow the
+    /// buffer to that offset: an allocation of up to 2^64 bytes. Refused,
+    /// the sender is told to start over (as openraft tells it when a
+    /// chunk belongs to no snapshot it is receiving).
+    fn check_snapshot_chunk(&self, id: &str, offset: u64) -> Result<(), SnapshotMismatch> {
+        if offset == 0 {
+            return Ok(());
+        }
+        match &*self.snapshot_in.lock() {
+            Some((current, upto)) if current == id && offset <= *upto => Ok(()),
+            _ => Err(SnapshotMismatch {
+                expect: SnapshotSegmentId {
+                    id: id.to_owned(),
+                    offset: 0,
+                },
+                got: SnapshotSegmentId {
+                    id: id.to_owned(),
+                    offset,
+                },
+            }),
+        }
+    }
+
+    /// Notes a chunk openraft took.
+    fn snapshot_chunk_taken(&self, id: &str, offset: u64, len: usize) {
         let end = offset.saturating_add(len as u64);
+        let mut s = self.snapshot_in.lock();
         match &mut *s {
-            _ if offset == 0 => {
-                *s = Some((id.to_owned(), end));
-                Ok(())
-            }
-            Some((current, upto)) if current == id && offset <= *upto => {
-                *upto = (*upto).max(end);
-                Ok(())
-            }
-            _ => Err(format!(
-                "snapshot {id}: a chunk at offset {offset} does not follow what was received"
-            )),
+            Some((current, upto)) if offset > 0 && current == id => *upto = (*upto).max(end),
+            _ => *s = Some((id.to_owned(), end)),
         }
     }
 
@@ -942,11 +956,17 @@ async fn serve_conn(
     // local one) could otherwise send this cluster's clients, and the
     // passwords they send, to an address of its choosing, and grow the
     // map by an entry per id it claims.
-    if !hello.client_addr.is_empty() && peers.member_peer_ip(hello.from) == Some(addr.ip()) {
-        peers
-            .advertised
-            .lock()
-            .insert(hello.from, hello.client_addr.clone());
+    // From anyone else it drops what was learned: the membership's record
+    // is used instead.
+    if !hello.client_addr.is_empty() {
+        let member = peers.member_peer_ip(hello.from).map(|ip| ip.to_canonical())
+            == Some(addr.ip().to_canonical());
+        let mut advertised = peers.advertised.lock();
+        if member {
+            advertised.insert(hello.from, hello.client_addr.clone());
+        } else {
+            advertised.remove(&hello.from);
+        }
     }
     conn.codec_mut().set_max_frame_length(MAX_FRAME);
     let asker = hello.from;
@@ -984,11 +1004,20 @@ async fn serve_conn(
             Request::Append(r) => Response::Append(raft.append_entries(r).await),
             Request::Vote(r) => Response::Vote(raft.vote(r).await),
             Request::Snapshot(r) => {
-                match peers.check_snapshot_chunk(&r.meta.snapshot_id, r.offset, r.data.len()) {
-                    Ok(()) => Response::Snapshot(raft.install_snapshot(r).await),
-                    Err(why) => {
-                        warn!(from = asker, reason = %why, "refused a snapshot chunk");
-                        Response::Failed(why)
+                let (id, offset, len) = (r.meta.snapshot_id.clone(), r.offset, r.data.len());
+                match peers.check_snapshot_chunk(&id, offset) {
+                    Ok(()) => {
+                        let taken = raft.install_snapshot(r).await;
+                        if taken.is_ok() {
+                            peers.snapshot_chunk_taken(&id, offset, len);
+                        }
+                        Response::Snapshot(taken)
+                    }
+                    Err(mismatch) => {
+                        warn!(from = asker, %mismatch, "refused a snapshot chunk that does not follow what was received");
+                        Response::Snapshot(Err(RaftError::APIError(
+                            InstallSnapshotError::SnapshotMismatch(mismatch),
+                        )))
                     }
                 }
             }
@@ -1419,19 +1448,29 @@ mod tests {
     async fn snapshot_chunks_must_follow_what_was_received() {
         let dir = Dir::new("chunks");
         let (p, _) = node(&dir, 1, None, None).await;
-        // A chunk past the start of a snapshot never begun.
-        assert!(p.check_snapshot_chunk("s1", 1 << 40, 10).is_err());
-        assert!(p.check_snapshot_chunk("s1", 0, 100).is_ok());
-        assert!(p.check_snapshot_chunk("s1", 100, 100).is_ok());
+        // A chunk past the start of a snapshot never begun: the sender is
+        // told to start over.
+        let e = p.check_snapshot_chunk("s1", 1 << 40).unwrap_err();
+        assert_eq!((e.expect.offset, e.got.offset), (0, 1 << 40));
+        // A start is always let through; what openraft took counts.
+        assert!(p.check_snapshot_chunk("s1", 0).is_ok());
+        assert!(
+            p.check_snapshot_chunk("s1", 100).is_err(),
+            "the start was not taken yet"
+        );
+        p.snapshot_chunk_taken("s1", 0, 100);
+        assert!(p.check_snapshot_chunk("s1", 100).is_ok());
+        p.snapshot_chunk_taken("s1", 100, 100);
         // A chunk sent again (its answer was lost) is fine.
-        assert!(p.check_snapshot_chunk("s1", 100, 100).is_ok());
+        assert!(p.check_snapshot_chunk("s1", 100).is_ok());
         // A gap, or another snapshot's chunk past its start: refused.
-        assert!(p.check_snapshot_chunk("s1", 1 << 40, 10).is_err());
-        assert!(p.check_snapshot_chunk("s2", 200, 10).is_err());
-        assert!(p.check_snapshot_chunk("s1", 200, 10).is_ok());
-        // A new snapshot starts over.
-        assert!(p.check_snapshot_chunk("s2", 0, 10).is_ok());
-        assert!(p.check_snapshot_chunk("s1", 210, 10).is_err());
+        assert!(p.check_snapshot_chunk("s1", 1 << 40).is_err());
+        assert!(p.check_snapshot_chunk("s2", 200).is_err());
+        assert!(p.check_snapshot_chunk("s1", 200).is_ok());
+        // A new snapshot taken starts over.
+        p.snapshot_chunk_taken("s2", 0, 10);
+        assert!(p.check_snapshot_chunk("s1", 200).is_err());
+        assert!(p.check_snapshot_chunk("s2", 10).is_ok());
     }
 
     /// A node `id` serving the peer protocol (no Raft behind it: probes
