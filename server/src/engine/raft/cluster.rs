@@ -1301,7 +1301,8 @@ mod tests {
         assert_eq!(parse_initial_cluster("").unwrap(), vec![]);
         for (bad, why) in [
             ("1", "ID=HOST:PORT"),
-            ("0=h:1", "positive"),
+            ("0=h:1", "from 1 to"),
+            ("9223372036854775808=h:1", "from 1 to"),
             ("x=h:1", "node id"),
             ("1=h", "HOST:PORT"),
             ("1=:5", "HOST:PORT"),
