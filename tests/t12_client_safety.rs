@@ -656,13 +656,10 @@ async fn slow_replies(upstream: std::net::SocketAddr, delay: Duration) -> String
     addr
 }
 
-/// A claim that gave up (its deadline passed before the reply) left the
-/// key owned by nobody for a lease, then (with ONEXPIRE RECOVER) abandoned.
-/// Now a grant that arrives after the caller gave up is found by its
-/// attempt id and released.
-#[tokio::test]
-async fn a_claim_that_times_out_does_not_leave_its_grant_behind() {
-    let s = Idemd::start().await;
+/// A client of `s` whose replies come 0.7 s late, and the error of a
+/// claim of `k` that gave up after 300 ms (the server grants it): a
+/// timeout naming the claim's attempt id.
+async fn timed_out_claim(s: &Idemd, k: &str) -> (Client, idem_client::Error) {
     let slow = slow_replies(s.addr, Duration::from_millis(700)).await;
     let c = Client::connect_with_config(
         slow,
@@ -672,13 +669,25 @@ async fn a_claim_that_times_out_does_not_leave_its_grant_behind() {
     )
     .await
     .unwrap();
-    let k = key("timed-out-claim");
     let e = c
-        .claim(k.as_str())
+        .claim(k)
         .deadline(Duration::from_millis(300))
         .await
         .unwrap_err();
     assert!(e.is_timeout(), "{e}");
+    assert!(e.attempt().is_some(), "the claim's attempt id: {e}");
+    (c, e)
+}
+
+/// A claim that gave up (its deadline passed before the reply) left the
+/// key owned by nobody for a lease, then (with ONEXPIRE RECOVER) abandoned.
+/// Now a grant that arrives after the caller gave up is found by its
+/// attempt id and released.
+#[tokio::test]
+async fn a_claim_that_times_out_does_not_leave_its_grant_behind() {
+    let s = Idemd::start().await;
+    let k = key("timed-out-claim");
+    let (_c, e) = timed_out_claim(&s, &k).await;
     let attempt = e.attempt().expect("the claim's attempt id").clone();
     assert!(
         e.to_string().contains(&*String::from_utf8_lossy(&attempt)),
@@ -709,22 +718,8 @@ async fn a_claim_that_times_out_does_not_leave_its_grant_behind() {
 #[tokio::test]
 async fn a_retry_with_the_attempt_id_keeps_its_grant_from_the_clean_up() {
     let s = Idemd::start().await;
-    let slow = slow_replies(s.addr, Duration::from_millis(700)).await;
-    let c = Client::connect_with_config(
-        slow,
-        idem_client::ClientConfig::default()
-            .retries(0)
-            .request_timeout(Duration::from_secs(3)),
-    )
-    .await
-    .unwrap();
     let k = key("retried-claim");
-    let e = c
-        .claim(k.as_str())
-        .deadline(Duration::from_millis(300))
-        .await
-        .unwrap_err();
-    assert!(e.is_timeout(), "{e}");
+    let (c, e) = timed_out_claim(&s, &k).await;
     let attempt = e.attempt().expect("the claim's attempt id").clone();
     // Retried at once, as the error says: the same grant comes back.
     let ClaimOutcome::Acquired(claim) = c

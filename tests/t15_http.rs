@@ -446,25 +446,15 @@ async fn a_request_refused_before_it_ran_can_be_corrected_under_its_key() {
     let a = app(|l| l).await;
     let refused = post_key(a.addr, "/guarded", "g", "order 1").await;
     assert_eq!(refused.status, StatusCode::UNAUTHORIZED);
-    let fixed = send(
-        a.addr,
-        "POST",
-        "/guarded",
-        &[("idempotency-key", "g"), ("authorization", "ok")],
-        "order 1",
-    )
-    .await;
+    let with_credentials = async || {
+        let headers = [("idempotency-key", "g"), ("authorization", "ok")];
+        send(a.addr, "POST", "/guarded", &headers, "order 1").await
+    };
+    let fixed = with_credentials().await;
     assert_eq!(fixed.status, StatusCode::CREATED, "{}", fixed.body);
     assert!(!fixed.replayed());
     assert_eq!(fixed.body, "created in run 1");
-    let replay = send(
-        a.addr,
-        "POST",
-        "/guarded",
-        &[("idempotency-key", "g"), ("authorization", "ok")],
-        "order 1",
-    )
-    .await;
+    let replay = with_credentials().await;
     assert!(replay.replayed());
     assert_eq!(replay.body, "created in run 1");
 }

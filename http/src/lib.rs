@@ -671,13 +671,17 @@ where
             warn!(error = %e, "could not abandon the key; its lease will lapse instead");
         }
     };
-    if let Err(e) = futures_util::future::poll_fn(|cx| inner.poll_ready(cx)).await {
-        // Not run: nothing happened (on a recovery run, nothing more).
+    // Nothing happened in this run: the key is released, or on a recovery
+    // run left abandoned (the earlier run's effect may have happened).
+    let release = |claim: idem_client::Claim| async move {
         if recovering {
             abandon(claim).await;
         } else if let Err(e) = claim.release().await {
             warn!(error = %e, "could not release the key; its lease will lapse instead");
         }
+    };
+    if let Err(e) = futures_util::future::poll_fn(|cx| inner.poll_ready(cx)).await {
+        release(claim).await;
         return Err(e);
     }
     let req = Request::from_parts(parts, ReqB::from(body));
@@ -712,14 +716,8 @@ where
     let error = match decision {
         Decision::Complete => false,
         Decision::CompleteError => true,
-        Decision::Release if recovering => {
-            abandon(claim).await;
-            return Ok(boxed(resp));
-        }
         Decision::Release => {
-            if let Err(e) = claim.release().await {
-                warn!(error = %e, "could not release the key; its lease will lapse instead");
-            }
+            release(claim).await;
             return Ok(boxed(resp));
         }
         Decision::Abandon => {
@@ -852,21 +850,16 @@ impl SettleAtEnd {
                 }
                 Some((Err(e), self))
             }
+            // The end: the marker is recorded (replays answer `410
+            // response-not-stored` with the status).
             None => {
-                self.settle();
+                if let Some(claim) = self.claim.take() {
+                    let (marker, error, retention) =
+                        (self.marker.clone(), self.error, self.retention);
+                    tokio::spawn(settle(claim, marker, error, retention));
+                }
                 None
             }
-        }
-    }
-
-    /// Records the marker (replays answer `410 response-not-stored` with
-    /// the status).
-    fn settle(&mut self) {
-        if let Some(claim) = self.claim.take()
-            && let Ok(rt) = tokio::runtime::Handle::try_current()
-        {
-            let (marker, error, retention) = (self.marker.clone(), self.error, self.retention);
-            rt.spawn(settle(claim, marker, error, retention));
         }
     }
 }
@@ -891,25 +884,8 @@ impl Drop for SettleAtEnd {
             retention: self.retention,
         };
         rt.spawn(async move {
-            loop {
-                match rest.body.frame().await {
-                    Some(Ok(_)) => {}
-                    Some(Err(e)) => {
-                        warn!(error = %e, "the response body failed midway (its caller had gone); the key is abandoned");
-                        if let Some(claim) = rest.claim.take()
-                            && let Err(e) = claim.abandon().await
-                        {
-                            warn!(error = %e, "could not abandon the key; its lease will lapse instead");
-                        }
-                        return;
-                    }
-                    None => {
-                        if let Some(claim) = rest.claim.take() {
-                            settle(claim, rest.marker.clone(), rest.error, rest.retention).await;
-                        }
-                        return;
-                    }
-                }
+            while let Some((_, more)) = rest.next().await {
+                rest = more;
             }
         });
     }
