@@ -54,7 +54,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::oneshot;
 
 use super::types::{LogEntry, LogId, StorageError, TypeConfig, Vote, storage_err};
-use super::wal::{Wal, WalError, read_meta, write_meta};
+use super::wal::{SyncTimes, Wal, WalError, read_meta, write_meta};
 
 /// What the metadata file holds.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -208,8 +208,8 @@ pub enum Writing {
 pub struct LogStore {
     state: Arc<Mutex<State>>,
     jobs: Jobs,
-    /// Sync count and percentiles, copied after each sync by the writer.
-    sync_stats: Arc<Mutex<(u64, u64, u64)>>,
+    /// The log's `fdatasync` times, recorded by the writer.
+    sync_times: SyncTimes,
 }
 
 /// Why the log could not be opened.
@@ -276,11 +276,10 @@ impl LogStore {
                 },
             );
         }
-        let sync_stats = Arc::new(Mutex::new((0, 0, 0)));
+        let sync_times = wal.sync_times();
         let writer = Writer {
             wal,
             dir: dir.to_owned(),
-            sync_stats: Arc::clone(&sync_stats),
         };
         let jobs = match writing {
             Writing::Thread => {
@@ -307,7 +306,7 @@ impl LogStore {
                 meta,
             })),
             jobs,
-            sync_stats,
+            sync_times,
         })
     }
 
@@ -323,7 +322,7 @@ impl LogStore {
     /// `fdatasync`s done by the log so far, and their 50th and 99th
     /// percentile times in µs.
     pub fn syncs(&self) -> (u64, u64, u64) {
-        *self.sync_stats.lock()
+        self.sync_times.summary()
     }
 
     /// Entries held (not purged) and their encoded size in bytes, which is
@@ -373,7 +372,6 @@ impl LogStore {
 struct Writer {
     wal: Wal,
     dir: PathBuf,
-    sync_stats: Arc<Mutex<(u64, u64, u64)>>,
 }
 
 /// Jobs taken in one round, at most (so callbacks of a long queue are not
@@ -454,8 +452,6 @@ impl Writer {
         {
             fatal(e);
         }
-        let (p50, p99) = self.wal.sync_percentiles();
-        *self.sync_stats.lock() = (self.wal.syncs, p50, p99);
         for (_, _, callback) in appends {
             callback(
                 result
@@ -685,7 +681,6 @@ mod tests {
         let writer = Writer {
             wal,
             dir: dir.0.clone(),
-            sync_stats: Arc::default(),
         };
         let (tx, rx) = mpsc::channel();
         let h = Handoff {

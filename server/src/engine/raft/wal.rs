@@ -39,7 +39,9 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
+use parking_lot::Mutex;
 use tracing::warn;
 
 const SEGMENT_MAGIC: &[u8; 8] = b"IDEMWAL\0";
@@ -174,8 +176,9 @@ pub struct Wal {
     pub syncs: u64,
     /// How long the latest took, in µs.
     pub last_sync_us: u64,
-    /// How long they took, in µs.
-    sync_us: hdrhistogram::Histogram<u64>,
+    /// How long they took, in µs (shared with whoever reports them, who
+    /// computes percentiles only when asked).
+    sync_us: SyncTimes,
     /// The batches held back by the deliberately broken mode (debug builds).
     #[cfg(debug_assertions)]
     deferred: Vec<u8>,
@@ -241,7 +244,7 @@ impl Wal {
             segment_bytes: segment_bytes.max(HEADER_LEN + 64),
             syncs: 0,
             last_sync_us: 0,
-            sync_us: new_histogram(),
+            sync_us: SyncTimes::default(),
             #[cfg(debug_assertions)]
             deferred: Vec::new(),
             #[cfg(debug_assertions)]
@@ -554,7 +557,7 @@ impl Wal {
             return Err(io_err("write or sync", &path)(e));
         }
         self.last_sync_us = started.elapsed().as_micros() as u64;
-        self.sync_us.saturating_record(self.last_sync_us);
+        self.sync_us.0.lock().saturating_record(self.last_sync_us);
         self.syncs += 1;
         active.len = end;
         let mut start = 0;
@@ -648,12 +651,10 @@ impl Wal {
         Ok(dropped)
     }
 
-    /// The 50th and 99th percentile of `fdatasync` times so far, in µs.
-    pub fn sync_percentiles(&self) -> (u64, u64) {
-        (
-            self.sync_us.value_at_quantile(0.5),
-            self.sync_us.value_at_quantile(0.99),
-        )
+    /// The `fdatasync` times, shared: reading them does not stop the
+    /// writer for longer than one copy of the counters.
+    pub fn sync_times(&self) -> SyncTimes {
+        self.sync_us.clone()
     }
 
     /// Removes every segment: the next append starts the log afresh at its
@@ -754,9 +755,27 @@ mod faults {
 /// # Panics
 ///
 /// Never: the bounds are constants hdrhistogram accepts.
-fn new_histogram() -> hdrhistogram::Histogram<u64> {
-    hdrhistogram::Histogram::new_with_bounds(1, 100_000_000, 2)
-        .expect("constant histogram bounds are valid")
+/// `fdatasync` times in µs, recorded by the log's writer and read by INFO.
+/// Percentiles are computed on reading (a walk over the buckets), not after
+/// every sync.
+#[derive(Clone, Debug)]
+pub struct SyncTimes(Arc<Mutex<hdrhistogram::Histogram<u64>>>);
+
+impl Default for SyncTimes {
+    fn default() -> Self {
+        SyncTimes(Arc::new(Mutex::new(
+            hdrhistogram::Histogram::new_with_bounds(1, 100_000_000, 2)
+                .expect("constant histogram bounds are valid"),
+        )))
+    }
+}
+
+impl SyncTimes {
+    /// Syncs recorded, and their 50th and 99th percentile times in µs.
+    pub fn summary(&self) -> (u64, u64, u64) {
+        let h = self.0.lock();
+        (h.len(), h.value_at_quantile(0.5), h.value_at_quantile(0.99))
+    }
 }
 
 fn write_header(path: &Path, first: u64) -> Result<(), WalError> {
