@@ -493,27 +493,79 @@ async fn a_waiting_claim_redirected_waits_only_for_the_time_left() {
     );
 }
 
-/// A CLAIM answered `-TRYAGAIN` to its last try (on a node that had it
-/// proposed: it may have been applied) came back as a plain server error,
-/// without its attempt id and without the clean-up of a grant that may
-/// have been made.
-#[tokio::test]
-async fn a_claim_refused_with_tryagain_to_the_end_is_an_unknown_outcome() {
-    let always = fake(|_| "-TRYAGAIN may have been applied\r\n".into()).await;
+/// A fake node that answers every CLAIM with `claim_reply` and counts the
+/// INSPECTs the client sends (a lost claim's clean-up looks with them).
+async fn claim_refusing_node(claim_reply: &'static str) -> (String, Arc<AtomicUsize>) {
+    let inspects = Arc::new(AtomicUsize::new(0));
+    let seen = inspects.clone();
+    let node = fake_with(move |_, frame| {
+        let reply = match command_name(frame).to_ascii_uppercase().as_str() {
+            "CLAIM" => claim_reply,
+            "INSPECT" => {
+                seen.fetch_add(1, Ordering::SeqCst);
+                "$-1\r\n"
+            }
+            _ => "+OK\r\n",
+        };
+        (Duration::ZERO, reply.into())
+    })
+    .await;
+    (node, inspects)
+}
+
+async fn refused_claim(node: String, name: &str) -> (idem_client::Error, Bytes) {
     let c = Client::connect_with_config(
-        always,
+        node,
         ClientConfig::default()
             .retries(1)
             .backoff(Duration::from_millis(1), Duration::from_millis(2)),
     )
     .await
     .unwrap();
-    let claim = c.claim(key("tryagain-claim").as_str());
+    let claim = c.claim(key(name).as_str());
     let attempt = claim.attempt_id().clone();
-    let e = claim.await.unwrap_err();
+    (claim.await.unwrap_err(), attempt)
+}
+
+/// A CLAIM answered `-TRYAGAIN` to its last try (on a node that had it
+/// proposed: it may have been applied) came back as a plain server error,
+/// without its attempt id and without the clean-up of a grant that may
+/// have been made.
+#[tokio::test]
+async fn a_claim_refused_with_tryagain_to_the_end_is_an_unknown_outcome() {
+    let (node, inspects) = claim_refusing_node(
+        "-TRYAGAIN leadership changed after the write was proposed: it may have been applied\r\n",
+    )
+    .await;
+    let (e, attempt) = refused_claim(node, "tryagain-claim").await;
     assert_eq!(e.kind(), ErrorKind::TryAgain, "{e}");
     assert!(e.is_retryable());
+    assert!(e.may_have_run(), "{e}");
     assert_eq!(e.attempt(), Some(&attempt), "{e}");
+    eventually("the clean-up looks for the grant", async || {
+        (inspects.load(Ordering::SeqCst) > 0).then_some(())
+    })
+    .await;
+}
+
+/// A claim refused with `-TRYAGAIN` before it was proposed, at every try (a
+/// node with too many writes pending), still started the background
+/// clean-up of a grant that cannot exist: INSPECTs sent to a cluster that
+/// is already overloaded, for every claim it refused.
+#[tokio::test]
+async fn a_claim_refused_before_it_was_proposed_is_not_looked_for() {
+    let (node, inspects) = claim_refusing_node(
+        "-TRYAGAIN too many writes pending: not proposed within proposal_timeout_ms\r\n",
+    )
+    .await;
+    let (e, attempt) = refused_claim(node, "overloaded-claim").await;
+    assert_eq!(e.kind(), ErrorKind::TryAgain, "{e}");
+    assert!(e.is_retryable());
+    assert!(!e.may_have_run(), "{e}");
+    assert_eq!(e.attempt(), Some(&attempt), "{e}");
+    // The clean-up would look at once, after 50 ms and after 500 ms.
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert_eq!(inspects.load(Ordering::SeqCst), 0, "no grant to look for");
 }
 
 /// A claim guard stopped renewing once no renewal had landed for a whole

@@ -727,6 +727,11 @@ impl Client {
             _ => None,
         };
         let (mut attempt, mut redirects, mut sent) = (0u32, 0u32, false);
+        // Whether a try so far may have run (timed out, lost its
+        // connection, or was refused after it was proposed): the error
+        // that ends the call says so even if its own try was refused
+        // before it could run.
+        let mut may_have_run = false;
         // Retries while a cluster fails over (refused connections, MOVED to
         // a node that is gone, TRYAGAIN, CLUSTERDOWN) are bounded by the
         // deadline, not by `retries`: with several seeds, one of them
@@ -825,13 +830,16 @@ impl Client {
                 Err(e) => {
                     counters.failures.fetch_add(1, Ordering::Relaxed);
                     return Err(e
+                        .or_may_have_run(may_have_run)
                         .with_context(context(attempt + 1))
                         .with_attempt(claim_attempt));
                 }
             };
+            may_have_run |= retry_err.may_have_run();
             if !failover && attempt >= cfg.retries {
                 counters.failures.fetch_add(1, Ordering::Relaxed);
                 return Err(retry_err
+                    .or_may_have_run(may_have_run)
                     .with_context(context(attempt + 1))
                     .with_attempt(claim_attempt));
             }
@@ -844,6 +852,7 @@ impl Client {
             if left < MIN_LAST_TRY * 2 {
                 counters.failures.fetch_add(1, Ordering::Relaxed);
                 return Err(retry_err
+                    .or_may_have_run(may_have_run)
                     .with_context(context(attempt + 1))
                     .with_attempt(claim_attempt));
             }
@@ -1244,10 +1253,11 @@ async fn send_claim(
                 }
             }
         };
-        // A MOVED or CLUSTERDOWN is only ever the answer to a request that
-        // was not proposed: nothing to look for.
-        let unknown = matches!(&reply, Err(e) if e.is_retryable()
-            && !matches!(e.kind(), ErrorKind::Moved | ErrorKind::ClusterDown));
+        // Only a claim that may have run is looked for: one refused before
+        // it was proposed at every try (`-MOVED`, `-CLUSTERDOWN`, a
+        // `-TRYAGAIN` of a node with too many writes pending) holds
+        // nothing, and looking would only add load to a busy cluster.
+        let unknown = matches!(&reply, Err(e) if e.may_have_run());
         let grant_possible = reply.is_ok();
         match tx.send(reply) {
             Err(Ok(frame)) => settle_orphan(&client, &key, frame, &token).await,

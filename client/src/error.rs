@@ -58,7 +58,22 @@ pub struct Error {
     kind: ErrorKind,
     detail: String,
     attempt: Option<bytes::Bytes>,
+    /// Whether the request may have taken effect (see [`Error::may_have_run`]).
+    may_have_run: bool,
     source: Option<Box<dyn std::error::Error + Send + Sync>>,
+}
+
+/// The words every `-TRYAGAIN` sent after a request was proposed carries
+/// (PROTOCOL.md, "Clusters"); any other `-TRYAGAIN` was not applied.
+pub(crate) const MAY_HAVE_BEEN_APPLIED: &str = "may have been applied";
+
+/// Whether an error of `kind` leaves it open whether the request ran: it
+/// may have reached the server before the connection or the time ran out.
+fn unknown_kind(kind: ErrorKind) -> bool {
+    matches!(
+        kind,
+        ErrorKind::Io | ErrorKind::Timeout | ErrorKind::ConnectionClosed
+    )
 }
 
 impl Error {
@@ -67,8 +82,29 @@ impl Error {
             kind,
             detail: detail.into(),
             attempt: None,
+            may_have_run: unknown_kind(kind),
             source: None,
         }
+    }
+
+    /// Whether the request may have taken effect although this error came
+    /// back: a try of it timed out, lost its connection, or was answered
+    /// `-TRYAGAIN` after the server had proposed it ("... may have been
+    /// applied"). False when every try was refused before it could run
+    /// (`-MOVED`, `-CLUSTERDOWN`, `-TRYAGAIN` while no leader is known or
+    /// writes are queued too deep, and every other refusal). A claim that
+    /// may have run is looked for and let go by the client (see
+    /// [`Client::claim`](crate::Client::claim)); its attempt id is in
+    /// [`Error::attempt`].
+    pub fn may_have_run(&self) -> bool {
+        self.may_have_run
+    }
+
+    /// The same error, marked as one whose request may have run if an
+    /// earlier try of it may have.
+    pub(crate) fn or_may_have_run(mut self, earlier: bool) -> Self {
+        self.may_have_run |= earlier;
+        self
     }
 
     /// The attempt id of the claim that failed, if a claim did: with it,
@@ -92,7 +128,7 @@ impl Error {
     /// The same kind and detail, without the source (errors are not
     /// `Clone`: a source may not be).
     pub(crate) fn shallow_clone(&self) -> Self {
-        Error::new(self.kind, self.detail.clone())
+        Error::new(self.kind, self.detail.clone()).or_may_have_run(self.may_have_run)
     }
 
     /// What went wrong, without the kind.
@@ -111,6 +147,7 @@ impl Error {
             kind: if tls { ErrorKind::Tls } else { ErrorKind::Io },
             detail: e.to_string(),
             attempt: None,
+            may_have_run: !tls,
             source: Some(Box::new(e)),
         }
     }
@@ -130,6 +167,7 @@ impl Error {
         };
         Error {
             kind,
+            may_have_run: kind == ErrorKind::TryAgain && e.message.contains(MAY_HAVE_BEEN_APPLIED),
             detail: e.to_string(),
             attempt: None,
             source: Some(Box::new(e)),

@@ -579,9 +579,18 @@ impl RaftEngine {
                 }
             }
             let mut rx = rx;
+            // The engine stopped without an answer: once the proposer took
+            // the write, it may be in the log.
+            let stopped = |state: &AtomicU8| {
+                EngineError::TryAgain(if state.load(Ordering::Acquire) == QUEUED {
+                    "the engine is stopping"
+                } else {
+                    "the engine stopped after taking the write: it may have been applied"
+                })
+            };
             match tokio::time::timeout_at(deadline, &mut rx).await {
                 Ok(Ok(r)) => return r,
-                Ok(Err(_)) => return Err(EngineError::TryAgain("the engine is stopping")),
+                Ok(Err(_)) => return Err(stopped(&state)),
                 Err(_) => {}
             }
             // Timed out: withdrawn if the proposer has not taken it yet (so
@@ -609,8 +618,7 @@ impl RaftEngine {
                     "not committed within proposal_timeout_ms: it may have been applied",
                 ));
             }
-            rx.await
-                .unwrap_or(Err(EngineError::TryAgain("the engine is stopping")))
+            rx.await.unwrap_or_else(|_| Err(stopped(&state)))
         });
         if full {
             super::Submission::Waiting(fut)
@@ -1110,7 +1118,10 @@ async fn propose(p: Proposer, proposals: Arc<queue::Queue>, limits: Limits, stat
                     warn!(error = %e, "a proposal failed");
                     fail(txs, "the log could not take the write");
                 }
-                Err(_) => fail(txs, "the raft core stopped"),
+                Err(_) => fail(
+                    txs,
+                    "the raft core stopped after the write was proposed: it may have been applied",
+                ),
             }
             drop(permit);
         });
