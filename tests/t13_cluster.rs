@@ -161,6 +161,69 @@ async fn kill_9_of_the_leader_loses_no_acknowledged_record() {
     }
 }
 
+/// A cluster ignored `max_memory_bytes`: the limits are replicated state,
+/// written once at start, and a cluster node does not lead yet when it
+/// starts, so that write was refused and never made again. Clients could
+/// grow every node's store without bound. Now the serving leader writes its
+/// limits, and they hold on the leader that follows it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_keeps_its_records_within_max_memory_bytes() {
+    let max: u64 = 100_000;
+    let mut c = Cluster::start_with(
+        "memory",
+        3,
+        &[
+            ("IDEM_MAX_MEMORY_BYTES", "100000"),
+            ("IDEM_MEMORY_HEADROOM_PERCENT", "10"),
+        ],
+    )
+    .await;
+    let value = "v".repeat(20_000);
+    let fill = async |conn: &mut Conn, prefix: &str| {
+        let mut oom = 0;
+        for i in 0..20 {
+            let k = format!("{prefix}-{i}");
+            let reply = conn.cmd(&["CLAIM", &k]).await;
+            if matches!(reply, Frame::Error(_)) {
+                assert!(err(&reply).starts_with("OOM"), "{reply:?}");
+                oom += 1;
+            } else if let ClaimReply::Acquired { fence } = claim(reply.clone()) {
+                let done = conn
+                    .cmd(&["COMPLETE", &k, &fence.to_string(), &value])
+                    .await;
+                if done != ok() {
+                    assert!(err(&done).starts_with("OOM"), "{done:?}");
+                    oom += 1;
+                }
+            } else {
+                panic!("{k}: {reply:?}");
+            }
+            let used = info_field(conn, "used_memory").await;
+            assert!(
+                used <= max + max / 10,
+                "used_memory {used} over the limit and headroom"
+            );
+        }
+        oom
+    };
+    let l = c.leader().await;
+    let mut conn = c.members[l].conn().await;
+    eventually("the limits are in force", async || {
+        (info_field(&mut conn, "maxmemory").await == max).then_some(())
+    })
+    .await;
+    assert!(fill(&mut conn, "first").await > 0, "nothing was refused");
+    // The next leader keeps them.
+    c.members[l].kill().await;
+    let l2 = c.leader().await;
+    let mut conn = c.members[l2].conn().await;
+    assert_eq!(
+        fill(&mut conn, "second").await,
+        20,
+        "a full store took more"
+    );
+}
+
 /// A leader whose own disk stalls keeps acknowledging writes: it sends
 /// each entry to its followers while it writes it itself, and a majority
 /// (the two followers) has it on disk long before the leader's own sync

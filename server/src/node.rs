@@ -83,8 +83,16 @@ impl Node {
         let engine = Arc::new(engine);
         // The limits are replicated state: they take effect through the
         // engine like any write (when they differ from what is in force).
-        if engine.stats().limits != Some(config.memory) {
+        if engine.limits() != config.memory {
             engine.detach(Op::SetLimits(config.memory));
+        }
+        // A cluster's node does not lead when it starts (that write is
+        // refused), and the leader may change: whichever node serves
+        // writes its own limits whenever they are not the ones in force.
+        if engine.raft_engine().is_some_and(|r| r.clustered())
+            && let Ok(rt) = tokio::runtime::Handle::try_current()
+        {
+            rt.spawn(keep_limits(Arc::downgrade(&engine), config.memory));
         }
         let waiters = Waiters::new(Arc::clone(&engine), config.defaults, config.wait_limits);
         let clients = Clients::with_budget(config.max_client_memory_bytes);
@@ -178,5 +186,41 @@ impl Node {
     /// The denial log.
     pub fn acl_log(&self) -> &Mutex<AclLog> {
         &self.0.acl_log
+    }
+}
+
+/// How often a cluster node checks that the limits in force are its own
+/// while it leads.
+const KEEP_LIMITS_EVERY: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// On a cluster node: while it leads and serves, proposes its configured
+/// memory limits whenever they are not the ones in force (after it is
+/// elected, and after a leader configured otherwise). Ends with the engine.
+async fn keep_limits(engine: std::sync::Weak<Engine>, wanted: crate::store::MemoryLimits) {
+    let mut tick = tokio::time::interval(KEEP_LIMITS_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let Some(e) = engine.upgrade() else {
+            return;
+        };
+        if !e.raft_engine().is_some_and(|r| r.serving()) || e.limits() == wanted {
+            continue;
+        }
+        let proposed = e.submit(Op::SetLimits(wanted));
+        drop(e);
+        if let crate::engine::Submission::Pending(f) | crate::engine::Submission::Waiting(f) =
+            proposed
+        {
+            if let Err(err) = f.await {
+                tracing::warn!(error = %err, "cannot write this node's memory limits: trying again");
+            } else {
+                tracing::info!(
+                    max_memory_bytes = wanted.max_memory_bytes,
+                    headroom_bytes = wanted.headroom_bytes,
+                    "memory limits in force"
+                );
+            }
+        }
     }
 }

@@ -177,6 +177,11 @@ impl Engine {
         }
     }
 
+    /// The memory limits in force (replicated state).
+    pub fn limits(&self) -> crate::store::MemoryLimits {
+        self.store().limits()
+    }
+
     /// Which engine this is.
     pub fn kind(&self) -> EngineKind {
         match self.inner {

@@ -662,6 +662,11 @@ impl RaftEngine {
         cluster::ClusterView::of(&self.raft, &self.role, &self.peers)
     }
 
+    /// Whether this node leads and serves clients now.
+    pub fn serving(&self) -> bool {
+        self.role.serving()
+    }
+
     /// Whether this node has a peer address (is, or may become, one of
     /// several).
     pub fn clustered(&self) -> bool {
