@@ -76,7 +76,19 @@ struct State {
     entries: BTreeMap<u64, Held>,
     /// Bytes of the entries held.
     bytes: u64,
+    /// The metadata as openraft sees it (`purged` included).
     meta: Meta,
+    /// The purge the files may show (saved, or queued to be): what a
+    /// snapshot on disk covers. openraft purges the log as soon as it has
+    /// asked for a snapshot to be installed, before the state machine has
+    /// written it: a crash in between must not find the log purged past
+    /// the snapshot file, which nothing could then replay.
+    disk_purged: Option<LogId>,
+    /// A purge held back until a snapshot on disk covers it.
+    held_purge: Option<LogId>,
+    /// Entries below this index are covered by the snapshot on disk; `None`
+    /// while nobody reports snapshots (every purge is saved at once).
+    snapshot_covers: Option<u64>,
 }
 
 impl State {
@@ -207,6 +219,9 @@ pub enum Writing {
 #[derive(Clone)]
 pub struct LogStore {
     state: Arc<Mutex<State>>,
+    /// Notified when a held-back purge is queued (see
+    /// [`LogStore::snapshot_on_disk`]).
+    purge_released: Arc<tokio::sync::Notify>,
     jobs: Jobs,
     /// The log's `fdatasync` times, recorded by the writer.
     sync_times: SyncTimes,
@@ -303,10 +318,14 @@ impl LogStore {
             state: Arc::new(Mutex::new(State {
                 entries,
                 bytes,
+                disk_purged: meta.purged,
                 meta,
+                held_purge: None,
+                snapshot_covers: None,
             })),
             jobs,
             sync_times,
+            purge_released: Arc::default(),
         })
     }
 
@@ -362,9 +381,41 @@ impl LogStore {
             .map_err(|_| storage_err(StorageIOError::write_logs, "the log writer stopped"))?
     }
 
-    /// The metadata as it is now, encoded.
+    /// The metadata to save, encoded: as it is now, with the purge the
+    /// files may show.
     fn encoded_meta(state: &State) -> Result<Vec<u8>, StorageError> {
-        postcard::to_allocvec(&state.meta).map_err(|e| storage_err(StorageIOError::write_vote, e))
+        let meta = Meta {
+            purged: state.disk_purged,
+            ..state.meta.clone()
+        };
+        postcard::to_allocvec(&meta).map_err(|e| storage_err(StorageIOError::write_vote, e))
+    }
+
+    /// Notes that the snapshot on disk covers the log up to `last`
+    /// (inclusive), and queues the purge held back until one did.
+    pub fn snapshot_on_disk(&self, last: Option<LogId>) {
+        let job = {
+            let mut state = self.state.lock();
+            let covers = last.map_or(0, |l| l.index + 1);
+            state.snapshot_covers = Some(state.snapshot_covers.unwrap_or(0).max(covers));
+            match state.held_purge {
+                Some(p) if p.index < covers => {
+                    state.held_purge = None;
+                    state.disk_purged = Some(p);
+                    LogStore::encoded_meta(&state).ok().map(|meta| Job::Purge {
+                        index: p.index,
+                        meta,
+                    })
+                }
+                _ => None,
+            }
+        };
+        if let Some(job) = job {
+            if self.jobs.send(job).is_err() {
+                tracing::warn!("the log writer stopped: a purge is not saved");
+            }
+            self.purge_released.notify_waiters();
+        }
     }
 }
 
@@ -603,6 +654,19 @@ impl RaftLogStorage<TypeConfig> for LogStore {
                 bytes,
             });
         }
+        // Entries after a purge that is held back until its snapshot is on
+        // disk would start the files afresh: they wait for that snapshot
+        // (only entries that arrive while a snapshot is being installed).
+        loop {
+            let released = self.purge_released.notified();
+            {
+                let state = self.state.lock();
+                if !(state.entries.is_empty() && state.held_purge.is_some()) {
+                    break;
+                }
+            }
+            released.await;
+        }
         let reset = {
             let mut state = self.state.lock();
             let reset = state.entries.is_empty();
@@ -641,6 +705,15 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             let mut state = self.state.lock();
             state.meta.purged = Some(log_id);
             state.drop_upto(log_id.index);
+            if state.snapshot_covers.is_some_and(|c| log_id.index >= c) {
+                // Saved once the snapshot that covers it is on disk
+                // (`snapshot_on_disk`); until then a restart finds the log
+                // as it was, and the snapshot file that goes with it.
+                state.held_purge = Some(log_id);
+                return Ok(());
+            }
+            state.held_purge = None;
+            state.disk_purged = Some(log_id);
             LogStore::encoded_meta(&state)?
         };
         // Handed to the writer, in order with the appends, and not waited
@@ -862,6 +935,53 @@ mod tests {
         store.wait_idle();
         let meta: Meta = postcard::from_bytes(&read_meta(&dir.0).unwrap().unwrap()).unwrap();
         assert_eq!(meta.purged, Some(log_id));
+        drop(store);
+    }
+
+    /// openraft purges the log as soon as it asks the state machine to
+    /// install a snapshot, before that snapshot is written. The purge was
+    /// saved at once: a crash in between left a log purged past the
+    /// snapshot file, and a node that could not start. Now a purge past
+    /// the snapshot on disk is saved (with every metadata write meanwhile)
+    /// only once the snapshot that covers it is.
+    #[tokio::test]
+    async fn a_purge_past_the_snapshot_on_disk_waits_for_it() {
+        let dir =
+            Dir(std::env::temp_dir()
+                .join(format!("idem-log-store-held-purge-{}", std::process::id())));
+        let _ = std::fs::remove_dir_all(&dir.0);
+        let mut store = LogStore::open(&dir.0, 1 << 16, Writing::Thread).unwrap();
+        let id = |index| LogId::new(openraft::CommittedLeaderId::new(1, 1), index);
+        let on_disk = |dir: &Dir| -> Option<LogId> {
+            postcard::from_bytes::<Meta>(&read_meta(&dir.0).unwrap().unwrap_or_default())
+                .unwrap_or_default()
+                .purged
+        };
+        store.snapshot_on_disk(Some(id(2)));
+        // Covered by the snapshot on disk: saved at once.
+        store.purge(id(2)).await.unwrap();
+        store.wait_idle();
+        assert_eq!(on_disk(&dir), Some(id(2)));
+        // Past it (a snapshot being installed): openraft sees it purged,
+        // the files do not, nor after a vote is saved.
+        store.purge(id(9)).await.unwrap();
+        assert_eq!(
+            store.get_log_state().await.unwrap().last_purged_log_id,
+            Some(id(9))
+        );
+        let vote = Vote::new(2, 1);
+        store.save_vote(&vote).await.unwrap();
+        store.wait_idle();
+        assert_eq!(
+            on_disk(&dir),
+            Some(id(2)),
+            "purged before its snapshot is on disk"
+        );
+        // The snapshot is on disk: the purge is saved.
+        store.snapshot_on_disk(Some(id(9)));
+        store.wait_idle();
+        assert_eq!(on_disk(&dir), Some(id(9)));
+        assert_eq!(store.read_vote().await.unwrap(), Some(vote));
         drop(store);
     }
 

@@ -311,7 +311,8 @@ impl RaftEngine {
             log.inline_below(INLINE_APPEND_BELOW);
         }
         let mut sm = StateMachine::open(Arc::clone(&store), &data_dir)?
-            .snapshots_on_own_thread(io.writing == log_store::Writing::Thread);
+            .snapshots_on_own_thread(io.writing == log_store::Writing::Thread)
+            .reporting_to(log.clone());
         step_down_at_restart(&log, &mut sm, cfg.node_id).await?;
         let peers = peer::Peers::new(
             cfg.node_id,

@@ -73,6 +73,14 @@ pub struct StateMachine {
     /// [`on_own_thread`]); off, on the runtime's blocking pool, which a
     /// simulated runtime keeps inside its simulated time.
     own_thread: bool,
+    /// Held while the snapshot file is written and made current: a build
+    /// that finishes after a newer snapshot was installed (openraft builds
+    /// in a task of its own) must neither write over the newer file nor
+    /// replace it as the current snapshot.
+    saving: Arc<Mutex<()>>,
+    /// The log, told when a snapshot is on disk (it purges on disk only
+    /// what a snapshot on disk covers).
+    log: Option<super::log_store::LogStore>,
 }
 
 /// Why the state machine could not be opened.
@@ -172,7 +180,40 @@ impl StateMachine {
             sink: Arc::new(OnceLock::new()),
             dir: dir.to_owned(),
             own_thread: true,
+            saving: Arc::default(),
+            log: None,
         })
+    }
+
+    /// Tells `log` what the snapshot on disk covers, now and after each
+    /// snapshot written.
+    #[must_use]
+    pub fn reporting_to(mut self, log: super::log_store::LogStore) -> StateMachine {
+        log.snapshot_on_disk(
+            self.inner
+                .lock()
+                .snapshot
+                .as_ref()
+                .and_then(|s| s.meta.last_log_id),
+        );
+        self.log = Some(log);
+        self
+    }
+
+    /// Whether a snapshot at or past `last` is the current one already.
+    fn has_newer(&self, last: Option<LogId>) -> bool {
+        self.inner
+            .lock()
+            .snapshot
+            .as_ref()
+            .is_some_and(|s| s.meta.last_log_id >= last)
+    }
+
+    /// Reports the snapshot file now on disk to the log.
+    fn report_saved(&self, last: Option<LogId>) {
+        if let Some(log) = &self.log {
+            log.snapshot_on_disk(last);
+        }
     }
 
     /// Whether snapshots are built on a thread of their own (the default)
@@ -266,6 +307,12 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
                 meta: file_meta,
                 data: copy.encode(),
             };
+            let _saving = sm.saving.lock();
+            if sm.has_newer(stored.meta.last_log_id) {
+                // A newer snapshot was installed (or built) meanwhile:
+                // this one is not kept, and openraft ignores it.
+                return (stored.data, false);
+            }
             let mut failures = 0u64;
             while let Err(e) = sm.save(&stored) {
                 if failures == 0 {
@@ -281,9 +328,13 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
             if failures > 0 {
                 tracing::info!(attempts = failures + 1, "snapshot written");
             }
-            stored
+            let data = stored.data.clone();
+            let last = stored.meta.last_log_id;
+            sm.inner.lock().snapshot = Some(stored);
+            sm.report_saved(last);
+            (data, true)
         };
-        let stored = if self.sm.own_thread {
+        let (data, kept) = if self.sm.own_thread {
             on_own_thread("idem-snapshot", work).await
         } else {
             tokio::task::spawn_blocking(work)
@@ -291,10 +342,8 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
                 .map_err(|e| e.to_string())
         }
         .map_err(|e| storage_err(StorageIOError::write_snapshot_any, e))?;
-        let data = stored.data.clone();
-        {
+        if kept {
             let mut inner = self.sm.inner.lock();
-            inner.snapshot = Some(stored);
             let stats = &mut inner.stats;
             stats.built += 1;
             stats.last_secs = self.started.elapsed().as_secs_f64();
@@ -401,11 +450,23 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             meta: meta.clone(),
             data,
         };
+        // A build writing its (older) snapshot finishes first; it then
+        // finds this one newer. Waited for without holding up this
+        // runtime thread.
+        let _saving = loop {
+            if let Some(g) = self.saving.try_lock() {
+                break g;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        };
         self.save(&stored)?;
-        let mut inner = self.inner.lock();
-        inner.last_applied = meta.last_log_id;
-        inner.membership = meta.last_membership.clone();
-        inner.snapshot = Some(stored);
+        {
+            let mut inner = self.inner.lock();
+            inner.last_applied = meta.last_log_id;
+            inner.membership = meta.last_membership.clone();
+            inner.snapshot = Some(stored);
+        }
+        self.report_saved(meta.last_log_id);
         Ok(())
     }
 

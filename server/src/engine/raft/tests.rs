@@ -183,3 +183,69 @@ async fn a_hot_lapsed_key_is_proposed_for_expiry_once_at_a_time() {
     assert_eq!(e.raft_info().unwrap().0.ops - before, proposed + 1);
     e.shutdown().await;
 }
+
+/// A state machine at `dir` with claims of `keys` applied as entries
+/// 1..=keys.len() of term 1.
+async fn applied_state_machine(dir: &TempDir, keys: &[&str]) -> StateMachine {
+    use openraft::storage::RaftStateMachine;
+    let mut sm = StateMachine::open(Arc::new(Store::new(StoreConfig::default())), &dir.0).unwrap();
+    let entries: Vec<super::types::LogEntry> = keys
+        .iter()
+        .enumerate()
+        .map(|(i, k)| openraft::Entry {
+            log_id: openraft::LogId::new(openraft::CommittedLeaderId::new(1, 1), i as u64 + 1),
+            payload: openraft::EntryPayload::Normal(super::types::Batch(crate::store::Entry {
+                stamp_ms: 1_000,
+                ops: vec![
+                    Op::from_command(
+                        Command::Claim(Claim {
+                            key: Bytes::from(k.to_string()),
+                            ..Claim::default()
+                        }),
+                        &DEFAULTS,
+                    )
+                    .unwrap(),
+                ],
+            })),
+        })
+        .collect();
+    sm.apply(entries).await.unwrap();
+    sm
+}
+
+/// openraft builds a snapshot in a task of its own, so a follower could
+/// install a newer snapshot from its leader while it built one of its
+/// own. The build then wrote its older snapshot over the installed one and
+/// made it the current one: after a restart the node missed what the log
+/// had purged under the newer one, and a leader could send the older one.
+/// Now a build that finds a newer snapshot keeps neither the file nor the
+/// snapshot.
+#[tokio::test]
+async fn a_snapshot_built_while_a_newer_one_was_installed_is_not_kept() {
+    use openraft::storage::{RaftSnapshotBuilder, RaftStateMachine};
+    let (leader_dir, dir) = (TempDir::new("sm-newer-src"), TempDir::new("sm-newer"));
+    let mut leader = applied_state_machine(&leader_dir, &["a", "b", "c", "d", "e"]).await;
+    let newer = leader
+        .get_snapshot_builder()
+        .await
+        .build_snapshot()
+        .await
+        .unwrap();
+    let mut follower = applied_state_machine(&dir, &["a", "b"]).await;
+    let mut building = follower.get_snapshot_builder().await;
+    follower
+        .install_snapshot(&newer.meta, newer.snapshot)
+        .await
+        .unwrap();
+    let older = building.build_snapshot().await.unwrap();
+    assert!(older.meta.last_log_id < newer.meta.last_log_id);
+    let current = follower.get_current_snapshot().await.unwrap().unwrap();
+    assert_eq!(current.meta.last_log_id, newer.meta.last_log_id);
+    drop(follower);
+    // The file on disk is the newer one.
+    let store = Arc::new(Store::new(StoreConfig::default()));
+    let mut reopened = StateMachine::open(Arc::clone(&store), &dir.0).unwrap();
+    let (applied, _) = reopened.applied_state().await.unwrap();
+    assert_eq!(applied, newer.meta.last_log_id);
+    assert_eq!(store.stats().records, 5);
+}
