@@ -866,6 +866,50 @@ async fn a_single_node_grows_into_a_cluster_and_shrinks_back() {
     tokio::time::sleep(Duration::from_millis(10)).await;
 }
 
+/// A removed node left running misled its clients: a removed follower
+/// answered `-CLUSTERDOWN no leader: a majority ... is not reachable`, and
+/// a removed leader went on answering `-TRYAGAIN this node was just
+/// elected` (and `cluster_state:ok`) for good, so clients that knew it
+/// kept retrying there. Both now say that they were removed, and the
+/// cluster goes on without them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_removed_node_left_running_tells_its_clients_so() {
+    let mut c = Cluster::start("removed", 4).await;
+    let removed = |f: &Frame| matches!(f, Frame::Error(e) if e.starts_with(b"CLUSTERDOWN this node was removed"));
+    // A follower first.
+    let l = c.leader().await;
+    let f = (l + 1) % 4;
+    let mut conn = c.members[l].conn().await;
+    let id = c.members[f].id.to_string();
+    assert_eq!(conn.cmd(&["CLUSTER", "REMOVE", &id]).await, ok());
+    let mut gone = c.members[f].conn().await;
+    eventually("the removed follower says so", async || {
+        removed(&gone.cmd(&["CLAIM", "k"]).await).then_some(())
+    })
+    .await;
+    assert_eq!(c.members[f].info("cluster_state").await, "fail");
+    // Then the leader itself, through its own client port.
+    let id = c.members[l].id.to_string();
+    assert_eq!(conn.cmd(&["CLUSTER", "REMOVE", &id]).await, ok());
+    eventually("the removed leader says so", async || {
+        removed(&conn.cmd(&["CLAIM", "k"]).await).then_some(())
+    })
+    .await;
+    assert_eq!(c.members[l].info("cluster_state").await, "fail");
+    // The two left elect a leader and serve.
+    let (a, b) = (c.members.remove(l.max(f)), c.members.remove(l.min(f)));
+    let left = Cluster {
+        members: std::mem::take(&mut c.members),
+        initial: String::new(),
+    };
+    let l2 = left.leader().await;
+    let mut conn = left.members[l2].conn().await;
+    cmd_served(&mut conn, &["PING"]).await;
+    let r = cmd_served(&mut conn, &["CLAIM", "after"]).await;
+    assert!(matches!(claim(r), ClaimReply::Acquired { .. }));
+    drop((a, b));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leader_cut_off_from_its_peers_stops_serving_and_the_majority_takes_over() {
     let faults = DataDir::new("isolate");
@@ -1330,6 +1374,21 @@ async fn a_failed_node_is_replaced_step_by_step() {
     let dead = c.followers().await[0];
     c.members[dead].kill().await;
     let dead_id = c.members[dead].id.to_string();
+    // The leader shows it down: CLUSTER MEMBERS said `role follower`,
+    // `lag 0` (nothing written meanwhile) and CLUSTER NODES `connected`.
+    eventually("the leader shows the dead node unreachable", async || {
+        let reach = member_field(&mut conn, &dead_id, "reachable").await;
+        let nodes = bulk(&conn.cmd(&["CLUSTER", "NODES"]).await);
+        let line = nodes
+            .lines()
+            .find(|l| l.contains(&c.members[dead].client.to_string()))
+            .unwrap_or_default()
+            .to_owned();
+        (reach == "no" && line.contains("fail?") && line.ends_with("disconnected")).then_some(())
+    })
+    .await;
+    let live = c.members[c.followers().await[0]].id.to_string();
+    assert_eq!(member_field(&mut conn, &live, "reachable").await, "yes");
     // 1. Remove it.
     assert_eq!(conn.cmd(&["CLUSTER", "REMOVE", &dead_id]).await, ok());
     // 2. Start the replacement: a new id, an empty data directory, no
@@ -1448,6 +1507,34 @@ async fn a_host_that_never_completes_peer_handshakes_cannot_crowd_out_the_member
     for f in flood {
         f.abort();
     }
+}
+
+/// Field `name` of member `id` in `CLUSTER MEMBERS` (as text; empty if
+/// absent).
+async fn member_field(conn: &mut Conn, id: &str, name: &str) -> String {
+    let Frame::Array(ms) = conn.cmd(&["CLUSTER", "MEMBERS"]).await else {
+        return String::new();
+    };
+    let text = |f: &Frame| match f {
+        Frame::Bulk(b) => String::from_utf8_lossy(b).into_owned(),
+        Frame::Integer(i) => i.to_string(),
+        _ => String::new(),
+    };
+    for m in &ms {
+        let pairs: Vec<(String, String)> = match m {
+            Frame::Array(f) => f.chunks(2).map(|p| (text(&p[0]), text(&p[1]))).collect(),
+            Frame::Map(kv) => kv.iter().map(|(k, v)| (text(k), text(v))).collect(),
+            _ => continue,
+        };
+        if pairs.iter().any(|(k, v)| k == "id" && v == id) {
+            return pairs
+                .into_iter()
+                .find(|(k, _)| k == name)
+                .map(|(_, v)| v)
+                .unwrap_or_default();
+        }
+    }
+    String::new()
 }
 
 /// Waits until the leader has recorded every member's data directory.

@@ -115,13 +115,15 @@ fn change(node: &Node, change: MembershipChange) -> Action {
 
 /// `CLUSTER INFO`: Redis's fields first, then Idem's.
 pub fn info_text(v: &ClusterView, commit_index: u64) -> String {
-    let ok = v.leader.is_some();
+    let me = v.members.iter().find(|m| m.id == v.me);
+    // A node outside the membership (removed, or not added yet) is not
+    // part of a working cluster, whatever leader it last knew.
+    let ok = v.leader.is_some() && me.is_some();
     let leader_addr = v
         .leader
         .and_then(|l| v.members.iter().find(|m| m.id == l))
         .map(|m| m.addr.client.clone())
         .unwrap_or_default();
-    let me = v.members.iter().find(|m| m.id == v.me);
     let role = match me {
         Some(m) => role_name(v, m),
         None => "none",
@@ -182,8 +184,10 @@ pub fn nodes_text(v: &ClusterView) -> String {
         } else {
             "slave"
         });
-        if leads && v.leader.is_none() {
-            // The leader that failed, until another is elected.
+        let unreachable = matches!(m.reach, Some((false, _)));
+        if (leads && v.leader.is_none()) || unreachable {
+            // The leader that failed, until another is elected; a member
+            // that did not answer this node's last call.
             flags.push_str(",fail?");
         }
         let master = match shown {
@@ -192,9 +196,14 @@ pub fn nodes_text(v: &ClusterView) -> String {
         };
         let _ = write!(
             o,
-            "{} {ip}:{port}@{cport} {flags} {master} 0 {now_ms} {} connected",
+            "{} {ip}:{port}@{cport} {flags} {master} 0 {now_ms} {} {}",
             hex_id(m.id),
-            if leads { v.term } else { 0 }
+            if leads { v.term } else { 0 },
+            if unreachable {
+                "disconnected"
+            } else {
+                "connected"
+            }
         );
         if leads {
             o.push_str(" 0-16383");
@@ -305,6 +314,23 @@ fn members(v: &ClusterView) -> Frame {
                         Frame::Integer(m.matched.map_or(-1, |i| i as i64)),
                     ),
                     (bulk("lag"), Frame::Integer(lag)),
+                    (
+                        bulk("reachable"),
+                        bulk(match m.reach {
+                            _ if m.id == v.me => "self",
+                            Some((true, _)) => "yes",
+                            Some((false, _)) => "no",
+                            None => "unknown",
+                        }),
+                    ),
+                    (
+                        bulk("last_answer_ms"),
+                        Frame::Integer(
+                            m.reach
+                                .and_then(|(_, ago)| ago)
+                                .map_or(-1, |d| d.as_millis() as i64),
+                        ),
+                    ),
                 ])
             })
             .collect(),

@@ -482,11 +482,27 @@ pub fn not_serving(
         let r = role.inner.read();
         (r.leader, r.leaderless_since)
     };
+    let me = peers.node_id();
+    let membership = raft.metrics().borrow().membership_config.clone();
+    let member = membership.membership().get_node(&me).is_some();
+    // Not a member: a node waiting to be bootstrapped or added, or one
+    // removed (its own log says so, or the members it asks for votes do).
+    // It serves no one, and may still believe it leads.
+    if !member && membership.membership().nodes().next().is_none() {
+        return EngineError::TryAgain(
+            "this node is not in a cluster yet: it waits for the bootstrap (--initial-cluster) or for CLUSTER ADD on the leader",
+        );
+    }
+    if !member || (peers.told_removed() && leader.is_none_or(|l| l == me)) {
+        return EngineError::ClusterDown(
+            "this node was removed from the cluster (CLUSTER REMOVE): it serves no one; ask another node, and stop this one",
+        );
+    }
     match leader {
-        Some(id) if id == peers.node_id() && role.serving() => EngineError::TryAgain(
+        Some(id) if id == me && role.serving() => EngineError::TryAgain(
             "this node leads but a majority of the voters has not answered it lately: it may be cut off",
         ),
-        Some(id) if id == peers.node_id() => {
+        Some(id) if id == me => {
             EngineError::TryAgain("this node was just elected: it applies the log first")
         }
         Some(id) => match client_addr_of(raft, peers, id) {
@@ -941,6 +957,10 @@ pub struct MemberView {
     /// The log index replicated to it (known on the leader only; the
     /// leader's own last index for itself).
     pub matched: Option<u64>,
+    /// Whether it answered this node's last call, and how long ago it last
+    /// answered one: known on the leader only (`None` for the leader
+    /// itself, on other nodes, and for a member not called yet).
+    pub reach: Option<(bool, Option<Duration>)>,
 }
 
 /// The cluster as this node sees it.
@@ -1001,6 +1021,12 @@ impl ClusterView {
                     addr,
                     voter: voters.contains(id),
                     matched,
+                    // Fresh on the leader only (it calls every member at
+                    // least every heartbeat); a follower's calls are the
+                    // votes of its last election.
+                    reach: (*id != peers.node_id() && m.state == ServerState::Leader)
+                        .then(|| peers.reach(*id))
+                        .flatten(),
                 }
             })
             .collect();

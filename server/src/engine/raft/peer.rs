@@ -219,6 +219,9 @@ enum Welcome {
         mac: [u8; 32],
     },
     Refused(String),
+    /// Refused: the connecting node was removed from the cluster (last, so
+    /// that the variants before keep their encoding).
+    Removed(String),
 }
 
 /// What one node asks another.
@@ -315,9 +318,10 @@ pub struct Peers {
     advertised: Mutex<HashMap<NodeId, String>>,
     raft: OnceLock<Raft<TypeConfig>>,
     slots: Arc<Semaphore>,
-    /// Whether each peer answered its last call: changes are logged once
-    /// (openraft's own per-call errors are too many to log).
-    reachable: Mutex<HashMap<NodeId, bool>>,
+    /// Whether each peer answered this node's last call to it (changes
+    /// are logged once: openraft's own per-call errors are too many to
+    /// log), and when it last answered one.
+    reachable: Mutex<HashMap<NodeId, (bool, Option<std::time::Instant>)>>,
     /// Idle connections by peer and address, for the clients openraft
     /// makes per election and per leadership check.
     pool: Mutex<HashMap<PoolKey, Vec<Conn>>>,
@@ -335,6 +339,11 @@ pub struct Peers {
     max_handshakes_per_source: usize,
     /// Connections refused since the last refusal logged, and when that was.
     refusals: Mutex<(u64, Option<std::time::Instant>)>,
+    /// The same for the refusals of this node by others.
+    refused_by: Mutex<(u64, Option<std::time::Instant>)>,
+    /// A member refused this node as removed from the cluster, and none
+    /// has welcomed it since (only what clients are told depends on it).
+    removed: std::sync::atomic::AtomicBool,
     /// The snapshot being received, and how far (see
     /// [`Peers::check_snapshot_chunk`]).
     snapshot_in: Mutex<Option<(String, u64)>>,
@@ -458,6 +467,8 @@ impl Peers {
             handshaking: Mutex::new(HashMap::new()),
             max_handshakes_per_source: limits.max_handshakes_per_source.max(1),
             refusals: Mutex::new((0, None)),
+            refused_by: Mutex::new((0, None)),
+            removed: std::sync::atomic::AtomicBool::new(false),
             snapshot_in: Mutex::new(None),
         }))
     }
@@ -469,6 +480,24 @@ impl Peers {
         r.0 += 1;
         if r.1.is_none_or(|t| t.elapsed() >= REFUSALS_LOGGED_EVERY) {
             warn!(%addr, refused = r.0, "refusing a peer connection: {why} (logged at most every 10 s)");
+            *r = (0, Some(std::time::Instant::now()));
+        }
+    }
+
+    /// Whether a member refused this node as removed from the cluster (and
+    /// none has welcomed it since).
+    pub fn told_removed(&self) -> bool {
+        self.removed.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Logs a refusal of this node by `target`, at most every
+    /// [`REFUSALS_LOGGED_EVERY`] (a removed node's elections are refused
+    /// several times a second).
+    fn refused_by(&self, target: NodeId, addr: &str, why: &str) {
+        let mut r = self.refused_by.lock();
+        r.0 += 1;
+        if r.1.is_none_or(|t| t.elapsed() >= REFUSALS_LOGGED_EVERY) {
+            warn!(target, %addr, refused = r.0, reason = %why, "a peer refused this node (logged at most every 10 s)");
             *r = (0, Some(std::time::Instant::now()));
         }
     }
@@ -617,6 +646,15 @@ impl Peers {
             .collect()
     }
 
+    /// Whether `id` answered this node's last call to it, and how long ago
+    /// it last answered one (`None`: never called, or never answered).
+    pub fn reach(&self, id: NodeId) -> Option<(bool, Option<std::time::Duration>)> {
+        self.reachable
+            .lock()
+            .get(&id)
+            .map(|(ok, at)| (*ok, at.map(|t| t.elapsed())))
+    }
+
     /// The client address node `id` gave when it last connected, if any.
     pub fn advertised(&self, id: NodeId) -> Option<String> {
         self.advertised.lock().get(&id).cloned()
@@ -625,7 +663,16 @@ impl Peers {
     /// Records whether `id` answered; logs the changes.
     fn mark(&self, id: NodeId, addr: &str, ok: Result<(), &std::io::Error>) {
         let now = ok.is_ok();
-        let before = self.reachable.lock().insert(id, now);
+        let before = {
+            let mut r = self.reachable.lock();
+            let e = r.entry(id).or_insert((true, None));
+            let before = (e.1.is_some() || !e.0).then_some(e.0);
+            e.0 = now;
+            if now {
+                e.1 = Some(std::time::Instant::now());
+            }
+            before
+        };
         match (before, ok) {
             (Some(true) | None, Err(e)) => {
                 warn!(peer = id, %addr, error = %e, "peer unreachable");
@@ -907,10 +954,12 @@ async fn serve_conn(
     } else if let Err(why) = peers.check_incarnation(hello.from, hello.incarnation) {
         Some(refuse(why))
     } else if peers.is_retired(hello.from) {
-        Some(refuse(format!(
+        let why = refuse(format!(
             "node {} was removed from this cluster; its id is never accepted again",
             hello.from
-        )))
+        ));
+        let _ = send(&mut conn, &Welcome::Removed(why)).await;
+        return Ok(());
     } else if hello.from == peers.node_id {
         Some(refuse(format!(
             "the connecting node claims this node's own id {}",
@@ -1131,7 +1180,20 @@ impl PeerClient {
         .map_err(unreachable)?;
         match welcome {
             (Welcome::Refused(why), _, _) => {
-                warn!(target = self.target, addr = %self.addr, reason = %why, "a peer refused this node");
+                self.peers.refused_by(self.target, &self.addr, &why);
+                Err(unreachable(std::io::Error::other(format!(
+                    "refused: {why}"
+                ))))
+            }
+            (Welcome::Removed(why), _, _) => {
+                if !self
+                    .peers
+                    .removed
+                    .swap(true, std::sync::atomic::Ordering::Relaxed)
+                {
+                    warn!(target = self.target, reason = %why, "this node was removed from the cluster: it serves no one; stop it");
+                }
+                self.peers.refused_by(self.target, &self.addr, &why);
                 Err(unreachable(std::io::Error::other(format!(
                     "refused: {why}"
                 ))))
@@ -1181,6 +1243,9 @@ impl PeerClient {
                     return Err(unreachable(std::io::Error::other(why)));
                 }
                 self.peers.learn_incarnation(node, incarnation);
+                self.peers
+                    .removed
+                    .store(false, std::sync::atomic::Ordering::Relaxed);
                 if !client_addr.is_empty() {
                     self.peers.advertised.lock().insert(node, client_addr);
                 }
@@ -1244,12 +1309,15 @@ impl PeerClient {
         if let Some(conn) = kept {
             match exchange(conn, bytes.clone(), deadline).await {
                 Ok((conn, resp)) => {
+                    self.peers.mark(self.target, &self.addr, Ok(()));
                     self.conn = Some((conn, cluster));
                     return Ok(resp);
                 }
                 // No answer by the deadline: a fresh connection would have
-                // no time left either (and the peer is not unreachable).
+                // no time left either (openraft is told the peer is slow,
+                // not unreachable; CLUSTER MEMBERS shows it did not answer).
                 Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {
+                    self.peers.mark(self.target, &self.addr, Err(&e));
                     return Err(CallError::Network(e));
                 }
                 Err(_) => {}
@@ -1277,7 +1345,10 @@ impl PeerClient {
                 self.conn = Some((conn, cluster));
                 Ok(resp)
             }
-            Err(e) => Err(CallError::Network(e)),
+            Err(e) => {
+                self.peers.mark(self.target, &self.addr, Err(&e));
+                Err(CallError::Network(e))
+            }
         }
     }
 
