@@ -12,8 +12,9 @@
 #   DIR             where the nodes live (default ./idem-cluster)
 #   BASE_PORT       client ports start after it (default 7100)
 #   PEER_BASE_PORT  peer ports start after it (default 17100)
-#   IDEMD           the idemd binary (default target/release/idemd, built
-#                   with cargo if missing)
+#   IDEMD           the idemd binary (default target/release/idemd of the
+#                   repository this script is in, built with cargo if
+#                   missing)
 # Starting again after a stop restarts the same nodes on their data (N is
 # then read from what is there).
 set -euo pipefail
@@ -21,7 +22,8 @@ set -euo pipefail
 DIR=${DIR:-./idem-cluster}
 BASE_PORT=${BASE_PORT:-7100}
 PEER_BASE_PORT=${PEER_BASE_PORT:-17100}
-IDEMD=${IDEMD:-target/release/idemd}
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+IDEMD=${IDEMD:-$ROOT/target/release/idemd}
 
 nodes_present() {
     local n=0
@@ -41,7 +43,8 @@ start() {
         exit 2
     fi
     if [ ! -x "$IDEMD" ]; then
-        cargo build --release --bin idemd
+        echo "building $IDEMD (cargo build --release --bin idemd)"
+        (cd "$ROOT" && cargo build --release --bin idemd)
     fi
     local initial=""
     for i in $(seq 1 "$n"); do
@@ -95,7 +98,10 @@ status() {
         [ "${1:-}" = quiet ] || printf 'node %s  client 127.0.0.1:%s  peer 127.0.0.1:%s  pid %s  %s\n' \
             "$i" "$port" "$((PEER_BASE_PORT + i))" "$pid" "${role:-down}"
     done
-    [ -n "$leader" ] || return 1
+    if [ -z "$leader" ]; then
+        [ "${1:-}" = quiet ] || echo "no leader: $up of $n nodes answer (an election may be running; see $DIR/node*/idemd.log)"
+        return 1
+    fi
     [ "${1:-}" = quiet ] && return 0
     local seeds=""
     for i in $(seq 1 "$n"); do seeds="${seeds:+$seeds,}127.0.0.1:$((BASE_PORT + i))"; done

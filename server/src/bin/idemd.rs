@@ -262,9 +262,11 @@ fn main() -> anyhow::Result<()> {
     let filter = EnvFilter::try_from_default_env()
         .or_else(|_| EnvFilter::try_new(&config.log))
         .context("invalid log filter")?;
+    // Colours only on a terminal: a log file or a journal gets plain text.
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     for name in ignored {
         tracing::warn!(variable = %name, "ignoring an IDEM_ environment variable that names no setting");

@@ -600,7 +600,7 @@ pub async fn watch_role(w: Arc<Watch>) {
             !keep && w.role.serving.swap(false, Ordering::AcqRel)
         };
         if demoted {
-            info!(term, leader = ?leader, "this node no longer leads: redirecting clients");
+            info!(term, leader = ?leader, state = ?state, "this node no longer serves: clients are redirected or told to try again");
             w.role.lease_changed.notify_waiters();
             (w.on_demoted)();
         }

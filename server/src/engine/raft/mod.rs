@@ -506,12 +506,16 @@ impl RaftEngine {
             },
             Arc::clone(&stats),
         ));
+        // What the snapshot and the entries known committed gave so far;
+        // the log's other entries are applied once a leader commits them
+        // (after an election, in a cluster).
         info!(
             dir = %data_dir.display(),
             node = cfg.node_id,
             applied = ?sm.last_applied(),
             records = store.len(),
-            "raft engine started"
+            log_entries = log.held().0,
+            "raft engine started (entries in the log not yet known committed are applied once a leader commits them)"
         );
         Ok(RaftEngine {
             raft,

@@ -81,6 +81,22 @@ pub const MAX_PEER_CONNECTIONS: usize = 256;
 pub const MAX_PEER_HANDSHAKES_PER_SOURCE: usize = 8;
 /// Refused peer connections are logged at most this often.
 const REFUSALS_LOGGED_EVERY: Duration = Duration::from_secs(10);
+
+/// Counts one more event in `slot` (events since the last logged, and
+/// when that was): the count to log, if one is due (at most every
+/// [`REFUSALS_LOGGED_EVERY`]).
+fn due(slot: &Mutex<(u64, Option<std::time::Instant>)>) -> Option<u64> {
+    let mut r = slot.lock();
+    r.0 += 1;
+    if r.1.is_none_or(|t| t.elapsed() >= REFUSALS_LOGGED_EVERY) {
+        let n = r.0;
+        *r = (0, Some(std::time::Instant::now()));
+        Some(n)
+    } else {
+        None
+    }
+}
+
 /// How long a handshake may take.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(2);
 /// A peer connection with no request for this long is closed (a peer that
@@ -341,6 +357,8 @@ pub struct Peers {
     refusals: Mutex<(u64, Option<std::time::Instant>)>,
     /// The same for the refusals of this node by others.
     refused_by: Mutex<(u64, Option<std::time::Instant>)>,
+    /// The same for peers this node refused once they answered.
+    refused_answers: Mutex<(u64, Option<std::time::Instant>)>,
     /// A member refused this node as removed from the cluster, and none
     /// has welcomed it since (only what clients are told depends on it).
     removed: std::sync::atomic::AtomicBool,
@@ -468,6 +486,7 @@ impl Peers {
             max_handshakes_per_source: limits.max_handshakes_per_source.max(1),
             refusals: Mutex::new((0, None)),
             refused_by: Mutex::new((0, None)),
+            refused_answers: Mutex::new((0, None)),
             removed: std::sync::atomic::AtomicBool::new(false),
             snapshot_in: Mutex::new(None),
         }))
@@ -476,11 +495,8 @@ impl Peers {
     /// Logs a refused connection, at most every [`REFUSALS_LOGGED_EVERY`]
     /// (with the count of those not logged since).
     fn refused(&self, addr: SocketAddr, why: &str) {
-        let mut r = self.refusals.lock();
-        r.0 += 1;
-        if r.1.is_none_or(|t| t.elapsed() >= REFUSALS_LOGGED_EVERY) {
-            warn!(%addr, refused = r.0, "refusing a peer connection: {why} (logged at most every 10 s)");
-            *r = (0, Some(std::time::Instant::now()));
+        if let Some(n) = due(&self.refusals) {
+            warn!(%addr, refused = n, "refusing a peer connection: {why} (logged at most every 10 s)");
         }
     }
 
@@ -494,11 +510,17 @@ impl Peers {
     /// [`REFUSALS_LOGGED_EVERY`] (a removed node's elections are refused
     /// several times a second).
     fn refused_by(&self, target: NodeId, addr: &str, why: &str) {
-        let mut r = self.refused_by.lock();
-        r.0 += 1;
-        if r.1.is_none_or(|t| t.elapsed() >= REFUSALS_LOGGED_EVERY) {
-            warn!(target, %addr, refused = r.0, reason = %why, "a peer refused this node (logged at most every 10 s)");
-            *r = (0, Some(std::time::Instant::now()));
+        if let Some(n) = due(&self.refused_by) {
+            warn!(target, %addr, refused = n, reason = %why, "a peer refused this node (logged at most every 10 s)");
+        }
+    }
+
+    /// Logs this node's refusal of a peer that answered its call, at most
+    /// every [`REFUSALS_LOGGED_EVERY`] (a member kept out is called several
+    /// times a second).
+    fn refused_answer(&self, target: NodeId, addr: &str, why: &str) {
+        if let Some(n) = due(&self.refused_answers) {
+            warn!(target, %addr, refused = n, reason = %why, "refused a peer (logged at most every 10 s)");
         }
     }
 
@@ -1239,7 +1261,7 @@ impl PeerClient {
                     self.peers.check_incarnation(node, incarnation).err()
                 };
                 if let Some(why) = why {
-                    warn!(target = self.target, addr = %self.addr, reason = %why, "refused a peer");
+                    self.peers.refused_answer(self.target, &self.addr, &why);
                     return Err(unreachable(std::io::Error::other(why)));
                 }
                 self.peers.learn_incarnation(node, incarnation);
