@@ -567,6 +567,56 @@ async fn bodies_are_bounded() {
     assert_eq!(retry.problem(), "urn:idem:problem:outcome-unknown");
 }
 
+/// A caller that trickled its body held a buffer of up to
+/// `max_request_bytes` for as long as it liked (the body was read with no
+/// time limit). Now the body must arrive within `body_timeout`: `408`,
+/// and nothing is claimed, so the same key runs once the body comes whole.
+#[tokio::test]
+async fn a_trickled_body_times_out_and_claims_nothing() {
+    let a = app(|l| l.body_timeout(Duration::from_millis(300))).await;
+    let stream = tokio::net::TcpStream::connect(a.addr).await.unwrap();
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let (tx, rx) =
+        tokio::sync::mpsc::channel::<Result<hyper::body::Frame<Bytes>, std::io::Error>>(4);
+    tx.send(Ok(hyper::body::Frame::data(Bytes::from_static(
+        b"{\"amount\":",
+    ))))
+    .await
+    .unwrap();
+    let body =
+        http_body_util::StreamBody::new(futures_util::stream::unfold(rx, |mut rx| async move {
+            rx.recv().await.map(|frame| (frame, rx))
+        }));
+    let req = hyper::Request::builder()
+        .method("POST")
+        .uri("/pay")
+        .header("host", "test")
+        .header("idempotency-key", "trickled")
+        .body(body)
+        .unwrap();
+    let started = std::time::Instant::now();
+    let resp = tokio::time::timeout(Duration::from_secs(5), sender.send_request(req))
+        .await
+        .expect("no answer to a body that never ends")
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::REQUEST_TIMEOUT);
+    assert!(started.elapsed() < Duration::from_secs(3));
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    assert!(
+        String::from_utf8_lossy(&body).contains("urn:idem:problem:body-timed-out"),
+        "{body:?}"
+    );
+    drop(tx);
+    assert_eq!(a.runs.pay.load(Ordering::SeqCst), 0);
+    // Nothing was claimed: the key runs when the body comes whole.
+    let whole = post_key(a.addr, "/pay", "trickled", "{\"amount\":1}").await;
+    assert_eq!(whole.status, StatusCode::CREATED, "{}", whole.body);
+    assert_eq!(a.runs.pay.load(Ordering::SeqCst), 1);
+}
+
 #[tokio::test]
 async fn without_the_store_nothing_runs() {
     let mut a = app(|l| l).await;

@@ -55,7 +55,8 @@
 //! The layer's own errors are RFC 9457 problem details ([`Problem`]).
 //! Nothing is buffered without a bound: request bodies up to
 //! [`max_request_bytes`](IdempotencyLayer::max_request_bytes) (`413`
-//! beyond), responses up to
+//! beyond) received within
+//! [`body_timeout`](IdempotencyLayer::body_timeout) (`408`), responses up to
 //! [`max_response_bytes`](IdempotencyLayer::max_response_bytes) (a larger
 //! one streams to its caller and replays answer `410
 //! response-not-stored`).
@@ -205,6 +206,7 @@ struct Settings {
     retention: Duration,
     wait: Duration,
     max_request_bytes: usize,
+    body_timeout: Duration,
     max_response_bytes: usize,
     max_key_len: usize,
     policy: Arc<PolicyFn>,
@@ -234,6 +236,7 @@ impl std::fmt::Debug for IdempotencyLayer {
             .field("retention", &s.retention)
             .field("wait", &s.wait)
             .field("max_request_bytes", &s.max_request_bytes)
+            .field("body_timeout", &s.body_timeout)
             .field("max_response_bytes", &s.max_response_bytes)
             .field("on_recover", &s.on_recover)
             .finish_non_exhaustive()
@@ -243,8 +246,8 @@ impl std::fmt::Debug for IdempotencyLayer {
 impl IdempotencyLayer {
     /// A layer storing outcomes through `client`, with the defaults: POST
     /// and PATCH, key required, no scope, lease 30 s (renewed while the
-    /// handler runs), retention 24 h, wait 5 s, request bodies up to 1 MiB,
-    /// stored responses up to 1 MiB (Idem's default `max_value_bytes`),
+    /// handler runs), retention 24 h, wait 5 s, request bodies up to 1 MiB
+    /// received within 30 s, stored responses up to 1 MiB (Idem's default `max_value_bytes`),
     /// keys up to 255 characters, [`default_policy`], replayed headers
     /// `content-type` and `location`, no handler timeout,
     /// [`OnRecover::Refuse`], keys under the namespace `http`.
@@ -259,6 +262,7 @@ impl IdempotencyLayer {
                 retention: Duration::from_secs(24 * 3600),
                 wait: Duration::from_secs(5),
                 max_request_bytes: 1 << 20,
+                body_timeout: Duration::from_secs(30),
                 max_response_bytes: 1 << 20,
                 max_key_len: 255,
                 policy: Arc::new(default_policy),
@@ -329,6 +333,14 @@ impl IdempotencyLayer {
     /// The largest request body read (`413 body-too-large` beyond).
     pub fn max_request_bytes(self, n: usize) -> Self {
         self.with(|s| s.max_request_bytes = n)
+    }
+
+    /// How long a request body may take to arrive whole (`408
+    /// body-timed-out` beyond; nothing is claimed or run): a caller that
+    /// trickles its body cannot hold a buffer of up to `max_request_bytes`
+    /// for ever. Default 30 s.
+    pub fn body_timeout(self, timeout: Duration) -> Self {
+        self.with(|s| s.body_timeout = timeout)
     }
 
     /// The largest stored response (status, replayed headers and body);
@@ -523,7 +535,18 @@ where
         },
     };
     let (parts, body) = req.into_parts();
-    let body = match Limited::new(body, s.max_request_bytes).collect().await {
+    let read = tokio::time::timeout(
+        s.body_timeout,
+        Limited::new(body, s.max_request_bytes).collect(),
+    )
+    .await;
+    let Ok(read) = read else {
+        return Ok(Problem::BodyTimedOut.response(&format!(
+            "the request body did not arrive whole within {} ms",
+            s.body_timeout.as_millis()
+        )));
+    };
+    let body = match read {
         Ok(c) => c.to_bytes(),
         Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => {
             return Ok(Problem::BodyTooLarge.response(&format!(

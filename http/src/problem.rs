@@ -19,6 +19,9 @@ pub enum Problem {
     UnreadableBody,
     /// 413: the request body is larger than `max_request_bytes`.
     BodyTooLarge,
+    /// 408: the request body did not arrive whole within `body_timeout`
+    /// (nothing was claimed or run).
+    BodyTimedOut,
     /// 422: the key was used before with another request (method, path,
     /// query or body).
     KeyReused,
@@ -54,6 +57,7 @@ impl Problem {
                 StatusCode::BAD_REQUEST
             }
             Problem::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            Problem::BodyTimedOut => StatusCode::REQUEST_TIMEOUT,
             Problem::KeyReused => StatusCode::UNPROCESSABLE_ENTITY,
             Problem::InFlight => StatusCode::CONFLICT,
             Problem::OutcomeUnknown | Problem::HandlerPanicked | Problem::StoreRefused => {
@@ -72,6 +76,7 @@ impl Problem {
             Problem::InvalidKey => "invalid-key",
             Problem::UnreadableBody => "unreadable-body",
             Problem::BodyTooLarge => "body-too-large",
+            Problem::BodyTimedOut => "body-timed-out",
             Problem::KeyReused => "key-reused",
             Problem::InFlight => "in-flight",
             Problem::OutcomeUnknown => "outcome-unknown",
@@ -89,6 +94,7 @@ impl Problem {
             Problem::InvalidKey => "Invalid Idempotency-Key",
             Problem::UnreadableBody => "Request body unreadable",
             Problem::BodyTooLarge => "Request body too large",
+            Problem::BodyTimedOut => "Request body not received in time",
             Problem::KeyReused => "Idempotency-Key reused with another request",
             Problem::InFlight => "Request with this Idempotency-Key in progress",
             Problem::OutcomeUnknown => "Outcome of an earlier request unknown",
