@@ -888,6 +888,7 @@ async fn a_removed_node_left_running_tells_its_clients_so() {
     })
     .await;
     assert_eq!(c.members[f].info("cluster_state").await, "fail");
+    assert_eq!(c.members[f].info("idem_role").await, "none");
     // Then the leader itself, through its own client port.
     let id = c.members[l].id.to_string();
     assert_eq!(conn.cmd(&["CLUSTER", "REMOVE", &id]).await, ok());
@@ -896,6 +897,7 @@ async fn a_removed_node_left_running_tells_its_clients_so() {
     })
     .await;
     assert_eq!(c.members[l].info("cluster_state").await, "fail");
+    assert_eq!(c.members[l].info("idem_role").await, "none");
     // The two left elect a leader and serve.
     let (a, b) = (c.members.remove(l.max(f)), c.members.remove(l.min(f)));
     let left = Cluster {

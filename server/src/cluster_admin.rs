@@ -115,7 +115,11 @@ fn change(node: &Node, change: MembershipChange) -> Action {
 
 /// `CLUSTER INFO`: Redis's fields first, then Idem's.
 pub fn info_text(v: &ClusterView, commit_index: u64) -> String {
-    let me = v.members.iter().find(|m| m.id == v.me);
+    let me = v
+        .members
+        .iter()
+        .find(|m| m.id == v.me)
+        .filter(|_| !v.removed);
     // A node outside the membership (removed, or not added yet) is not
     // part of a working cluster, whatever leader it last knew.
     let ok = v.leader.is_some() && me.is_some();

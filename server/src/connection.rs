@@ -743,7 +743,13 @@ async fn run(
         tokio::select! {
             biased;
             _ = &mut stopped, if !closing => {
-                let e = ServerError::new(ErrorCode::TryAgain, "server is shutting down");
+                // A request held here may be a write already queued for the
+                // log, which the engine still commits while connections
+                // drain: say so (a retry with the same ATTEMPT is safe).
+                let e = ServerError::new(
+                    ErrorCode::TryAgain,
+                    "server is shutting down: the request may have been applied",
+                );
                 pending.unblock_with(&Reply::Error(e));
                 closing = true;
             }

@@ -485,17 +485,20 @@ pub fn not_serving(
     let me = peers.node_id();
     let membership = raft.metrics().borrow().membership_config.clone();
     let member = membership.membership().get_node(&me).is_some();
-    // Not a member: a node waiting to be bootstrapped or added, or one
-    // removed (its own log says so, or the members it asks for votes do).
-    // It serves no one, and may still believe it leads.
-    if !member && membership.membership().nodes().next().is_none() {
-        return EngineError::TryAgain(
-            "this node is not in a cluster yet: it waits for the bootstrap (--initial-cluster) or for CLUSTER ADD on the leader",
-        );
-    }
-    if !member || (peers.told_removed() && leader.is_none_or(|l| l == me)) {
+    // Removed: its own log says so (a removed leader), or the members it
+    // asks for votes do (a removed voter never hears of its removal). It
+    // serves no one, and may still believe it leads.
+    let retired = retired_ids(membership.membership().nodes()).contains(&me);
+    if retired || (peers.told_removed() && leader.is_none_or(|l| l == me)) {
         return EngineError::ClusterDown(
             "this node was removed from the cluster (CLUSTER REMOVE): it serves no one; ask another node, and stop this one",
+        );
+    }
+    // Not a member yet: waiting for the bootstrap or for CLUSTER ADD, or
+    // added and catching up from a snapshot taken before it was.
+    if !member {
+        return EngineError::TryAgain(
+            "this node is not a member of a cluster yet: it waits for the bootstrap (--initial-cluster) or for CLUSTER ADD on the leader, or catches up",
         );
     }
     match leader {
@@ -990,6 +993,9 @@ pub struct ClusterView {
     pub members: Vec<MemberView>,
     /// Ids removed from the cluster (never accepted again).
     pub retired: std::collections::BTreeSet<NodeId>,
+    /// This node was removed: its membership says so, or the members
+    /// refuse it as removed (see [`not_serving`]).
+    pub removed: bool,
 }
 
 impl ClusterView {
@@ -1041,6 +1047,8 @@ impl ClusterView {
             cluster_id: peers.cluster().map(|c| cluster_hex(&c)),
             last_log_index: m.last_log_index.unwrap_or(0),
             applied_index: m.last_applied.map_or(0, |l| l.index),
+            removed: retired.contains(&m.id)
+                || (peers.told_removed() && m.current_leader.is_none_or(|l| l == m.id)),
             members,
             retired,
         }

@@ -394,7 +394,7 @@ impl LogStore {
     /// Notes that the snapshot on disk covers the log up to `last`
     /// (inclusive), and queues the purge held back until one did.
     pub fn snapshot_on_disk(&self, last: Option<LogId>) {
-        let job = {
+        let released = {
             let mut state = self.state.lock();
             let covers = last.map_or(0, |l| l.index + 1);
             state.snapshot_covers = Some(state.snapshot_covers.unwrap_or(0).max(covers));
@@ -402,18 +402,31 @@ impl LogStore {
                 Some(p) if p.index < covers => {
                     state.held_purge = None;
                     state.disk_purged = Some(p);
-                    LogStore::encoded_meta(&state).ok().map(|meta| Job::Purge {
-                        index: p.index,
-                        meta,
-                    })
+                    // Queued under the lock (a send that does not block),
+                    // so no metadata encoded after this one is saved
+                    // before it.
+                    match LogStore::encoded_meta(&state) {
+                        Ok(meta) => {
+                            if self
+                                .jobs
+                                .send(Job::Purge {
+                                    index: p.index,
+                                    meta,
+                                })
+                                .is_err()
+                            {
+                                tracing::warn!("the log writer stopped: a purge is not saved");
+                            }
+                        }
+                        // Saved with the next metadata written instead.
+                        Err(e) => tracing::warn!(error = %e, "cannot encode the log's metadata"),
+                    }
+                    true
                 }
-                _ => None,
+                _ => false,
             }
         };
-        if let Some(job) = job {
-            if self.jobs.send(job).is_err() {
-                tracing::warn!("the log writer stopped: a purge is not saved");
-            }
+        if released {
             self.purge_released.notify_waiters();
         }
     }

@@ -97,6 +97,17 @@ fn due(slot: &Mutex<(u64, Option<std::time::Instant>)>) -> Option<u64> {
     }
 }
 
+/// What this node knows of a peer's answers to its calls.
+#[derive(Debug, Default)]
+struct Reach {
+    /// It answered the last call.
+    ok: bool,
+    /// When it last answered one.
+    last_ok: Option<std::time::Instant>,
+    /// "peer unreachable" was logged, and not "reachable again" since.
+    logged_down: bool,
+}
+
 /// How long a handshake may take.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(2);
 /// A peer connection with no request for this long is closed (a peer that
@@ -337,7 +348,7 @@ pub struct Peers {
     /// Whether each peer answered this node's last call to it (changes
     /// are logged once: openraft's own per-call errors are too many to
     /// log), and when it last answered one.
-    reachable: Mutex<HashMap<NodeId, (bool, Option<std::time::Instant>)>>,
+    reachable: Mutex<HashMap<NodeId, Reach>>,
     /// Idle connections by peer and address, for the clients openraft
     /// makes per election and per leadership check.
     pool: Mutex<HashMap<PoolKey, Vec<Conn>>>,
@@ -674,7 +685,7 @@ impl Peers {
         self.reachable
             .lock()
             .get(&id)
-            .map(|(ok, at)| (*ok, at.map(|t| t.elapsed())))
+            .map(|r| (r.ok, r.last_ok.map(|t| t.elapsed())))
     }
 
     /// The client address node `id` gave when it last connected, if any.
@@ -684,22 +695,33 @@ impl Peers {
 
     /// Records whether `id` answered; logs the changes.
     fn mark(&self, id: NodeId, addr: &str, ok: Result<(), &std::io::Error>) {
-        let now = ok.is_ok();
-        let before = {
+        self.note(id, addr, ok, true);
+    }
+
+    /// Records whether `id` answered; logs the changes when `log` (a call
+    /// that only ran out of time is recorded, not logged: a slow peer
+    /// would flap in the log; `raft_peer_timeouts` counts those).
+    fn note(&self, id: NodeId, addr: &str, ok: Result<(), &std::io::Error>, log: bool) {
+        let (went_down, came_back) = {
             let mut r = self.reachable.lock();
-            let e = r.entry(id).or_insert((true, None));
-            let before = (e.1.is_some() || !e.0).then_some(e.0);
-            e.0 = now;
-            if now {
-                e.1 = Some(std::time::Instant::now());
+            let e = r.entry(id).or_default();
+            e.ok = ok.is_ok();
+            if e.ok {
+                e.last_ok = Some(std::time::Instant::now());
             }
-            before
+            let went_down = !e.ok && log && !e.logged_down;
+            let came_back = e.ok && e.logged_down;
+            if went_down {
+                e.logged_down = true;
+            }
+            if came_back {
+                e.logged_down = false;
+            }
+            (went_down, came_back)
         };
-        match (before, ok) {
-            (Some(true) | None, Err(e)) => {
-                warn!(peer = id, %addr, error = %e, "peer unreachable");
-            }
-            (Some(false), Ok(())) => info!(peer = id, %addr, "peer reachable again"),
+        match ok {
+            Err(e) if went_down => warn!(peer = id, %addr, error = %e, "peer unreachable"),
+            Ok(()) if came_back => info!(peer = id, %addr, "peer reachable again"),
             _ => {}
         }
     }
@@ -1339,7 +1361,7 @@ impl PeerClient {
                 // no time left either (openraft is told the peer is slow,
                 // not unreachable; CLUSTER MEMBERS shows it did not answer).
                 Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {
-                    self.peers.mark(self.target, &self.addr, Err(&e));
+                    self.peers.note(self.target, &self.addr, Err(&e), false);
                     return Err(CallError::Network(e));
                 }
                 Err(_) => {}
@@ -1368,7 +1390,8 @@ impl PeerClient {
                 Ok(resp)
             }
             Err(e) => {
-                self.peers.mark(self.target, &self.addr, Err(&e));
+                let log = e.kind() != std::io::ErrorKind::TimedOut;
+                self.peers.note(self.target, &self.addr, Err(&e), log);
                 Err(CallError::Network(e))
             }
         }

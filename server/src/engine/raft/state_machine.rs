@@ -307,32 +307,43 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
                 meta: file_meta,
                 data: copy.encode(),
             };
-            let _saving = sm.saving.lock();
-            if sm.has_newer(stored.meta.last_log_id) {
-                // A newer snapshot was installed (or built) meanwhile:
-                // this one is not kept, and openraft ignores it.
-                return (stored.data, false);
-            }
             let mut failures = 0u64;
-            while let Err(e) = sm.save(&stored) {
-                if failures == 0 {
-                    tracing::warn!(
-                        error = %e,
-                        "cannot write a snapshot: keeping the previous one and the log; retrying"
-                    );
+            loop {
+                // Held for one attempt at a time: an install waits for the
+                // write under way, never for the retries of a full disk.
+                let saving = sm.saving.lock();
+                if sm.has_newer(stored.meta.last_log_id) {
+                    // A newer snapshot was installed (or built) meanwhile:
+                    // this one is not kept, and openraft ignores it.
+                    return (stored.data, false);
                 }
-                failures += 1;
-                let _ = fs::remove_file(sm.dir.join("snapshot.tmp"));
+                match sm.save(&stored) {
+                    Ok(()) => {
+                        if failures > 0 {
+                            tracing::info!(attempts = failures + 1, "snapshot written");
+                        }
+                        // Made current under the same hold as the write: an
+                        // install comes wholly before or after.
+                        let data = stored.data.clone();
+                        let last = stored.meta.last_log_id;
+                        sm.inner.lock().snapshot = Some(stored);
+                        sm.report_saved(last);
+                        return (data, true);
+                    }
+                    Err(e) => {
+                        if failures == 0 {
+                            tracing::warn!(
+                                error = %e,
+                                "cannot write a snapshot: keeping the previous one and the log; retrying"
+                            );
+                        }
+                        failures += 1;
+                        let _ = fs::remove_file(sm.dir.join("snapshot.tmp"));
+                    }
+                }
+                drop(saving);
                 std::thread::sleep(std::time::Duration::from_secs(1));
             }
-            if failures > 0 {
-                tracing::info!(attempts = failures + 1, "snapshot written");
-            }
-            let data = stored.data.clone();
-            let last = stored.meta.last_log_id;
-            sm.inner.lock().snapshot = Some(stored);
-            sm.report_saved(last);
-            (data, true)
         };
         let (data, kept) = if self.sm.own_thread {
             on_own_thread("idem-snapshot", work).await

@@ -750,14 +750,9 @@ mod faults {
     }
 }
 
-/// A histogram of µs from 1 µs to 100 s, 2 significant digits.
-///
-/// # Panics
-///
-/// Never: the bounds are constants hdrhistogram accepts.
-/// `fdatasync` times in µs, recorded by the log's writer and read by INFO.
-/// Percentiles are computed on reading (a walk over the buckets), not after
-/// every sync.
+/// `fdatasync` times in µs (1 µs to 100 s, 2 significant digits), recorded
+/// by the log's writer and read by INFO. Percentiles are computed on
+/// reading (a walk over the buckets), not after every sync.
 #[derive(Clone, Debug)]
 pub struct SyncTimes(Arc<Mutex<hdrhistogram::Histogram<u64>>>);
 
