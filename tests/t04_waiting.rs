@@ -342,3 +342,44 @@ async fn parked_requests_are_bounded_per_key_and_in_total() {
         ));
     }
 }
+
+/// A parked CLAIM followed in the same write by more than the parked
+/// read-ahead (64 KiB) of further requests hung its connection for good:
+/// while parked, the connection cleared the socket's readiness after
+/// seeing data it did not read, and once the CLAIM was answered it waited
+/// for a readiness that only new bytes would bring, while the client
+/// waited for its replies.
+#[tokio::test]
+async fn requests_pipelined_behind_a_parked_claim_are_all_answered() {
+    let s = Idemd::start().await;
+    let mut owner = s.conn().await;
+    let k = key("parked-pipeline");
+    owner.acquire(&["CLAIM", &k, "LEASE", "60000"]).await;
+    let mut c = s.conn().await;
+    let mut payload = Vec::new();
+    let frame = |args: &[&str]| {
+        let mut out = format!("*{}\r\n", args.len());
+        for a in args {
+            out.push_str(&format!("${}\r\n{a}\r\n", a.len()));
+        }
+        out.into_bytes()
+    };
+    payload.extend(frame(&["CLAIM", &k, "WAIT", "500"]));
+    let filler = "p".repeat(1000);
+    for _ in 0..200 {
+        payload.extend(frame(&["PING", &filler]));
+    }
+    payload.extend(frame(&["PING", "last"]));
+    c.write_raw(&payload).await;
+    let answered = tokio::time::timeout(Duration::from_secs(10), async {
+        assert!(matches!(claim(c.reply().await), ClaimReply::InFlight { .. }));
+        for _ in 0..200 {
+            assert_eq!(bulk(&c.reply().await), filler);
+        }
+        bulk(&c.reply().await)
+    })
+    .await
+    .expect("the connection hung behind its parked request");
+    assert_eq!(answered, "last");
+}
+

@@ -41,6 +41,9 @@ use crate::session::Session;
 
 /// Bytes read ahead while a request is parked (to notice a disconnect).
 const PARKED_READ_AHEAD: usize = 64 * 1024;
+/// How often a parked connection whose read-ahead is full looks whether
+/// its client has gone.
+const PARKED_CLOSE_CHECK: Duration = Duration::from_millis(200);
 /// Reply bytes a connection may add before counting them against the
 /// server-wide client budget (it counts at least once per turn as well).
 const ACCOUNT_STEP: u64 = 64 * 1024;
@@ -496,17 +499,19 @@ async fn read_some(socket: &TcpStream, buf: &mut BytesMut) -> std::io::Result<us
 }
 
 /// Waits for news of the socket without reading it: `true` once the peer
-/// has closed (or reset) it; `false` when only data arrived (the readiness
-/// is then cleared, so the next call waits for the next event instead of
-/// returning at once).
+/// has closed (or reset) it; `false` when data waits to be read, after
+/// [`PARKED_CLOSE_CHECK`]. The readiness of that data is kept: readiness
+/// is edge-triggered, so data left unread under a cleared readiness is
+/// never signalled again, and the read that resumes once the parked
+/// request is answered would wait for bytes the client will never send
+/// (it waits for its replies). Looking again after a while instead of at
+/// once keeps a parked connection from spinning.
 async fn read_closed(socket: &TcpStream) -> std::io::Result<bool> {
     let ready = socket.ready(Interest::READABLE).await?;
     if ready.is_read_closed() || ready.is_error() {
         return Ok(true);
     }
-    let _ = socket.try_io(Interest::READABLE, || {
-        Err::<(), _>(std::io::ErrorKind::WouldBlock.into())
-    });
+    tokio::time::sleep(PARKED_CLOSE_CHECK).await;
     Ok(false)
 }
 
