@@ -372,7 +372,10 @@ async fn requests_pipelined_behind_a_parked_claim_are_all_answered() {
     payload.extend(frame(&["PING", "last"]));
     c.write_raw(&payload).await;
     let answered = tokio::time::timeout(Duration::from_secs(10), async {
-        assert!(matches!(claim(c.reply().await), ClaimReply::InFlight { .. }));
+        assert!(matches!(
+            claim(c.reply().await),
+            ClaimReply::InFlight { .. }
+        ));
         for _ in 0..200 {
             assert_eq!(bulk(&c.reply().await), filler);
         }
@@ -382,4 +385,3 @@ async fn requests_pipelined_behind_a_parked_claim_are_all_answered() {
     .expect("the connection hung behind its parked request");
     assert_eq!(answered, "last");
 }
-

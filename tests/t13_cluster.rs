@@ -224,6 +224,46 @@ async fn a_cluster_keeps_its_records_within_max_memory_bytes() {
     );
 }
 
+/// Followers snapshotted by entry count only (`snapshot_entries`), and
+/// held their log in memory until then: large writes grew them by
+/// gigabytes while the leader, which asks for a snapshot every
+/// `snapshot_log_bytes`, stayed small. Now every node asks by bytes too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn followers_snapshot_by_log_bytes_too() {
+    let c = Cluster::start_with(
+        "log-bytes",
+        3,
+        &[
+            ("IDEM_SNAPSHOT_LOG_BYTES", "1048576"),
+            ("IDEM_SNAPSHOT_ENTRIES", "1000000"),
+        ],
+    )
+    .await;
+    let l = c.leader().await;
+    let mut conn = c.members[l].conn().await;
+    let value = "v".repeat(200_000);
+    for i in 0..40 {
+        let k = format!("big-{i}");
+        let f = conn.acquire(&["CLAIM", &k]).await;
+        assert_eq!(
+            conn.cmd(&["COMPLETE", &k, &f.to_string(), &value, "RETAIN", "1000"])
+                .await,
+            ok()
+        );
+    }
+    // 8 MB went through every log: each node snapshots and purges, and
+    // holds a small log.
+    for m in &c.members {
+        let mut mc = m.conn().await;
+        eventually("every node snapshots by bytes", async || {
+            let snapshotted = info_field(&mut mc, "raft_snapshot_index").await > 0;
+            let held = info_field(&mut mc, "raft_log_bytes").await;
+            (snapshotted && held < 4 << 20).then_some(())
+        })
+        .await;
+    }
+}
+
 /// A leader whose own disk stalls keeps acknowledging writes: it sends
 /// each entry to its followers while it writes it itself, and a majority
 /// (the two followers) has it on disk long before the leader's own sync

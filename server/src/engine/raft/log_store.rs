@@ -222,6 +222,8 @@ pub struct LogStore {
     /// Notified when a held-back purge is queued (see
     /// [`LogStore::snapshot_on_disk`]).
     purge_released: Arc<tokio::sync::Notify>,
+    /// Bytes of entries appended since start.
+    appended: Arc<std::sync::atomic::AtomicU64>,
     jobs: Jobs,
     /// The log's `fdatasync` times, recorded by the writer.
     sync_times: SyncTimes,
@@ -326,6 +328,7 @@ impl LogStore {
             jobs,
             sync_times,
             purge_released: Arc::default(),
+            appended: Arc::default(),
         })
     }
 
@@ -342,6 +345,12 @@ impl LogStore {
     /// percentile times in µs.
     pub fn syncs(&self) -> (u64, u64, u64) {
         self.sync_times.summary()
+    }
+
+    /// Bytes of entries appended since start (on any node: a follower's
+    /// log grows with what its leader sends).
+    pub fn appended_bytes(&self) -> u64 {
+        self.appended.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Entries held (not purged) and their encoded size in bytes, which is
@@ -692,6 +701,8 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             reset
         };
         let bytes = records.iter().map(|(_, b)| b.len()).sum();
+        self.appended
+            .fetch_add(bytes as u64, std::sync::atomic::Ordering::Relaxed);
         let job = Job::Append {
             records,
             reset,

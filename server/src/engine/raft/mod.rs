@@ -468,6 +468,11 @@ impl RaftEngine {
         tokio::spawn(cluster::watch_role(Arc::clone(&watch)));
         if clustered {
             tokio::spawn(cluster::record_incarnations(watch));
+            tokio::spawn(snapshot_by_log_bytes(
+                raft.clone(),
+                log.clone(),
+                cfg.snapshot_log_bytes,
+            ));
         }
         if !clustered {
             // A single node serves once it leads and has applied its log.
@@ -925,6 +930,39 @@ fn op_size(op: &Op) -> usize {
         Op::Forget(c) => b(&c.key),
         Op::Expire { keys } => keys.iter().map(b).sum(),
         Op::SetLimits(_) => 16,
+    }
+}
+
+/// How often every cluster node looks at what its log took since its
+/// last snapshot.
+const SNAPSHOT_BYTES_CHECK: Duration = Duration::from_millis(100);
+
+/// On a cluster node, whatever its role: asks for a snapshot each time
+/// `every` more bytes were appended to its log. openraft's own policy
+/// counts entries (`snapshot_entries`), and entries are up to
+/// `max_batch_bytes` each: a follower's log, held in memory until a
+/// snapshot covers it, would grow to that many times as much (the leader
+/// asks as it proposes). Asking while a snapshot is being built does
+/// nothing. Ends with the Raft core.
+async fn snapshot_by_log_bytes(raft: Raft<TypeConfig>, log: LogStore, every: u64) {
+    let mut tick = tokio::time::interval(SNAPSHOT_BYTES_CHECK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last = log.appended_bytes();
+    let metrics = raft.metrics();
+    loop {
+        tick.tick().await;
+        // The core stopped: its metrics' sender is gone, or it failed.
+        if metrics.has_changed().is_err() || metrics.borrow().running_state.is_err() {
+            return;
+        }
+        let now = log.appended_bytes();
+        if now.saturating_sub(last) < every.max(1) {
+            continue;
+        }
+        last = now;
+        if raft.trigger().snapshot().await.is_err() {
+            return;
+        }
     }
 }
 
