@@ -266,6 +266,40 @@ async fn completes_of_admitted_records_stay_within_max_memory_and_headroom() {
     assert!(ok_n >= 4 && oom_n > 0, "ok {ok_n}, oom {oom_n}");
 }
 
+/// Partly sent requests were held outside every server-wide limit: 1,500
+/// connections that each sent most of a 2 MiB frame and stopped took a
+/// node to 3 GB. Now what a connection holds of requests not yet run counts
+/// against `max_client_memory_bytes` with the replies it is owed: past it
+/// the clients holding the most are disconnected.
+#[tokio::test]
+async fn partly_sent_requests_are_held_to_the_client_memory_budget() {
+    let budget: u64 = 8 << 20;
+    let s = Idemd::start_with(&[("IDEM_MAX_CLIENT_MEMORY_BYTES", "8388608")], &[]).await;
+    let mut c = s.conn().await;
+    let value_len = 900_000;
+    let head = format!("*4\r\n$8\r\nCOMPLETE\r\n$4\r\nhold\r\n$1\r\n1\r\n${value_len}\r\n");
+    let mut part = head.into_bytes();
+    part.extend(std::iter::repeat_n(b'x', value_len - 10));
+    let mut hogs = Vec::new();
+    for _ in 0..20 {
+        let mut h = s.conn().await;
+        h.write_raw(&part).await;
+        hogs.push(h);
+    }
+    eventually(
+        "the clients holding the most are disconnected",
+        async || (info_field(&mut c, "client_budget_disconnects").await > 0).then_some(()),
+    )
+    .await;
+    let owed = info_field(&mut c, "mem_clients_normal").await;
+    assert!(
+        owed <= budget,
+        "clients hold {owed} bytes, over the budget {budget}"
+    );
+    assert_eq!(c.cmd(&["PING"]).await, Frame::simple("PONG"));
+    drop(hogs);
+}
+
 /// One byte every few seconds reset `idle_timeout_ms` (slowloris): now only
 /// a whole request (or a reply) counts as activity, so a request trickled
 /// for longer than the timeout ends the connection, while a client sending

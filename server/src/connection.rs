@@ -298,8 +298,7 @@ pub fn reserve_read_buffer() {
 /// it changed since `accounted`. False when this client is evicted (it is
 /// to close); when others were evicted to make room, lets them close (and
 /// free their buffers) before this one adds more.
-async fn charge(node: &Node, info: &ClientInfo, accounted: &mut u64, out: &OutBuf) -> bool {
-    let owed = out.memory() as u64;
+async fn charge(node: &Node, info: &ClientInfo, accounted: &mut u64, owed: u64) -> bool {
     if owed == *accounted {
         return true;
     }
@@ -313,6 +312,14 @@ async fn charge(node: &Node, info: &ClientInfo, accounted: &mut u64, out: &OutBu
         }
         Accounted::Ok => true,
     }
+}
+
+/// What a connection holds for its client, counted against the
+/// server-wide client budget: replies owed, and requests read but not run
+/// yet (a partly received frame included: a client that sends most of a
+/// large frame and stops holds it).
+fn client_bytes(out: &OutBuf, inbuf: &BytesMut) -> u64 {
+    (out.memory() + inbuf.len()) as u64
 }
 
 /// Bytes of an emptied read buffer a connection keeps for its next read,
@@ -673,8 +680,8 @@ async fn run(
             }
             // Replies are counted against the server-wide budget as they
             // pile up, not only once the batch is done.
-            if out.memory() as u64 > accounted + ACCOUNT_STEP
-                && !charge(node, &info, &mut accounted, &out).await
+            if client_bytes(&out, &inbuf) > accounted + ACCOUNT_STEP
+                && !charge(node, &info, &mut accounted, client_bytes(&out, &inbuf)).await
             {
                 return Ok(());
             }
@@ -731,11 +738,13 @@ async fn run(
         }
         // Evicted: the server is over its client memory budget and this
         // client owes the most.
-        if !charge(node, &info, &mut accounted, &out).await {
+        if !charge(node, &info, &mut accounted, client_bytes(&out, &inbuf)).await {
             return Ok(());
         }
         let stall_deadline = match write_timeout {
-            Some(t) if accounted > 0 => Some(*stalled_since.get_or_insert_with(Instant::now) + t),
+            Some(t) if out.memory() > 0 => {
+                Some(*stalled_since.get_or_insert_with(Instant::now) + t)
+            }
             _ => {
                 stalled_since = None;
                 None
@@ -762,8 +771,8 @@ async fn run(
                 last_activity = Instant::now();
                 for (reply, v) in ready.drain(..) {
                     out.push_reply(v, &reply);
-                    if out.memory() as u64 > accounted + ACCOUNT_STEP
-                        && !charge(node, &info, &mut accounted, &out).await
+                    if client_bytes(&out, &inbuf) > accounted + ACCOUNT_STEP
+                        && !charge(node, &info, &mut accounted, client_bytes(&out, &inbuf)).await
                     {
                         return Ok(());
                     }
