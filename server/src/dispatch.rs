@@ -37,6 +37,24 @@ pub enum Action {
     Close(Reply),
 }
 
+/// `CLIENT LIST`: every client's line, formatted off the runtime's
+/// threads (thousands of clients take a while: done inline, a few callers
+/// stalled every connection and the Raft core for seconds), one list at a
+/// time server-wide, so its callers wait for each other and not the rest.
+fn client_list(node: &Node) -> Action {
+    static ONE_AT_A_TIME: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(1);
+    let node = node.clone();
+    Action::Pending(Box::pin(async move {
+        let Ok(_turn) = ONE_AT_A_TIME.acquire().await else {
+            return err("CLIENT LIST is not available");
+        };
+        match tokio::task::spawn_blocking(move || node.clients().list()).await {
+            Ok(list) => Reply::Frame(Frame::Bulk(Bytes::from(list))),
+            Err(_) => err("CLIENT LIST failed"),
+        }
+    }))
+}
+
 fn err(message: &'static str) -> Reply {
     Reply::Error(ServerError::new(ErrorCode::Err, message))
 }
@@ -203,6 +221,7 @@ fn run(node: &Node, session: &mut Session, cmd: Command) -> Action {
         Command::Quit => return Action::Close(Reply::Ok),
         Command::Info(i) => admin::info(node, &i.sections),
         Command::DbSize => Reply::Frame(Frame::Integer(node.engine().len() as i64)),
+        Command::Client(idem_protocol::cmd::ClientCmd::List) => return client_list(node),
         Command::Client(c) => admin::client(node, session, c),
         Command::Command(c) => admin::command(c),
         Command::Config(c) => admin::config(node, c),
