@@ -680,8 +680,8 @@ async fn run(
             }
             // Replies are counted against the server-wide budget as they
             // pile up, not only once the batch is done.
-            if client_bytes(&out, &inbuf) > accounted + ACCOUNT_STEP
-                && !charge(node, &info, &mut accounted, client_bytes(&out, &inbuf)).await
+            let holds = client_bytes(&out, &inbuf);
+            if holds > accounted + ACCOUNT_STEP && !charge(node, &info, &mut accounted, holds).await
             {
                 return Ok(());
             }
@@ -771,8 +771,9 @@ async fn run(
                 last_activity = Instant::now();
                 for (reply, v) in ready.drain(..) {
                     out.push_reply(v, &reply);
-                    if client_bytes(&out, &inbuf) > accounted + ACCOUNT_STEP
-                        && !charge(node, &info, &mut accounted, client_bytes(&out, &inbuf)).await
+                    let holds = client_bytes(&out, &inbuf);
+                    if holds > accounted + ACCOUNT_STEP
+                        && !charge(node, &info, &mut accounted, holds).await
                     {
                         return Ok(());
                     }

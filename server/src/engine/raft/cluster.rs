@@ -471,6 +471,19 @@ impl Role {
     }
 }
 
+/// Whether this node was removed from the cluster: its own log says so (a
+/// removed leader), or the members it asks for votes do (a removed voter
+/// never hears of its removal) while it knows no other leader. It serves
+/// no one, and may still believe it leads.
+fn removed(
+    peers: &Peers,
+    retired: &std::collections::BTreeSet<NodeId>,
+    leader: Option<NodeId>,
+) -> bool {
+    let me = peers.node_id();
+    retired.contains(&me) || (peers.told_removed() && leader.is_none_or(|l| l == me))
+}
+
 /// What a node that does not serve answers a command on `key`.
 pub fn not_serving(
     role: &Role,
@@ -485,11 +498,8 @@ pub fn not_serving(
     let me = peers.node_id();
     let membership = raft.metrics().borrow().membership_config.clone();
     let member = membership.membership().get_node(&me).is_some();
-    // Removed: its own log says so (a removed leader), or the members it
-    // asks for votes do (a removed voter never hears of its removal). It
-    // serves no one, and may still believe it leads.
-    let retired = retired_ids(membership.membership().nodes()).contains(&me);
-    if retired || (peers.told_removed() && leader.is_none_or(|l| l == me)) {
+    let retired = retired_ids(membership.membership().nodes());
+    if removed(peers, &retired, leader) {
         return EngineError::ClusterDown(
             "this node was removed from the cluster (CLUSTER REMOVE): it serves no one; ask another node, and stop this one",
         );
@@ -1047,8 +1057,7 @@ impl ClusterView {
             cluster_id: peers.cluster().map(|c| cluster_hex(&c)),
             last_log_index: m.last_log_index.unwrap_or(0),
             applied_index: m.last_applied.map_or(0, |l| l.index),
-            removed: retired.contains(&m.id)
-                || (peers.told_removed() && m.current_leader.is_none_or(|l| l == m.id)),
+            removed: removed(peers, &retired, m.current_leader),
             members,
             retired,
         }

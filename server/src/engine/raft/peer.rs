@@ -1160,6 +1160,13 @@ impl PeerClient {
         }
     }
 
+    /// This node refused by the peer in its handshake: logged (rate
+    /// limited), and the peer counts as unreachable.
+    fn refused(&self, why: &str) -> CallError {
+        self.peers.refused_by(self.target, &self.addr, why);
+        CallError::Unreachable(std::io::Error::other(format!("refused: {why}")))
+    }
+
     async fn connect(&self) -> Result<Conn, CallError> {
         let unreachable = |e: std::io::Error| CallError::Unreachable(e);
         if self.addr.is_empty() {
@@ -1223,12 +1230,7 @@ impl PeerClient {
         })?
         .map_err(unreachable)?;
         match welcome {
-            (Welcome::Refused(why), _, _) => {
-                self.peers.refused_by(self.target, &self.addr, &why);
-                Err(unreachable(std::io::Error::other(format!(
-                    "refused: {why}"
-                ))))
-            }
+            (Welcome::Refused(why), _, _) => Err(self.refused(&why)),
             (Welcome::Removed(why), _, _) => {
                 if !self
                     .peers
@@ -1237,10 +1239,7 @@ impl PeerClient {
                 {
                     warn!(target = self.target, reason = %why, "this node was removed from the cluster: it serves no one; stop it");
                 }
-                self.peers.refused_by(self.target, &self.addr, &why);
-                Err(unreachable(std::io::Error::other(format!(
-                    "refused: {why}"
-                ))))
+                Err(self.refused(&why))
             }
             (
                 Welcome::Ok {
