@@ -26,14 +26,14 @@ use parking_lot::Mutex;
 use super::types::{
     LogEntry, LogId, Replies, SnapshotMeta, StorageError, StoredMembership, TypeConfig, storage_err,
 };
-use super::wal::replace_file;
+use super::wal::replace_file_parts;
 use crate::engine::EventSink;
 use crate::store::{SnapshotCopy, Store};
 
 const MAGIC: &[u8; 8] = b"IDEMRSNP";
 const VERSION: u32 = 1;
 
-/// A snapshot as kept in memory and on disk.
+/// A snapshot on its way to or from the disk.
 #[derive(Debug, Clone)]
 struct Stored {
     meta: SnapshotMeta,
@@ -43,7 +43,10 @@ struct Stored {
 struct Inner {
     last_applied: Option<LogId>,
     membership: StoredMembership,
-    snapshot: Option<Stored>,
+    /// What the snapshot on disk covers. Its data is not kept in memory
+    /// (it is a third of the store's size, or more): the file is read when
+    /// a follower needs it.
+    snapshot: Option<SnapshotMeta>,
     stats: SnapshotStats,
 }
 
@@ -105,20 +108,24 @@ pub enum SnapshotFileError {
     },
 }
 
-fn encode_file(s: &Stored) -> Result<Vec<u8>, postcard::Error> {
+/// The file's bytes before and after the store's snapshot (which is
+/// written from where it is, not copied into a buffer of the file's size).
+fn file_frame(s: &Stored) -> Result<(Vec<u8>, [u8; 4]), postcard::Error> {
     let meta = postcard::to_allocvec(&s.meta)?;
-    let mut out = Vec::with_capacity(20 + meta.len() + s.data.len());
-    out.extend_from_slice(MAGIC);
-    out.extend_from_slice(&VERSION.to_le_bytes());
-    out.extend_from_slice(&(meta.len() as u32).to_le_bytes());
-    out.extend_from_slice(&meta);
-    out.extend_from_slice(&s.data);
-    let crc = crc32fast::hash(&out);
-    out.extend_from_slice(&crc.to_le_bytes());
-    Ok(out)
+    let mut head = Vec::with_capacity(16 + meta.len());
+    head.extend_from_slice(MAGIC);
+    head.extend_from_slice(&VERSION.to_le_bytes());
+    head.extend_from_slice(&(meta.len() as u32).to_le_bytes());
+    head.extend_from_slice(&meta);
+    let mut crc = crc32fast::Hasher::new();
+    crc.update(&head);
+    crc.update(&s.data);
+    Ok((head, crc.finalize().to_le_bytes()))
 }
 
-fn decode_file(path: &Path, bytes: &[u8]) -> Result<Stored, SnapshotFileError> {
+/// The snapshot in the file read into `bytes`, its data taking the place
+/// of the file's bytes (a snapshot may be gigabytes: it is not copied).
+fn decode_file(path: &Path, mut bytes: Vec<u8>) -> Result<Stored, SnapshotFileError> {
     let bad = |reason: &str| SnapshotFileError::Invalid {
         path: path.to_owned(),
         reason: reason.to_owned(),
@@ -141,10 +148,21 @@ fn decode_file(path: &Path, bytes: &[u8]) -> Result<Stored, SnapshotFileError> {
         .get(16..16 + meta_len)
         .ok_or_else(|| bad("cut short"))?;
     let meta: SnapshotMeta = postcard::from_bytes(meta_bytes).map_err(|e| bad(&e.to_string()))?;
-    Ok(Stored {
-        meta,
-        data: body[16 + meta_len..].to_vec(),
-    })
+    bytes.truncate(bytes.len() - 4);
+    bytes.drain(..16 + meta_len);
+    Ok(Stored { meta, data: bytes })
+}
+
+/// The snapshot file at `path`, if there is one.
+fn read_file(path: &Path) -> Result<Option<Stored>, SnapshotFileError> {
+    match fs::read(path) {
+        Ok(bytes) => decode_file(path, bytes).map(Some),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(source) => Err(SnapshotFileError::Io {
+            path: path.to_owned(),
+            source,
+        }),
+    }
 }
 
 impl StateMachine {
@@ -158,21 +176,16 @@ impl StateMachine {
             snapshot: None,
             stats: SnapshotStats::default(),
         };
-        match fs::read(&path) {
-            Ok(bytes) => {
-                let stored = decode_file(&path, &bytes)?;
-                store
-                    .load_snapshot(&stored.data)
-                    .map_err(|e| SnapshotFileError::Invalid {
-                        path: path.clone(),
-                        reason: e.to_string(),
-                    })?;
-                inner.last_applied = stored.meta.last_log_id;
-                inner.membership = stored.meta.last_membership.clone();
-                inner.snapshot = Some(stored);
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(source) => return Err(SnapshotFileError::Io { path, source }),
+        if let Some(stored) = read_file(&path)? {
+            store
+                .load_snapshot(&stored.data)
+                .map_err(|e| SnapshotFileError::Invalid {
+                    path: path.clone(),
+                    reason: e.to_string(),
+                })?;
+            inner.last_applied = stored.meta.last_log_id;
+            inner.membership = stored.meta.last_membership.clone();
+            inner.snapshot = Some(stored.meta);
         }
         Ok(StateMachine {
             store,
@@ -194,7 +207,7 @@ impl StateMachine {
                 .lock()
                 .snapshot
                 .as_ref()
-                .and_then(|s| s.meta.last_log_id),
+                .and_then(|m| m.last_log_id),
         );
         self.log = Some(log);
         self
@@ -206,7 +219,7 @@ impl StateMachine {
             .lock()
             .snapshot
             .as_ref()
-            .is_some_and(|s| s.meta.last_log_id >= last)
+            .is_some_and(|m| m.last_log_id >= last)
     }
 
     /// Reports the snapshot file now on disk to the log.
@@ -240,15 +253,15 @@ impl StateMachine {
     pub fn snapshot_stats(&self) -> SnapshotStats {
         let inner = self.inner.lock();
         SnapshotStats {
-            last_log_id: inner.snapshot.as_ref().and_then(|s| s.meta.last_log_id),
+            last_log_id: inner.snapshot.as_ref().and_then(|m| m.last_log_id),
             ..inner.stats
         }
     }
 
     fn save(&self, stored: &Stored) -> Result<(), StorageError> {
-        let bytes =
-            encode_file(stored).map_err(|e| storage_err(StorageIOError::write_snapshot_any, e))?;
-        replace_file(&self.dir, "snapshot", &bytes)
+        let (head, crc) =
+            file_frame(stored).map_err(|e| storage_err(StorageIOError::write_snapshot_any, e))?;
+        replace_file_parts(&self.dir, "snapshot", &[&head, &stored.data, &crc])
             .map_err(|e| storage_err(StorageIOError::write_snapshot_any, e))
     }
 }
@@ -261,6 +274,17 @@ trait WriteSnapshotAny {
 impl WriteSnapshotAny for StorageIOError<u64> {
     fn write_snapshot_any(e: openraft::AnyError) -> Self {
         StorageIOError::write_snapshot(None, e)
+    }
+}
+
+/// `StorageIOError::read_snapshot` without a signature.
+trait ReadSnapshotAny {
+    fn read_snapshot_any(e: openraft::AnyError) -> Self;
+}
+
+impl ReadSnapshotAny for StorageIOError<u64> {
+    fn read_snapshot_any(e: openraft::AnyError) -> Self {
+        StorageIOError::read_snapshot(None, e)
     }
 }
 
@@ -324,11 +348,10 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
                         }
                         // Made current under the same hold as the write: an
                         // install comes wholly before or after.
-                        let data = stored.data.clone();
                         let last = stored.meta.last_log_id;
-                        sm.inner.lock().snapshot = Some(stored);
+                        sm.inner.lock().snapshot = Some(stored.meta);
                         sm.report_saved(last);
-                        return (data, true);
+                        return (stored.data, true);
                     }
                     Err(e) => {
                         if failures == 0 {
@@ -475,17 +498,36 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             let mut inner = self.inner.lock();
             inner.last_applied = meta.last_log_id;
             inner.membership = meta.last_membership.clone();
-            inner.snapshot = Some(stored);
+            inner.snapshot = Some(stored.meta);
         }
         self.report_saved(meta.last_log_id);
         Ok(())
     }
 
+    /// Read from the file (openraft asks for it to send it to a follower
+    /// that needs it, and once at start).
     async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot<TypeConfig>>, StorageError> {
-        let inner = self.inner.lock();
-        Ok(inner.snapshot.as_ref().map(|s| Snapshot {
-            meta: s.meta.clone(),
-            snapshot: Box::new(Cursor::new(s.data.clone())),
+        if self.inner.lock().snapshot.is_none() {
+            return Ok(None);
+        }
+        let sm = self.clone();
+        let read = move || {
+            // Under the save lock: the file is whole and the current one.
+            let _saving = sm.saving.lock();
+            read_file(&sm.dir.join("snapshot"))
+        };
+        let stored = if self.own_thread {
+            on_own_thread("idem-snapshot-read", read).await
+        } else {
+            tokio::task::spawn_blocking(read)
+                .await
+                .map_err(|e| e.to_string())
+        }
+        .map_err(|e| storage_err(StorageIOError::read_snapshot_any, e))?
+        .map_err(|e| storage_err(StorageIOError::read_snapshot_any, e))?;
+        Ok(stored.map(|s| Snapshot {
+            meta: s.meta,
+            snapshot: Box::new(Cursor::new(s.data)),
         }))
     }
 }

@@ -801,9 +801,16 @@ pub fn write_meta(dir: &Path, payload: &[u8]) -> Result<(), WalError> {
 /// Replaces `dir/name` with `bytes` atomically: written to `name.tmp`,
 /// synced, renamed over it, and the directory synced.
 pub fn replace_file(dir: &Path, name: &str, bytes: &[u8]) -> Result<(), WalError> {
+    replace_file_parts(dir, name, &[bytes])
+}
+
+/// [`replace_file`] with the contents given in parts, written in order.
+pub fn replace_file_parts(dir: &Path, name: &str, parts: &[&[u8]]) -> Result<(), WalError> {
     let tmp = dir.join(format!("{name}.tmp"));
     let mut f = File::create(&tmp).map_err(io_err("create", &tmp))?;
-    f.write_all(bytes).map_err(io_err("write", &tmp))?;
+    for part in parts {
+        f.write_all(part).map_err(io_err("write", &tmp))?;
+    }
     f.sync_all().map_err(io_err("sync", &tmp))?;
     fs::rename(&tmp, dir.join(name)).map_err(io_err("rename", &tmp))?;
     sync_dir(dir)
