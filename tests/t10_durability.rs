@@ -752,7 +752,10 @@ async fn a_snapshot_is_not_held_in_memory_beside_its_file() {
         tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     }
     assert!(info_num(&text, "raft_snapshots_built") >= 1.0, "{text}");
-    assert!(info_num(&text, "raft_log_bytes") < 32.0 * 1048576.0, "{text}");
+    assert!(
+        info_num(&text, "raft_log_bytes") < 32.0 * 1048576.0,
+        "{text}"
+    );
     // Quiet, so that every thread gives back what it freed; RSS is read
     // from /proc, not by a command.
     let mut grown = u64::MAX;

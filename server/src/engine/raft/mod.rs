@@ -831,6 +831,13 @@ impl RaftEngine {
         if let Err(e) = self.raft.shutdown().await {
             warn!(error = %e, "raft did not shut down cleanly");
         }
+        let sm = self.sm.clone();
+        if tokio::task::spawn_blocking(move || sm.stop())
+            .await
+            .is_err()
+        {
+            self.sm.stop();
+        }
     }
 }
 
@@ -838,6 +845,8 @@ impl Drop for RaftEngine {
     fn drop(&mut self) {
         // The proposer answers what is queued, then stops.
         self.proposals.close();
+        // No snapshot is written once the directory's lock is let go of.
+        self.sm.stop();
     }
 }
 

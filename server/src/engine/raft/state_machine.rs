@@ -81,6 +81,12 @@ pub struct StateMachine {
     /// in a task of its own) must neither write over the newer file nor
     /// replace it as the current snapshot.
     saving: Arc<Mutex<()>>,
+    /// Set (under `saving`) when the engine stops: a build still running
+    /// then writes nothing. The data directory's lock goes with the
+    /// engine, and a build finishing later (it runs on a thread of its
+    /// own) could write over the snapshot of the next engine on the
+    /// directory, newer than what that engine loaded.
+    stopped: Arc<std::sync::atomic::AtomicBool>,
     /// The log, told when a snapshot is on disk (it purges on disk only
     /// what a snapshot on disk covers).
     log: Option<super::log_store::LogStore>,
@@ -194,6 +200,7 @@ impl StateMachine {
             dir: dir.to_owned(),
             own_thread: true,
             saving: Arc::default(),
+            stopped: Arc::default(),
             log: None,
         })
     }
@@ -211,6 +218,14 @@ impl StateMachine {
         );
         self.log = Some(log);
         self
+    }
+
+    /// Stops writing snapshots: a build under way keeps nothing. Waits for
+    /// a write under way.
+    pub fn stop(&self) {
+        let _saving = self.saving.lock();
+        self.stopped
+            .store(true, std::sync::atomic::Ordering::Release);
     }
 
     /// Whether a snapshot at or past `last` is the current one already.
@@ -336,6 +351,9 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
                 // Held for one attempt at a time: an install waits for the
                 // write under way, never for the retries of a full disk.
                 let saving = sm.saving.lock();
+                if sm.stopped.load(std::sync::atomic::Ordering::Acquire) {
+                    return (stored.data, false);
+                }
                 if sm.has_newer(stored.meta.last_log_id) {
                     // A newer snapshot was installed (or built) meanwhile:
                     // this one is not kept, and openraft ignores it.
