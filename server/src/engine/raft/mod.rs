@@ -31,6 +31,7 @@ pub mod format;
 pub mod log_store;
 pub mod peer;
 mod queue;
+pub mod snapshot_data;
 pub mod state_machine;
 pub mod types;
 pub mod wal;

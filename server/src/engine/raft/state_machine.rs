@@ -15,7 +15,7 @@
 #![allow(clippy::result_large_err)]
 
 use std::fs;
-use std::io::Cursor;
+use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock, Weak};
 
@@ -23,6 +23,7 @@ use openraft::storage::RaftStateMachine;
 use openraft::{EntryPayload, RaftSnapshotBuilder, Snapshot, StorageIOError};
 use parking_lot::Mutex;
 
+use super::snapshot_data::SnapshotData;
 use super::types::{
     LogEntry, LogId, Replies, SnapshotMeta, StorageError, StoredMembership, TypeConfig, storage_err,
 };
@@ -157,6 +158,48 @@ fn decode_file(path: &Path, mut bytes: Vec<u8>) -> Result<Stored, SnapshotFileEr
     bytes.truncate(bytes.len() - 4);
     bytes.drain(..16 + meta_len);
     Ok(Stored { meta, data: bytes })
+}
+
+/// The current snapshot, its data read from the file at `path` as it
+/// is sent: the header is read here, the rest a chunk at a time.
+fn open_file(path: &Path) -> Result<Option<Snapshot<TypeConfig>>, SnapshotFileError> {
+    let io = |source| SnapshotFileError::Io {
+        path: path.to_owned(),
+        source,
+    };
+    let bad = |reason: &str| SnapshotFileError::Invalid {
+        path: path.to_owned(),
+        reason: reason.to_owned(),
+    };
+    let mut f = match fs::File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(io(e)),
+    };
+    let file_len = f.metadata().map_err(io)?.len();
+    let mut head = [0u8; 16];
+    f.read_exact(&mut head).map_err(io)?;
+    if &head[..8] != MAGIC {
+        return Err(bad("not an Idem snapshot file"));
+    }
+    let version = u32::from_le_bytes([head[8], head[9], head[10], head[11]]);
+    if version != VERSION {
+        return Err(bad(&format!(
+            "snapshot file version {version} is not supported (this build reads {VERSION})"
+        )));
+    }
+    let meta_len = u64::from(u32::from_le_bytes([head[12], head[13], head[14], head[15]]));
+    let base = 16 + meta_len;
+    let len = file_len
+        .checked_sub(base + 4)
+        .ok_or_else(|| bad("cut short"))?;
+    let mut meta = vec![0u8; meta_len as usize];
+    f.read_exact(&mut meta).map_err(io)?;
+    let meta: SnapshotMeta = postcard::from_bytes(&meta).map_err(|e| bad(&e.to_string()))?;
+    Ok(Some(Snapshot {
+        meta,
+        snapshot: Box::new(SnapshotData::file(f, base, len)),
+    }))
 }
 
 /// The snapshot file at `path`, if there is one.
@@ -404,7 +447,7 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
         }
         Ok(Snapshot {
             meta,
-            snapshot: Box::new(Cursor::new(data)),
+            snapshot: Box::new(SnapshotData::mem(data)),
         })
     }
 }
@@ -485,16 +528,19 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         }
     }
 
-    async fn begin_receiving_snapshot(&mut self) -> Result<Box<Cursor<Vec<u8>>>, StorageError> {
-        Ok(Box::new(Cursor::new(Vec::new())))
+    async fn begin_receiving_snapshot(&mut self) -> Result<Box<SnapshotData>, StorageError> {
+        Ok(Box::new(SnapshotData::mem(Vec::new())))
     }
 
     async fn install_snapshot(
         &mut self,
         meta: &SnapshotMeta,
-        snapshot: Box<Cursor<Vec<u8>>>,
+        snapshot: Box<SnapshotData>,
     ) -> Result<(), StorageError> {
-        let data = snapshot.into_inner();
+        let data = snapshot
+            .into_bytes()
+            .await
+            .map_err(|e| storage_err(StorageIOError::read_snapshot_any, e))?;
         self.store
             .load_snapshot(&data)
             .map_err(|e| storage_err(StorageIOError::write_snapshot_any, e))?;
@@ -522,19 +568,22 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         Ok(())
     }
 
-    /// Read from the file (openraft asks for it to send it to a follower
-    /// that needs it, and once at start).
+    /// Its data read from the file as it is sent (openraft asks for it to
+    /// send it to a follower that needs it, and once at start). The store's
+    /// snapshot within carries its own checksum, which the follower checks.
     async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot<TypeConfig>>, StorageError> {
         if self.inner.lock().snapshot.is_none() {
             return Ok(None);
         }
         let sm = self.clone();
         let read = move || {
-            // Under the save lock: the file is whole and the current one.
+            // Under the save lock: the file is whole and the current one
+            // (one written later replaces it by a rename, which leaves the
+            // file opened here as it is).
             let _saving = sm.saving.lock();
-            read_file(&sm.dir.join("snapshot"))
+            open_file(&sm.dir.join("snapshot"))
         };
-        let stored = if self.own_thread {
+        let snapshot = if self.own_thread {
             on_own_thread("idem-snapshot-read", read).await
         } else {
             tokio::task::spawn_blocking(read)
@@ -543,10 +592,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         }
         .map_err(|e| storage_err(StorageIOError::read_snapshot_any, e))?
         .map_err(|e| storage_err(StorageIOError::read_snapshot_any, e))?;
-        Ok(stored.map(|s| Snapshot {
-            meta: s.meta,
-            snapshot: Box::new(Cursor::new(s.data)),
-        }))
+        Ok(snapshot)
     }
 }
 

@@ -2,7 +2,6 @@
 //! it answers.
 
 use std::fmt;
-use std::io::Cursor;
 
 use bytes::Bytes;
 use serde::de::{self, Deserializer, Visitor};
@@ -85,7 +84,7 @@ openraft::declare_raft_types!(
         NodeId = u64,
         Node = openraft::BasicNode,
         Entry = openraft::Entry<TypeConfig>,
-        SnapshotData = Cursor<Vec<u8>>,
+        SnapshotData = super::snapshot_data::SnapshotData,
         AsyncRuntime = openraft::TokioRuntime,
 );
 
