@@ -11,7 +11,7 @@ use std::io::{self, Cursor, SeekFrom};
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncSeek, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncSeek, AsyncSeekExt, AsyncWrite, ReadBuf, Take};
 
 /// A snapshot's bytes.
 #[derive(Debug)]
@@ -25,11 +25,18 @@ pub enum SnapshotData {
 /// A read-only window of a file.
 #[derive(Debug)]
 pub struct FileWindow {
-    file: tokio::fs::File,
+    /// The file, limited to what is left of the window from where it is
+    /// (the file goes on past the window: its checksum).
+    file: Take<tokio::fs::File>,
     base: u64,
     len: u64,
+}
+
+impl FileWindow {
     /// The position within the window.
-    pos: u64,
+    fn pos(&self) -> u64 {
+        self.len.saturating_sub(self.file.limit())
+    }
 }
 
 impl SnapshotData {
@@ -38,13 +45,12 @@ impl SnapshotData {
         SnapshotData::Mem(Cursor::new(bytes))
     }
 
-    /// Bytes `base .. base + len` of `file`.
+    /// Bytes `base .. base + len` of `file`, which is positioned at `base`.
     pub fn file(file: std::fs::File, base: u64, len: u64) -> SnapshotData {
         SnapshotData::File(FileWindow {
-            file: tokio::fs::File::from_std(file),
+            file: tokio::fs::File::from_std(file).take(len),
             base,
             len,
-            pos: 0,
         })
     }
 
@@ -54,8 +60,7 @@ impl SnapshotData {
             SnapshotData::Mem(c) => Ok(c.into_inner()),
             SnapshotData::File(mut w) => {
                 let mut out = Vec::with_capacity(usize::try_from(w.len).unwrap_or(0));
-                Pin::new(&mut w).start_seek(SeekFrom::Start(0))?;
-                std::future::poll_fn(|cx| Pin::new(&mut w).poll_complete(cx)).await?;
+                w.seek(SeekFrom::Start(0)).await?;
                 w.read_to_end(&mut out).await?;
                 Ok(out)
             }
@@ -69,24 +74,7 @@ impl AsyncRead for FileWindow {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        let this = self.get_mut();
-        let left = this.len.saturating_sub(this.pos);
-        let want = usize::try_from(left)
-            .unwrap_or(usize::MAX)
-            .min(buf.remaining());
-        if want == 0 {
-            return Poll::Ready(Ok(()));
-        }
-        // Read into a buffer of the window's size left at most: the file
-        // goes on past the window (its checksum). A read left pending
-        // keeps its bytes in the file's own buffer until polled again.
-        let mut tmp = vec![0u8; want];
-        let mut part = ReadBuf::new(&mut tmp);
-        ready!(Pin::new(&mut this.file).poll_read(cx, &mut part))?;
-        let got = part.filled();
-        buf.put_slice(got);
-        this.pos += got.len() as u64;
-        Poll::Ready(Ok(()))
+        Pin::new(&mut self.get_mut().file).poll_read(cx, buf)
     }
 }
 
@@ -96,22 +84,22 @@ impl AsyncSeek for FileWindow {
         let to = match position {
             SeekFrom::Start(p) => Some(p),
             SeekFrom::End(d) => this.len.checked_add_signed(d),
-            SeekFrom::Current(d) => this.pos.checked_add_signed(d),
+            SeekFrom::Current(d) => this.pos().checked_add_signed(d),
         }
         .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "seek out of range"))?;
         let abs = this
             .base
             .checked_add(to)
             .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "seek out of range"))?;
-        Pin::new(&mut this.file).start_seek(SeekFrom::Start(abs))?;
-        this.pos = to;
+        Pin::new(this.file.get_mut()).start_seek(SeekFrom::Start(abs))?;
+        this.file.set_limit(this.len.saturating_sub(to));
         Ok(())
     }
 
     fn poll_complete(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<u64>> {
         let this = self.get_mut();
-        ready!(Pin::new(&mut this.file).poll_complete(cx))?;
-        Poll::Ready(Ok(this.pos))
+        ready!(Pin::new(this.file.get_mut()).poll_complete(cx))?;
+        Poll::Ready(Ok(this.pos()))
     }
 }
 
@@ -190,8 +178,16 @@ mod tests {
         let mut f = std::fs::File::create(&path).unwrap();
         f.write_all(b"HEADERabcdefghijCRC").unwrap();
         drop(f);
-        let open = || std::fs::File::open(&path).unwrap();
+        let open = || {
+            let mut f = std::fs::File::open(&path).unwrap();
+            std::io::Seek::seek(&mut f, SeekFrom::Start(6)).unwrap();
+            f
+        };
+        // Read from where the file is, without a seek first.
         let mut w = SnapshotData::file(open(), 6, 10);
+        let mut first = [0u8; 3];
+        w.read_exact(&mut first).await.unwrap();
+        assert_eq!(&first, b"abc");
         // As openraft's sender does: the length from the end, then chunks.
         assert_eq!(
             tokio::io::AsyncSeekExt::seek(&mut w, SeekFrom::End(0))
@@ -208,6 +204,22 @@ mod tests {
         let mut rest = Vec::new();
         w.read_to_end(&mut rest).await.unwrap();
         assert_eq!(rest, b"ij");
+        // Back from the current position, then past the end.
+        assert_eq!(
+            tokio::io::AsyncSeekExt::seek(&mut w, SeekFrom::Current(-3))
+                .await
+                .unwrap(),
+            7
+        );
+        let mut tail = Vec::new();
+        w.read_to_end(&mut tail).await.unwrap();
+        assert_eq!(tail, b"hij");
+        tokio::io::AsyncSeekExt::seek(&mut w, SeekFrom::Start(50))
+            .await
+            .unwrap();
+        let mut none = Vec::new();
+        w.read_to_end(&mut none).await.unwrap();
+        assert!(none.is_empty());
         assert!(w.write_all(b"x").await.is_err());
         let all = SnapshotData::file(open(), 6, 10)
             .into_bytes()

@@ -77,16 +77,18 @@ pub struct StateMachine {
     /// [`on_own_thread`]); off, on the runtime's blocking pool, which a
     /// simulated runtime keeps inside its simulated time.
     own_thread: bool,
-    /// Held while the snapshot file is written and made current: a build
+    /// Held while the snapshot file is written and made current (and by
+    /// [`StateMachine::stop`]): a build
     /// that finishes after a newer snapshot was installed (openraft builds
     /// in a task of its own) must neither write over the newer file nor
     /// replace it as the current snapshot.
     saving: Arc<Mutex<()>>,
-    /// Set (under `saving`) when the engine stops: a build still running
-    /// then writes nothing. The data directory's lock goes with the
-    /// engine, and a build finishing later (it runs on a thread of its
-    /// own) could write over the snapshot of the next engine on the
-    /// directory, newer than what that engine loaded.
+    /// Set (under `saving`) when the engine stops: a build or an install
+    /// still running then writes nothing. The data directory's lock goes
+    /// with the engine, and a write finishing later (a build runs on a
+    /// thread of its own, and openraft does not wait for its state machine
+    /// task) could put a snapshot newer than what the next engine on the
+    /// directory loaded under it.
     stopped: Arc<std::sync::atomic::AtomicBool>,
     /// The log, told when a snapshot is on disk (it purges on disk only
     /// what a snapshot on disk covers).
@@ -263,12 +265,17 @@ impl StateMachine {
         self
     }
 
-    /// Stops writing snapshots: a build under way keeps nothing. Waits for
-    /// a write under way.
+    /// Stops writing snapshots: a build or an install under way (openraft
+    /// does not wait for its state machine task when it shuts down) writes
+    /// nothing from now on. Waits for a write under way.
     pub fn stop(&self) {
         let _saving = self.saving.lock();
         self.stopped
             .store(true, std::sync::atomic::Ordering::Release);
+    }
+
+    fn is_stopped(&self) -> bool {
+        self.stopped.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// Whether a snapshot at or past `last` is the current one already.
@@ -384,7 +391,11 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
         // this returns, so it returns only once the file is on disk.
         let sm = self.sm.clone();
         let file_meta = meta.clone();
+        // `None`: the engine stopped, and nothing was written.
         let work = move || {
+            if sm.is_stopped() {
+                return None;
+            }
             let stored = Stored {
                 meta: file_meta,
                 data: copy.encode(),
@@ -394,13 +405,13 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
                 // Held for one attempt at a time: an install waits for the
                 // write under way, never for the retries of a full disk.
                 let saving = sm.saving.lock();
-                if sm.stopped.load(std::sync::atomic::Ordering::Acquire) {
-                    return (stored.data, false);
+                if sm.is_stopped() {
+                    return None;
                 }
                 if sm.has_newer(stored.meta.last_log_id) {
                     // A newer snapshot was installed (or built) meanwhile:
                     // this one is not kept, and openraft ignores it.
-                    return (stored.data, false);
+                    return Some((stored.data, false));
                 }
                 match sm.save(&stored) {
                     Ok(()) => {
@@ -412,7 +423,7 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
                         let last = stored.meta.last_log_id;
                         sm.inner.lock().snapshot = Some(stored.meta);
                         sm.report_saved(last);
-                        return (stored.data, true);
+                        return Some((stored.data, true));
                     }
                     Err(e) => {
                         if failures == 0 {
@@ -436,7 +447,13 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
                 .await
                 .map_err(|e| e.to_string())
         }
-        .map_err(|e| storage_err(StorageIOError::write_snapshot_any, e))?;
+        .map_err(|e| storage_err(StorageIOError::write_snapshot_any, e))?
+        .ok_or_else(|| {
+            storage_err(
+                StorageIOError::write_snapshot_any,
+                "the engine stopped: the snapshot was not written",
+            )
+        })?;
         if kept {
             let mut inner = self.sm.inner.lock();
             let stats = &mut inner.stats;
@@ -557,6 +574,12 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             }
             tokio::time::sleep(std::time::Duration::from_millis(5)).await;
         };
+        if self.is_stopped() {
+            return Err(storage_err(
+                StorageIOError::write_snapshot_any,
+                "the engine stopped: the snapshot was not installed",
+            ));
+        }
         self.save(&stored)?;
         {
             let mut inner = self.inner.lock();
@@ -575,23 +598,15 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         if self.inner.lock().snapshot.is_none() {
             return Ok(None);
         }
-        let sm = self.clone();
-        let read = move || {
-            // Under the save lock: the file is whole and the current one
-            // (one written later replaces it by a rename, which leaves the
-            // file opened here as it is).
-            let _saving = sm.saving.lock();
-            open_file(&sm.dir.join("snapshot"))
-        };
-        let snapshot = if self.own_thread {
-            on_own_thread("idem-snapshot-read", read).await
-        } else {
-            tokio::task::spawn_blocking(read)
-                .await
-                .map_err(|e| e.to_string())
-        }
-        .map_err(|e| storage_err(StorageIOError::read_snapshot_any, e))?
-        .map_err(|e| storage_err(StorageIOError::read_snapshot_any, e))?;
+        // Not under the save lock, which a write holds for as long as it
+        // takes: the file is replaced by a rename, so the one opened here
+        // is whole, the current one or the one about to be, and stays as
+        // it is while it is sent.
+        let path = self.dir.join("snapshot");
+        let snapshot = tokio::task::spawn_blocking(move || open_file(&path))
+            .await
+            .map_err(|e| storage_err(StorageIOError::read_snapshot_any, e))?
+            .map_err(|e| storage_err(StorageIOError::read_snapshot_any, e))?;
         Ok(snapshot)
     }
 }

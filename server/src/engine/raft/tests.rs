@@ -256,16 +256,24 @@ async fn a_snapshot_built_while_a_newer_one_was_installed_is_not_kept() {
 /// newer than what the engine had loaded, and the engine's start failed
 /// openraft's check that its snapshot is committed (seen as
 /// `records_survive_a_restart_and_fences_keep_increasing` failing under
-/// load). Now a stopped state machine writes no snapshot.
+/// load). Now a stopped state machine writes no snapshot, built or
+/// installed (openraft does not wait for its state machine task either).
 #[tokio::test]
-async fn a_snapshot_built_after_the_engine_stopped_is_not_written() {
+async fn a_snapshot_built_or_installed_after_the_engine_stopped_is_not_written() {
     use openraft::storage::{RaftSnapshotBuilder, RaftStateMachine};
-    let dir = TempDir::new("sm-stopped");
+    let (leader_dir, dir) = (TempDir::new("sm-stopped-src"), TempDir::new("sm-stopped"));
+    let mut leader = applied_state_machine(&leader_dir, &["a", "b", "c", "d"]).await;
+    let newer = leader
+        .get_snapshot_builder()
+        .await
+        .build_snapshot()
+        .await
+        .unwrap();
     let mut sm = applied_state_machine(&dir, &["a", "b", "c"]).await;
     let mut building = sm.get_snapshot_builder().await;
     sm.stop();
-    let built = building.build_snapshot().await.unwrap();
-    assert!(built.meta.last_log_id.is_some());
+    assert!(building.build_snapshot().await.is_err());
+    assert!(sm.install_snapshot(&newer.meta, newer.snapshot).await.is_err());
     assert!(!dir.0.join("snapshot").exists(), "written after the stop");
     assert!(sm.get_current_snapshot().await.unwrap().is_none());
 }
