@@ -273,7 +273,11 @@ async fn a_snapshot_built_or_installed_after_the_engine_stopped_is_not_written()
     let mut building = sm.get_snapshot_builder().await;
     sm.stop();
     assert!(building.build_snapshot().await.is_err());
-    assert!(sm.install_snapshot(&newer.meta, newer.snapshot).await.is_err());
+    assert!(
+        sm.install_snapshot(&newer.meta, newer.snapshot)
+            .await
+            .is_err()
+    );
     assert!(!dir.0.join("snapshot").exists(), "written after the stop");
     assert!(sm.get_current_snapshot().await.unwrap().is_none());
 }
