@@ -135,19 +135,11 @@ fn file_frame(s: &Stored) -> Result<(Vec<u8>, [u8; 4]), postcard::Error> {
 /// The snapshot in the file read into `bytes`, its data taking the place
 /// of the file's bytes (a snapshot may be gigabytes: it is not copied).
 fn decode_file(path: &Path, mut bytes: Vec<u8>) -> Result<Stored, SnapshotFileError> {
-    let bad = |reason: &str| SnapshotFileError::Invalid {
-        path: path.to_owned(),
-        reason: reason.to_owned(),
-    };
-    if bytes.len() < 20 || &bytes[..8] != MAGIC {
+    let bad = |reason: &str| invalid(path, reason);
+    if bytes.len() < 20 {
         return Err(bad("not an Idem snapshot file"));
     }
-    let version = u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]);
-    if version != VERSION {
-        return Err(bad(&format!(
-            "snapshot file version {version} is not supported (this build reads {VERSION})"
-        )));
-    }
+    file_head(path, &bytes[..16])?;
     let (body, crc) = bytes.split_at(bytes.len() - 4);
     if crc32fast::hash(body) != u32::from_le_bytes([crc[0], crc[1], crc[2], crc[3]]) {
         return Err(bad("checksum mismatch"));
@@ -162,16 +154,37 @@ fn decode_file(path: &Path, mut bytes: Vec<u8>) -> Result<Stored, SnapshotFileEr
     Ok(Stored { meta, data: bytes })
 }
 
+fn invalid(path: &Path, reason: &str) -> SnapshotFileError {
+    SnapshotFileError::Invalid {
+        path: path.to_owned(),
+        reason: reason.to_owned(),
+    }
+}
+
+/// Checks the first 16 bytes of a snapshot file (magic, version) and
+/// returns the length of the meta that follows them.
+fn file_head(path: &Path, head: &[u8]) -> Result<usize, SnapshotFileError> {
+    if head.len() < 16 || &head[..8] != MAGIC {
+        return Err(invalid(path, "not an Idem snapshot file"));
+    }
+    let version = u32::from_le_bytes([head[8], head[9], head[10], head[11]]);
+    if version != VERSION {
+        return Err(invalid(
+            path,
+            &format!(
+                "snapshot file version {version} is not supported (this build reads {VERSION})"
+            ),
+        ));
+    }
+    Ok(u32::from_le_bytes([head[12], head[13], head[14], head[15]]) as usize)
+}
+
 /// The current snapshot, its data read from the file at `path` as it
 /// is sent: the header is read here, the rest a chunk at a time.
 fn open_file(path: &Path) -> Result<Option<Snapshot<TypeConfig>>, SnapshotFileError> {
     let io = |source| SnapshotFileError::Io {
         path: path.to_owned(),
         source,
-    };
-    let bad = |reason: &str| SnapshotFileError::Invalid {
-        path: path.to_owned(),
-        reason: reason.to_owned(),
     };
     let mut f = match fs::File::open(path) {
         Ok(f) => f,
@@ -181,23 +194,15 @@ fn open_file(path: &Path) -> Result<Option<Snapshot<TypeConfig>>, SnapshotFileEr
     let file_len = f.metadata().map_err(io)?.len();
     let mut head = [0u8; 16];
     f.read_exact(&mut head).map_err(io)?;
-    if &head[..8] != MAGIC {
-        return Err(bad("not an Idem snapshot file"));
-    }
-    let version = u32::from_le_bytes([head[8], head[9], head[10], head[11]]);
-    if version != VERSION {
-        return Err(bad(&format!(
-            "snapshot file version {version} is not supported (this build reads {VERSION})"
-        )));
-    }
-    let meta_len = u64::from(u32::from_le_bytes([head[12], head[13], head[14], head[15]]));
-    let base = 16 + meta_len;
+    let meta_len = file_head(path, &head)?;
+    let base = 16 + meta_len as u64;
     let len = file_len
         .checked_sub(base + 4)
-        .ok_or_else(|| bad("cut short"))?;
-    let mut meta = vec![0u8; meta_len as usize];
+        .ok_or_else(|| invalid(path, "cut short"))?;
+    let mut meta = vec![0u8; meta_len];
     f.read_exact(&mut meta).map_err(io)?;
-    let meta: SnapshotMeta = postcard::from_bytes(&meta).map_err(|e| bad(&e.to_string()))?;
+    let meta: SnapshotMeta =
+        postcard::from_bytes(&meta).map_err(|e| invalid(path, &e.to_string()))?;
     Ok(Some(Snapshot {
         meta,
         snapshot: Box::new(SnapshotData::file(f, base, len)),
