@@ -171,8 +171,12 @@ impl Clients {
             if self.owed.load(Ordering::Relaxed) <= self.budget {
                 break;
             }
+            // Another connection evicting at the same time may have taken
+            // this one since the list was made: it is counted once.
+            if c.evicted.swap(true, Ordering::Relaxed) {
+                continue;
+            }
             any = true;
-            c.evicted.store(true, Ordering::Relaxed);
             self.settle(&c);
             self.evictions.fetch_add(1, Ordering::Relaxed);
             c.evict.notify_one();
