@@ -213,6 +213,20 @@ async fn applied_state_machine(dir: &TempDir, keys: &[&str]) -> StateMachine {
     sm
 }
 
+/// A snapshot built by a state machine in `dir` that applied `keys`.
+async fn built_snapshot(
+    dir: &TempDir,
+    keys: &[&str],
+) -> openraft::Snapshot<super::types::TypeConfig> {
+    use openraft::storage::{RaftSnapshotBuilder, RaftStateMachine};
+    let mut sm = applied_state_machine(dir, keys).await;
+    sm.get_snapshot_builder()
+        .await
+        .build_snapshot()
+        .await
+        .unwrap()
+}
+
 /// openraft builds a snapshot in a task of its own, so a follower could
 /// install a newer snapshot from its leader while it built one of its
 /// own. The build then wrote its older snapshot over the installed one and
@@ -224,13 +238,7 @@ async fn applied_state_machine(dir: &TempDir, keys: &[&str]) -> StateMachine {
 async fn a_snapshot_built_while_a_newer_one_was_installed_is_not_kept() {
     use openraft::storage::{RaftSnapshotBuilder, RaftStateMachine};
     let (leader_dir, dir) = (TempDir::new("sm-newer-src"), TempDir::new("sm-newer"));
-    let mut leader = applied_state_machine(&leader_dir, &["a", "b", "c", "d", "e"]).await;
-    let newer = leader
-        .get_snapshot_builder()
-        .await
-        .build_snapshot()
-        .await
-        .unwrap();
+    let newer = built_snapshot(&leader_dir, &["a", "b", "c", "d", "e"]).await;
     let mut follower = applied_state_machine(&dir, &["a", "b"]).await;
     let mut building = follower.get_snapshot_builder().await;
     follower
@@ -262,13 +270,7 @@ async fn a_snapshot_built_while_a_newer_one_was_installed_is_not_kept() {
 async fn a_snapshot_built_or_installed_after_the_engine_stopped_is_not_written() {
     use openraft::storage::{RaftSnapshotBuilder, RaftStateMachine};
     let (leader_dir, dir) = (TempDir::new("sm-stopped-src"), TempDir::new("sm-stopped"));
-    let mut leader = applied_state_machine(&leader_dir, &["a", "b", "c", "d"]).await;
-    let newer = leader
-        .get_snapshot_builder()
-        .await
-        .build_snapshot()
-        .await
-        .unwrap();
+    let newer = built_snapshot(&leader_dir, &["a", "b", "c", "d"]).await;
     let mut sm = applied_state_machine(&dir, &["a", "b", "c"]).await;
     let mut building = sm.get_snapshot_builder().await;
     sm.stop();
