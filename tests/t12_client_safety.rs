@@ -745,6 +745,132 @@ async fn a_retry_with_the_attempt_id_keeps_its_grant_from_the_clean_up() {
     claim.complete("charged once").await.unwrap();
 }
 
+/// A proxy to `upstream` that passes the first CLAIM on and then closes
+/// the client's connection (the reply is lost), answers the second CLAIM
+/// itself with `reply` (without passing it on), and passes everything
+/// else through.
+async fn first_claim_cut_second_refused(
+    upstream: std::net::SocketAddr,
+    reply: &'static str,
+) -> String {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    let claims = Arc::new(AtomicU32::new(0));
+    tokio::spawn(async move {
+        while let Ok((client, _)) = l.accept().await {
+            let Ok(server) = tokio::net::TcpStream::connect(upstream).await else {
+                return;
+            };
+            let (mut cr, cw) = client.into_split();
+            let (mut sr, mut sw) = server.into_split();
+            let cw = Arc::new(tokio::sync::Mutex::new(cw));
+            let (claims, to_client) = (Arc::clone(&claims), Arc::clone(&cw));
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 64 * 1024];
+                loop {
+                    let n = match cr.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => n,
+                    };
+                    // Each request of the client comes in a read of its own
+                    // (it waits for the reply before the next).
+                    let claim = buf[..n].windows(9).any(|w| w == b"\r\nCLAIM\r\n");
+                    let nth = if claim {
+                        claims.fetch_add(1, Ordering::SeqCst)
+                    } else {
+                        u32::MAX
+                    };
+                    if nth == 1 {
+                        if to_client
+                            .lock()
+                            .await
+                            .write_all(reply.as_bytes())
+                            .await
+                            .is_err()
+                        {
+                            return;
+                        }
+                        continue;
+                    }
+                    if sw.write_all(&buf[..n]).await.is_err() {
+                        return;
+                    }
+                    if nth == 0 {
+                        // Sent on: the server takes it, its reply is lost.
+                        let _ = to_client.lock().await.shutdown().await;
+                        return;
+                    }
+                }
+            });
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 64 * 1024];
+                loop {
+                    let n = match sr.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => n,
+                    };
+                    if cw.lock().await.write_all(&buf[..n]).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+/// A claim whose first try lost its connection after it was sent (the
+/// server granted it; the reply was lost) and whose retry was refused
+/// (`-OOM`: memory ran out meanwhile, or the first try was not yet
+/// applied) ended with the refusal as if nothing had run: the first try's
+/// grant held the key for its whole lease, and the error did not say the
+/// claim may have run. Now the error says so, names the attempt id, and
+/// the grant is found and released.
+#[tokio::test]
+async fn a_claim_refused_after_an_earlier_try_was_lost_does_not_leave_its_grant_behind() {
+    let s = Idemd::start().await;
+    let k = key("refused-after-lost-try");
+    let proxy = first_claim_cut_second_refused(
+        s.addr,
+        "-OOM command not allowed when used memory > 'max_memory_bytes'\r\n",
+    )
+    .await;
+    let c = Client::connect_with_config(
+        proxy,
+        idem_client::ClientConfig::default()
+            .retries(1)
+            .deadline(Duration::from_secs(5)),
+    )
+    .await
+    .unwrap();
+    let e = c
+        .claim(k.as_str())
+        .lease(Duration::from_secs(60))
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), idem_client::ErrorKind::Oom, "{e}");
+    assert!(e.may_have_run(), "the first try may have run: {e}");
+    let attempt = e.attempt().expect("the claim's attempt id").clone();
+    let direct = client(&s).await;
+    // The first try did take the key ...
+    let mut raw = s.conn().await;
+    wait_for_info(&mut raw, "claims_acquired", 1).await;
+    // ... and its grant is released, not left for the 60 s lease.
+    eventually("the first try's grant released", async || {
+        match direct.inspect(k.as_str()).await.unwrap() {
+            None => Some(()),
+            Some(info) => {
+                assert_eq!(info.attempt.as_ref(), Some(&attempt), "{info:?}");
+                None
+            }
+        }
+    })
+    .await;
+}
+
 /// Errors printed their kind twice (`Protocol: Protocol: ...`); a server
 /// error printed `Fenced: FENCED ...`.
 #[tokio::test]

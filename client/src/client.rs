@@ -814,6 +814,18 @@ impl Client {
                             failover = cluster;
                             Error::server(err)
                         }
+                        // An earlier try may have run (it timed out, or
+                        // its connection broke after it was sent): this
+                        // refusal does not say it did not, so the call
+                        // ends with its outcome unknown (and a claim is
+                        // looked for and settled).
+                        _ if may_have_run => {
+                            counters.failures.fetch_add(1, Ordering::Relaxed);
+                            return Err(Error::server(err)
+                                .or_may_have_run(true)
+                                .with_context(context(attempt + 1))
+                                .with_attempt(claim_attempt));
+                        }
                         _ => return Ok(Frame::Error(text)),
                     }
                 }
