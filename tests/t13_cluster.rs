@@ -1292,6 +1292,47 @@ async fn a_follower_down_while_100k_records_are_written_catches_up_by_snapshot()
     conn.acquire(&["CLAIM", "after-catch-up"]).await;
 }
 
+/// A follower sent a snapshot that fails its checksum (the leader's file
+/// was damaged on disk after it was written) refused it, and its Raft core
+/// stopped for good: the process stayed up, took no more entries and
+/// answered every write with an error, and nothing but a warning said so.
+/// Now a node whose Raft core fails exits (code 70, the reason on stderr),
+/// as it does when its log cannot be written, so that its supervisor
+/// restarts it and its operator sees it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_whose_raft_core_fails_exits_instead_of_serving_errors() {
+    let mut c = Cluster::start_with("core-fails", 3, &[("IDEM_SNAPSHOT_ENTRIES", "50")]).await;
+    let f = c.followers().await[0];
+    c.members[f].kill().await;
+    let l = c.leader().await;
+    let mut conn = c.members[l].conn().await;
+    fill(&mut conn, "bulk", 20_000).await;
+    let mut leader_info = c.members[l].conn().await;
+    eventually("the leader snapshots", async || {
+        (info_field(&mut leader_info, "raft_snapshots_built").await >= 1).then_some(())
+    })
+    .await;
+    // Writes go on while the follower is down: the log it needs is purged.
+    fill(&mut conn, "more", 2_000).await;
+    // Damage the leader's snapshot file in its records (its header stays
+    // readable): a bit flipped on disk.
+    let path = c.members[l].dir.0.join("snapshot");
+    let mut bytes = std::fs::read(&path).unwrap();
+    let at = bytes.len() / 2;
+    bytes[at] ^= 0x40;
+    std::fs::write(&path, &bytes).unwrap();
+    c.members[f].start(None, &[]).await;
+    let status = tokio::time::timeout(Duration::from_secs(20), async {
+        let p = c.members[f].proc.as_mut().unwrap();
+        p.child.wait().await.unwrap()
+    })
+    .await
+    .expect("the follower that could not install the snapshot exits");
+    assert_eq!(status.code(), Some(70), "{status:?}");
+    // The leader and the other follower go on.
+    conn.acquire(&["CLAIM", "after-the-failure"]).await;
+}
+
 /// A Python with redis-py (Debian's python3-redis), if there is one.
 pub(crate) fn python_with_redis() -> Option<&'static str> {
     for py in ["/usr/bin/python3", "python3"] {

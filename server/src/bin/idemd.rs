@@ -302,8 +302,24 @@ fn main() -> anyhow::Result<()> {
         println!("idemd listening on {}", server.local_addr());
         tokio::spawn(return_memory_when_quiet(server.node().clone()));
         tokio::spawn(reload_tls_on_sighup(server.node().clone()));
+        tokio::spawn(exit_if_the_raft_core_fails(server.node().clone()));
         server.run(shutdown_signal()).await.context("server failed")
     })
+}
+
+/// A Raft core stopped by an error (a snapshot that cannot be installed
+/// or read, say) takes no more entries and leads no more: rather than
+/// answer errors until someone notices, idemd exits with code 70 (as when
+/// its log cannot be written), so that its supervisor restarts it and its
+/// operator sees why. A restart recovers what the node had on disk.
+async fn exit_if_the_raft_core_fails(node: idem_server::node::Node) {
+    let Some(engine) = node.engine().raft_engine() else {
+        return;
+    };
+    let error = engine.failure().await;
+    tracing::error!(%error, "the raft core stopped on an error: exiting");
+    eprintln!("idemd: fatal: the raft core stopped: {error}");
+    std::process::exit(70);
 }
 
 /// SIGHUP rereads the TLS certificate, key and CA files (as `CONFIG

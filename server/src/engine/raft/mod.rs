@@ -759,6 +759,28 @@ impl RaftEngine {
         &self.data_dir
     }
 
+    /// Resolves once the Raft core has stopped on an error (a storage
+    /// error: a snapshot that cannot be installed or read, say), with that
+    /// error; never if it runs on or stops because it was shut down. A
+    /// core that failed takes no more entries and leads no more: the node
+    /// only answers errors until it is restarted, so idemd exits (see
+    /// the `idemd` binary).
+    pub async fn failure(&self) -> String {
+        let mut metrics = self.raft.metrics();
+        loop {
+            if let Err(fatal) = &metrics.borrow_and_update().running_state
+                && !matches!(fatal, openraft::error::Fatal::Stopped)
+            {
+                return fatal.to_string();
+            }
+            if metrics.changed().await.is_err() {
+                // The core is gone without saying why: only a shutdown
+                // drops it so.
+                return std::future::pending().await;
+            }
+        }
+    }
+
     /// What INFO reports of the engine.
     pub fn info(&self) -> RaftInfo {
         let m = self.raft.metrics().borrow().clone();

@@ -563,9 +563,15 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             .into_bytes()
             .await
             .map_err(|e| storage_err(StorageIOError::read_snapshot_any, e))?;
-        self.store
-            .load_snapshot(&data)
-            .map_err(|e| storage_err(StorageIOError::write_snapshot_any, e))?;
+        self.store.load_snapshot(&data).map_err(|e| {
+            storage_err(
+                StorageIOError::write_snapshot_any,
+                format!(
+                    "cannot install the snapshot {} received from the leader: {e}",
+                    meta.snapshot_id
+                ),
+            )
+        })?;
         let stored = Stored {
             meta: meta.clone(),
             data,
