@@ -1292,30 +1292,36 @@ async fn a_follower_down_while_100k_records_are_written_catches_up_by_snapshot()
     conn.acquire(&["CLAIM", "after-catch-up"]).await;
 }
 
-/// A follower sent a snapshot that fails its checksum (the leader's file
-/// was damaged on disk after it was written) refused it, and its Raft core
-/// stopped for good: the process stayed up, took no more entries and
-/// answered every write with an error, and nothing but a warning said so.
-/// Now a node whose Raft core fails exits (code 70, the reason on stderr),
-/// as it does when its log cannot be written, so that its supervisor
-/// restarts it and its operator sees it.
+/// A snapshot file damaged on disk after it was written was sent as it
+/// was: the follower refused it and its Raft core stopped for good, the
+/// process staying up and answering every write with an error. Now the
+/// leader checks the file's checksum as it sends it, and a damaged file
+/// stops the leader (exit code 70, the reason on stderr), as a damaged
+/// data directory keeps a node from starting; another member leads and
+/// catches the follower up. (Any error that stops a Raft core now stops
+/// its process the same way, rather than leave it serving errors.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_node_whose_raft_core_fails_exits_instead_of_serving_errors() {
-    let mut c = Cluster::start_with("core-fails", 3, &[("IDEM_SNAPSHOT_ENTRIES", "50")]).await;
+async fn a_snapshot_damaged_on_disk_is_never_sent_and_stops_its_node() {
+    let mut c = Cluster::start_with("damaged", 3, &[("IDEM_SNAPSHOT_ENTRIES", "50")]).await;
     let f = c.followers().await[0];
     c.members[f].kill().await;
     let l = c.leader().await;
     let mut conn = c.members[l].conn().await;
     fill(&mut conn, "bulk", 20_000).await;
+    // The log the follower needs is purged, and the latest snapshot
+    // written (no other one under way that would replace the file).
     let mut leader_info = c.members[l].conn().await;
-    eventually("the leader snapshots", async || {
-        (info_field(&mut leader_info, "raft_snapshots_built").await >= 1).then_some(())
+    let mut built = 0;
+    eventually("the leader's snapshots settle", async || {
+        let now = info_field(&mut leader_info, "raft_snapshots_built").await;
+        let settled = now >= 1 && now == built;
+        built = now;
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        settled.then_some(())
     })
     .await;
-    // Writes go on while the follower is down: the log it needs is purged.
-    fill(&mut conn, "more", 2_000).await;
-    // Damage the leader's snapshot file in its records (its header stays
-    // readable): a bit flipped on disk.
+    // A bit flipped on disk in the file's records (its header stays
+    // readable).
     let path = c.members[l].dir.0.join("snapshot");
     let mut bytes = std::fs::read(&path).unwrap();
     let at = bytes.len() / 2;
@@ -1323,14 +1329,43 @@ async fn a_node_whose_raft_core_fails_exits_instead_of_serving_errors() {
     std::fs::write(&path, &bytes).unwrap();
     c.members[f].start(None, &[]).await;
     let status = tokio::time::timeout(Duration::from_secs(20), async {
-        let p = c.members[f].proc.as_mut().unwrap();
+        let p = c.members[l].proc.as_mut().unwrap();
         p.child.wait().await.unwrap()
     })
     .await
-    .expect("the follower that could not install the snapshot exits");
+    .expect("the leader whose snapshot file is damaged stops");
     assert_eq!(status.code(), Some(70), "{status:?}");
-    // The leader and the other follower go on.
-    conn.acquire(&["CLAIM", "after-the-failure"]).await;
+    c.members[l].proc = None;
+    // The follower was never sent the damaged snapshot: it catches up
+    // from the new leader.
+    let l2 = c.leader().await;
+    let mut conn = c.members[l2].conn().await;
+    let want = int(&conn.cmd(&["DBSIZE"]).await);
+    assert!(want >= 20_000, "{want}");
+    let mut fc = c.members[f].conn().await;
+    eventually("the follower catches up", async || {
+        (int(&fc.cmd(&["DBSIZE"]).await) == want).then_some(())
+    })
+    .await;
+    let follower = c.members[f].proc.as_mut().unwrap();
+    assert!(
+        follower.child.try_wait().unwrap().is_none(),
+        "the follower runs"
+    );
+    conn.acquire(&["CLAIM", "after-the-damage"]).await;
+    // The damaged node does not start again, and says why.
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_idemd"))
+        .args(c.members[l].args(None))
+        .env("RUST_LOG", "warn,openraft=off")
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(20), out)
+        .await
+        .expect("the damaged node refuses to start")
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("checksum mismatch"), "{stderr}");
 }
 
 /// A Python with redis-py (Debian's python3-redis), if there is one.

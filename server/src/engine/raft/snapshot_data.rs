@@ -30,7 +30,105 @@ pub struct FileWindow {
     file: Take<tokio::fs::File>,
     base: u64,
     len: u64,
+    check: Check,
 }
+
+/// The file's checksum, checked as the window is read through: the
+/// window's bytes are hashed as they are read in order, and the read that
+/// reaches its end fails if the file's checksum does not match, so a file
+/// damaged on disk after it was written is never sent whole. A part read
+/// again (openraft seeks back to the start of a chunk to send it again)
+/// is hashed again from where it starts, so what is checked is what was
+/// last read.
+pub struct Check {
+    /// Every byte of the file before the window, then the window's bytes
+    /// `0 .. upto`, hashed.
+    hasher: crc32fast::Hasher,
+    /// How far the window's bytes are hashed.
+    upto: u64,
+    /// The hash as it was at the latest places a seek went to (the
+    /// start of a chunk), so that reading from there again hashes again.
+    marks: Vec<(u64, crc32fast::Hasher)>,
+    /// The checksum the file holds.
+    want: u32,
+    /// The file, for the error.
+    what: String,
+    /// Found damaged: every later read fails too.
+    damaged: bool,
+}
+
+impl std::fmt::Debug for Check {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Check")
+            .field("upto", &self.upto)
+            .field("marks", &self.marks.iter().map(|m| m.0).collect::<Vec<_>>())
+            .field("want", &self.want)
+            .field("what", &self.what)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Check {
+    /// A check of a file named `what` whose bytes before the window hash
+    /// into `hasher`, and whose checksum (of those bytes and the window's)
+    /// is `want`.
+    pub fn new(hasher: crc32fast::Hasher, want: u32, what: String) -> Check {
+        Check {
+            marks: vec![(0, hasher.clone())],
+            hasher,
+            upto: 0,
+            want,
+            what,
+            damaged: false,
+        }
+    }
+
+    /// A seek to window position `to`: a place to hash again from if it
+    /// is read again, or one hashed before (to hash again from there).
+    fn seek(&mut self, to: u64) {
+        if to == self.upto {
+            if self.marks.last().is_none_or(|m| m.0 != to) {
+                if self.marks.len() == MARKS {
+                    // The window's start stays.
+                    self.marks.remove(1);
+                }
+                self.marks.push((to, self.hasher.clone()));
+            }
+        } else if to < self.upto
+            && let Some(i) = self.marks.iter().rposition(|m| m.0 == to)
+        {
+            self.hasher = self.marks[i].1.clone();
+            self.upto = to;
+            self.marks.truncate(i + 1);
+        }
+    }
+
+    /// Takes in `bytes`, read at window position `at`; at the window's
+    /// end (`len`), whether the checksum matches.
+    fn read(&mut self, at: u64, bytes: &[u8], len: u64) -> io::Result<()> {
+        let end = at + bytes.len() as u64;
+        if !self.damaged && at <= self.upto && end > self.upto {
+            let fresh = usize::try_from(self.upto - at).unwrap_or(usize::MAX);
+            self.hasher.update(&bytes[fresh.min(bytes.len())..]);
+            self.upto = end;
+            self.damaged = end >= len && self.hasher.clone().finalize() != self.want;
+        }
+        if self.damaged {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!(
+                    "the snapshot file {} is damaged (checksum mismatch): its data directory can no longer be trusted",
+                    self.what
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// How many places [`Check`] can hash again from: the start of the window,
+/// and those of the latest chunks.
+const MARKS: usize = 4;
 
 impl FileWindow {
     /// The position within the window.
@@ -45,12 +143,14 @@ impl SnapshotData {
         SnapshotData::Mem(Cursor::new(bytes))
     }
 
-    /// Bytes `base .. base + len` of `file`, which is positioned at `base`.
-    pub fn file(file: std::fs::File, base: u64, len: u64) -> SnapshotData {
+    /// Bytes `base .. base + len` of `file`, which is positioned at `base`,
+    /// its checksum checked by `check` as they are read.
+    pub fn file(file: std::fs::File, base: u64, len: u64, check: Check) -> SnapshotData {
         SnapshotData::File(FileWindow {
             file: tokio::fs::File::from_std(file).take(len),
             base,
             len,
+            check,
         })
     }
 
@@ -74,7 +174,15 @@ impl AsyncRead for FileWindow {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().file).poll_read(cx, buf)
+        let this = self.get_mut();
+        let (at, before) = (this.pos(), buf.filled().len());
+        ready!(Pin::new(&mut this.file).poll_read(cx, buf))?;
+        let checked = this.check.read(at, &buf.filled()[before..], this.len);
+        if checked.is_err() {
+            // A failed read gives no bytes.
+            buf.set_filled(before);
+        }
+        Poll::Ready(checked)
     }
 }
 
@@ -93,6 +201,7 @@ impl AsyncSeek for FileWindow {
             .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "seek out of range"))?;
         Pin::new(this.file.get_mut()).start_seek(SeekFrom::Start(abs))?;
         this.file.set_limit(this.len.saturating_sub(to));
+        this.check.seek(to);
         Ok(())
     }
 
@@ -175,16 +284,14 @@ mod tests {
     #[tokio::test]
     async fn a_file_window_reads_and_seeks_within_its_bytes_only() {
         let path = std::env::temp_dir().join(format!("idem-window-{}", std::process::id()));
-        let mut f = std::fs::File::create(&path).unwrap();
-        f.write_all(b"HEADERabcdefghijCRC").unwrap();
-        drop(f);
+        write_checked(&path, b"HEADERabcdefghij");
         let open = || {
             let mut f = std::fs::File::open(&path).unwrap();
             std::io::Seek::seek(&mut f, SeekFrom::Start(6)).unwrap();
             f
         };
         // Read from where the file is, without a seek first.
-        let mut w = SnapshotData::file(open(), 6, 10);
+        let mut w = SnapshotData::file(open(), 6, 10, check(&path));
         let mut first = [0u8; 3];
         w.read_exact(&mut first).await.unwrap();
         assert_eq!(&first, b"abc");
@@ -221,11 +328,110 @@ mod tests {
         w.read_to_end(&mut none).await.unwrap();
         assert!(none.is_empty());
         assert!(w.write_all(b"x").await.is_err());
-        let all = SnapshotData::file(open(), 6, 10)
+        let all = SnapshotData::file(open(), 6, 10, check(&path))
             .into_bytes()
             .await
             .unwrap();
         assert_eq!(all, b"abcdefghij");
+        std::fs::remove_file(&path).unwrap();
+    }
+
+    /// `bytes` and their CRC-32 in `path`.
+    fn write_checked(path: &std::path::Path, bytes: &[u8]) {
+        let mut f = std::fs::File::create(path).unwrap();
+        f.write_all(bytes).unwrap();
+        f.write_all(&crc32fast::hash(bytes).to_le_bytes()).unwrap();
+    }
+
+    /// The check of the window `6 .. 16` of the file `path` (its first 6
+    /// bytes hashed, its checksum read from its end).
+    fn check(path: &std::path::Path) -> Check {
+        let bytes = std::fs::read(path).unwrap();
+        let mut hasher = crc32fast::Hasher::new();
+        hasher.update(&bytes[..6]);
+        let want = u32::from_le_bytes(bytes[bytes.len() - 4..].try_into().unwrap());
+        Check::new(hasher, want, path.display().to_string())
+    }
+
+    /// A snapshot file damaged on disk after it was written (the leader
+    /// had checked it only when it started) was sent to followers, whose
+    /// Raft core stopped on it. Now the read that reaches the end of a
+    /// damaged window fails, and so does every read after it.
+    #[tokio::test]
+    async fn a_damaged_file_fails_the_read_that_reaches_its_end() {
+        let path = std::env::temp_dir().join(format!("idem-window-bad-{}", std::process::id()));
+        write_checked(&path, b"HEADERabcdefghij");
+        let open = || {
+            let mut f = std::fs::File::open(&path).unwrap();
+            std::io::Seek::seek(&mut f, SeekFrom::Start(6)).unwrap();
+            f
+        };
+        // Whole: read in chunks as openraft sends it, with a chunk read
+        // again (a resend) on the way.
+        let mut w = SnapshotData::file(open(), 6, 10, check(&path));
+        let mut got = Vec::new();
+        for (at, n) in [(0u64, 4usize), (4, 4), (4, 4), (8, 4)] {
+            tokio::io::AsyncSeekExt::seek(&mut w, SeekFrom::Start(at))
+                .await
+                .unwrap();
+            let mut chunk = vec![0u8; n];
+            let read = w.read(&mut chunk).await.unwrap();
+            if at >= got.len() as u64 {
+                got.extend_from_slice(&chunk[..read]);
+            }
+        }
+        assert_eq!(got, b"abcdefghij");
+        // One bit flipped in the window.
+        let mut bytes = std::fs::read(&path).unwrap();
+        bytes[9] ^= 0x40;
+        std::fs::write(&path, &bytes).unwrap();
+        let mut w = SnapshotData::file(open(), 6, 10, check(&path));
+        let mut first = [0u8; 8];
+        w.read_exact(&mut first).await.unwrap();
+        let e = w.read(&mut [0u8; 8]).await.unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidData);
+        assert!(e.to_string().contains("damaged"), "{e}");
+        tokio::io::AsyncSeekExt::seek(&mut w, SeekFrom::Start(0))
+            .await
+            .unwrap();
+        assert!(w.read(&mut [0u8; 4]).await.is_err(), "stays failed");
+        assert!(
+            SnapshotData::file(open(), 6, 10, check(&path))
+                .into_bytes()
+                .await
+                .is_err()
+        );
+        // Damaged between two sends of the first chunk (read, then sent
+        // again after a failed send): what is checked is what was read
+        // last.
+        write_checked(&path, b"HEADERabcdefghij");
+        let mut w = SnapshotData::file(open(), 6, 10, check(&path));
+        let mut chunk = [0u8; 4];
+        w.read_exact(&mut chunk).await.unwrap();
+        let mut bytes = std::fs::read(&path).unwrap();
+        bytes[7] ^= 0x40;
+        std::fs::write(&path, &bytes).unwrap();
+        for at in [0u64, 4, 0, 4] {
+            tokio::io::AsyncSeekExt::seek(&mut w, SeekFrom::Start(at))
+                .await
+                .unwrap();
+            w.read_exact(&mut chunk).await.unwrap();
+        }
+        tokio::io::AsyncSeekExt::seek(&mut w, SeekFrom::Start(8))
+            .await
+            .unwrap();
+        assert!(
+            w.read(&mut chunk).await.is_err(),
+            "the resent chunk is checked"
+        );
+        // Read out of order, nothing is checked (and nothing fails).
+        let mut w = SnapshotData::file(open(), 6, 10, check(&path));
+        tokio::io::AsyncSeekExt::seek(&mut w, SeekFrom::Start(2))
+            .await
+            .unwrap();
+        let mut rest = Vec::new();
+        w.read_to_end(&mut rest).await.unwrap();
+        assert_eq!(rest.len(), 8);
         std::fs::remove_file(&path).unwrap();
     }
 }

@@ -15,7 +15,7 @@
 #![allow(clippy::result_large_err)]
 
 use std::fs;
-use std::io::Read;
+use std::io::{Read, Seek};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock, Weak};
 
@@ -23,7 +23,7 @@ use openraft::storage::RaftStateMachine;
 use openraft::{EntryPayload, RaftSnapshotBuilder, Snapshot, StorageIOError};
 use parking_lot::Mutex;
 
-use super::snapshot_data::SnapshotData;
+use super::snapshot_data::{Check, SnapshotData};
 use super::types::{
     LogEntry, LogId, Replies, SnapshotMeta, StorageError, StoredMembership, TypeConfig, storage_err,
 };
@@ -201,11 +201,19 @@ fn open_file(path: &Path) -> Result<Option<Snapshot<TypeConfig>>, SnapshotFileEr
         .ok_or_else(|| invalid(path, "cut short"))?;
     let mut meta = vec![0u8; meta_len];
     f.read_exact(&mut meta).map_err(io)?;
+    let mut hasher = crc32fast::Hasher::new();
+    hasher.update(&head);
+    hasher.update(&meta);
     let meta: SnapshotMeta =
         postcard::from_bytes(&meta).map_err(|e| invalid(path, &e.to_string()))?;
+    let mut want = [0u8; 4];
+    f.seek(std::io::SeekFrom::Start(base + len)).map_err(io)?;
+    f.read_exact(&mut want).map_err(io)?;
+    f.seek(std::io::SeekFrom::Start(base)).map_err(io)?;
+    let check = Check::new(hasher, u32::from_le_bytes(want), path.display().to_string());
     Ok(Some(Snapshot {
         meta,
-        snapshot: Box::new(SnapshotData::file(f, base, len)),
+        snapshot: Box::new(SnapshotData::file(f, base, len, check)),
     }))
 }
 
