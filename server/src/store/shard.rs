@@ -90,26 +90,23 @@ pub(crate) struct SlabCopy {
 }
 
 impl SlabCopy {
-    /// The records, with their large bodies.
-    pub(crate) fn records(&self) -> impl Iterator<Item = (&Record, Option<&Bytes>)> {
-        self.chunks.iter().enumerate().flat_map(move |(c, chunk)| {
-            chunk.iter().enumerate().filter_map(move |(i, r)| {
-                let r = r.as_ref()?;
-                let id = (c * CHUNK + i) as u32;
-                Some((
-                    r,
-                    if r.is_large() {
-                        self.large.get(&id)
-                    } else {
-                        None
-                    },
-                ))
-            })
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// The records, with their slots.
+    pub(crate) fn records(&self) -> impl Iterator<Item = (u32, &Record)> {
+        self.chunks.iter().enumerate().flat_map(|(c, chunk)| {
+            chunk
+                .iter()
+                .enumerate()
+                .filter_map(move |(i, r)| Some(((c * CHUNK + i) as u32, r.as_ref()?)))
         })
     }
 
-    pub(crate) fn len(&self) -> usize {
-        self.len
+    /// The large body of the record in slot `id`, if it has one.
+    pub(crate) fn large(&self, id: u32) -> Option<&Bytes> {
+        self.large.get(&id)
     }
 }
 

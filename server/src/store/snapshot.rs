@@ -126,28 +126,60 @@ impl SnapshotCopy {
     }
 
     /// The snapshot, in the canonical format above.
-    pub fn encode(self) -> Vec<u8> {
-        let mut recs: Vec<(&Record, Option<&Bytes>)> =
-            self.shards.iter().flat_map(SlabCopy::records).collect();
-        recs.sort_unstable_by(|a, b| a.0.key().cmp(b.0.key()));
-        let body_len: usize = recs
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        self.encode_to(&mut out)
+            .expect("writing to a Vec does not fail");
+        out
+    }
+
+    /// The snapshot, in the canonical format above, written to `out` a
+    /// part of about [`ENCODE_PART`] bytes at a time (a snapshot as large as
+    /// the store is never held whole in memory); its length.
+    ///
+    /// # Errors
+    ///
+    /// What `out` returns.
+    pub fn encode_to(&self, out: &mut impl std::io::Write) -> std::io::Result<u64> {
+        // The records in key order, each with its shard and slot (for its
+        // large body, if it has one).
+        let mut order: Vec<(&Record, u32, u32)> = self
+            .shards
             .iter()
-            .map(|(r, l)| 48 + r.data_len() + l.map_or(0, |b| b.len()))
-            .sum();
-        let mut out = Vec::with_capacity(64 + body_len);
-        out.extend_from_slice(MAGIC);
-        out.extend_from_slice(&SNAPSHOT_VERSION.to_le_bytes());
+            .enumerate()
+            .flat_map(|(s, shard)| shard.records().map(move |(id, r)| (r, s as u32, id)))
+            .collect();
+        order.sort_unstable_by(|a, b| a.0.key().cmp(b.0.key()));
+        let mut part = Vec::with_capacity(ENCODE_PART + 64);
+        let mut crc = crc32fast::Hasher::new();
+        let mut len = 0u64;
+        let mut flush = |part: &mut Vec<u8>| -> std::io::Result<()> {
+            crc.update(part);
+            out.write_all(part)?;
+            len += part.len() as u64;
+            part.clear();
+            Ok(())
+        };
+        part.extend_from_slice(MAGIC);
+        part.extend_from_slice(&SNAPSHOT_VERSION.to_le_bytes());
         for v in self.header {
-            out.extend_from_slice(&v.to_le_bytes());
+            part.extend_from_slice(&v.to_le_bytes());
         }
-        for (rec, large) in recs {
+        for (rec, s, id) in order {
             let p = rec.parts();
+            let large = match rec.is_large() {
+                true => self.shards[s as usize].large(id),
+                false => None,
+            };
             let body = match large {
                 Some(b) => &b[..],
                 None => rec.inline_body(),
             };
+            if part.len() >= ENCODE_PART {
+                flush(&mut part)?;
+            }
             put_record(
-                &mut out,
+                &mut part,
                 &Rec {
                     key: p.key,
                     state: rec.state(),
@@ -162,11 +194,16 @@ impl SnapshotCopy {
                 },
             );
         }
-        let crc = crc32fast::hash(&out);
-        out.extend_from_slice(&crc.to_le_bytes());
-        out
+        flush(&mut part)?;
+        let sum = crc.finalize().to_le_bytes();
+        out.write_all(&sum)?;
+        Ok(len + sum.len() as u64)
     }
 }
+
+/// About how many bytes [`SnapshotCopy::encode_to`] writes at a time (a
+/// large body goes in the same part as its record).
+const ENCODE_PART: usize = 1 << 20;
 
 impl Store {
     /// The replicated state, in the canonical format above.

@@ -684,6 +684,69 @@ fn a_snapshot_copy_is_unchanged_by_later_applies() {
     assert_eq!(copy.encode(), expected);
 }
 
+/// A snapshot was encoded whole into memory beside the store it copied
+/// (a second copy of every record at its peak). Now it is written out a
+/// part at a time; the parts make the same canonical bytes, in order, and
+/// restore the same store.
+#[test]
+fn a_snapshot_is_written_out_in_parts_that_make_the_same_bytes() {
+    /// Keeps what it is given, and how much it was offered at most.
+    struct Parts {
+        bytes: Vec<u8>,
+        largest: usize,
+    }
+    impl std::io::Write for Parts {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.largest = self.largest.max(buf.len());
+            // Takes at most 100 KiB a call, as a file may.
+            let n = buf.len().min(100 << 10);
+            self.bytes.extend_from_slice(&buf[..n]);
+            Ok(n)
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let s = store_with(4, None, u64::MAX);
+    for i in 0..40_000u64 {
+        let f = acquired(run(&s, Command::Claim(claim(&format!("part{i}"))), 1));
+        if i % 1_000 == 0 {
+            // Some large bodies among them.
+            let value = Bytes::from(vec![b'v'; 300 << 10]);
+            let key = b(&format!("part{i}"));
+            let done = Command::Complete(Complete {
+                key,
+                fence: f,
+                value,
+                retain_ms: None,
+                error: false,
+            });
+            assert_eq!(run(&s, done, 2), Reply::Ok);
+        }
+    }
+    let copy = s.snapshot_copy();
+    let whole = copy.encode();
+    assert!(whole.len() > 8 << 20, "{} bytes", whole.len());
+    let mut parts = Parts {
+        bytes: Vec::new(),
+        largest: 0,
+    };
+    let len = copy.encode_to(&mut parts).unwrap();
+    assert_eq!(len, whole.len() as u64);
+    assert!(parts.bytes == whole, "the same bytes");
+    // A part is about 1 MiB (a large body goes whole into its part).
+    assert!(parts.largest < 2 << 20, "{} bytes at once", parts.largest);
+    let restored = Store::restore(
+        StoreConfig {
+            shards: 2,
+            seed: Some(3),
+        },
+        &parts.bytes,
+    )
+    .unwrap();
+    assert!(restored.snapshot() == whole, "the same store");
+}
+
 /// Records gone gave back none of their slab or index memory (1M expired
 /// records left about 100 MB). Now both shrink once mostly empty.
 #[test]

@@ -15,7 +15,7 @@
 #![allow(clippy::result_large_err)]
 
 use std::fs;
-use std::io::{Read, Seek};
+use std::io::{Read, Seek, Write};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock, Weak};
 
@@ -27,7 +27,7 @@ use super::snapshot_data::{Check, SnapshotData};
 use super::types::{
     LogEntry, LogId, Replies, SnapshotMeta, StorageError, StoredMembership, TypeConfig, storage_err,
 };
-use super::wal::replace_file_parts;
+use super::wal::{replace_file_parts, replace_file_with};
 use crate::engine::EventSink;
 use crate::store::{SnapshotCopy, Store};
 
@@ -120,16 +120,22 @@ pub enum SnapshotFileError {
 /// The file's bytes before and after the store's snapshot (which is
 /// written from where it is, not copied into a buffer of the file's size).
 fn file_frame(s: &Stored) -> Result<(Vec<u8>, [u8; 4]), postcard::Error> {
-    let meta = postcard::to_allocvec(&s.meta)?;
+    let head = file_head_bytes(&s.meta)?;
+    let mut crc = crc32fast::Hasher::new();
+    crc.update(&head);
+    crc.update(&s.data);
+    Ok((head, crc.finalize().to_le_bytes()))
+}
+
+/// The file's bytes before the store's snapshot: its header and `meta`.
+fn file_head_bytes(meta: &SnapshotMeta) -> Result<Vec<u8>, postcard::Error> {
+    let meta = postcard::to_allocvec(meta)?;
     let mut head = Vec::with_capacity(16 + meta.len());
     head.extend_from_slice(MAGIC);
     head.extend_from_slice(&VERSION.to_le_bytes());
     head.extend_from_slice(&(meta.len() as u32).to_le_bytes());
     head.extend_from_slice(&meta);
-    let mut crc = crc32fast::Hasher::new();
-    crc.update(&head);
-    crc.update(&s.data);
-    Ok((head, crc.finalize().to_le_bytes()))
+    Ok(head)
 }
 
 /// The snapshot in the file read into `bytes`, its data taking the place
@@ -342,6 +348,47 @@ impl StateMachine {
         replace_file_parts(&self.dir, "snapshot", &[&head, &stored.data, &crc])
             .map_err(|e| storage_err(StorageIOError::write_snapshot_any, e))
     }
+
+    /// Writes the snapshot of `copy` under `meta`, encoded straight into
+    /// the file; the snapshot's data, read from the file.
+    fn save_copy(&self, meta: &SnapshotMeta, copy: &SnapshotCopy) -> Result<SnapshotData, String> {
+        let head = file_head_bytes(meta).map_err(|e| e.to_string())?;
+        replace_file_with(&self.dir, "snapshot", |f| {
+            let mut crc = crc32fast::Hasher::new();
+            crc.update(&head);
+            f.write_all(&head)?;
+            copy.encode_to(&mut Hashing {
+                out: &mut *f,
+                crc: &mut crc,
+            })?;
+            f.write_all(&crc.finalize().to_le_bytes())
+        })
+        .map_err(|e| e.to_string())?;
+        let path = self.dir.join("snapshot");
+        match open_file(&path) {
+            Ok(Some(s)) => Ok(*s.snapshot),
+            Ok(None) => Err(format!("{} is gone after it was written", path.display())),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+}
+
+/// A writer that hashes what it writes.
+struct Hashing<'a, W> {
+    out: W,
+    crc: &'a mut crc32fast::Hasher,
+}
+
+impl<W: Write> Write for Hashing<'_, W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.out.write(buf)?;
+        self.crc.update(&buf[..n]);
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.out.flush()
+    }
 }
 
 /// `StorageIOError::write_snapshot` without a signature.
@@ -409,10 +456,6 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
             if sm.is_stopped() {
                 return None;
             }
-            let stored = Stored {
-                meta: file_meta,
-                data: copy.encode(),
-            };
             let mut failures = 0u64;
             loop {
                 // Held for one attempt at a time: an install waits for the
@@ -421,22 +464,25 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
                 if sm.is_stopped() {
                     return None;
                 }
-                if sm.has_newer(stored.meta.last_log_id) {
+                if sm.has_newer(file_meta.last_log_id) {
                     // A newer snapshot was installed (or built) meanwhile:
-                    // this one is not kept, and openraft ignores it.
-                    return Some((stored.data, false));
+                    // this one is not kept, and openraft ignores it (it
+                    // takes only the meta of what a build returns).
+                    return Some((SnapshotData::mem(copy.encode()), false));
                 }
-                match sm.save(&stored) {
-                    Ok(()) => {
+                // Encoded straight into the file, a part at a time: the
+                // snapshot is never whole in memory beside the store.
+                match sm.save_copy(&file_meta, &copy) {
+                    Ok(data) => {
                         if failures > 0 {
                             tracing::info!(attempts = failures + 1, "snapshot written");
                         }
                         // Made current under the same hold as the write: an
                         // install comes wholly before or after.
-                        let last = stored.meta.last_log_id;
-                        sm.inner.lock().snapshot = Some(stored.meta);
+                        let last = file_meta.last_log_id;
+                        sm.inner.lock().snapshot = Some(file_meta);
                         sm.report_saved(last);
-                        return Some((stored.data, true));
+                        return Some((data, true));
                     }
                     Err(e) => {
                         if failures == 0 {
@@ -477,7 +523,7 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
         }
         Ok(Snapshot {
             meta,
-            snapshot: Box::new(SnapshotData::mem(data)),
+            snapshot: Box::new(data),
         })
     }
 }

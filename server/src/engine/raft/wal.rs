@@ -806,11 +806,23 @@ pub fn replace_file(dir: &Path, name: &str, bytes: &[u8]) -> Result<(), WalError
 
 /// [`replace_file`] with the contents given in parts, written in order.
 pub fn replace_file_parts(dir: &Path, name: &str, parts: &[&[u8]]) -> Result<(), WalError> {
+    replace_file_with(dir, name, |f| {
+        for part in parts {
+            f.write_all(part)?;
+        }
+        Ok(())
+    })
+}
+
+/// [`replace_file`] with the contents `write` writes.
+pub fn replace_file_with(
+    dir: &Path,
+    name: &str,
+    write: impl FnOnce(&mut File) -> io::Result<()>,
+) -> Result<(), WalError> {
     let tmp = dir.join(format!("{name}.tmp"));
     let mut f = File::create(&tmp).map_err(io_err("create", &tmp))?;
-    for part in parts {
-        f.write_all(part).map_err(io_err("write", &tmp))?;
-    }
+    write(&mut f).map_err(io_err("write", &tmp))?;
     f.sync_all().map_err(io_err("sync", &tmp))?;
     fs::rename(&tmp, dir.join(name)).map_err(io_err("rename", &tmp))?;
     sync_dir(dir)
