@@ -89,6 +89,11 @@ impl Idemd {
         self.proc_bytes("status", "VmRSS")
     }
 
+    /// The server's peak resident memory so far (`VmHWM`), in bytes.
+    pub fn peak_rss(&self) -> u64 {
+        self.proc_bytes("status", "VmHWM")
+    }
+
     /// The server's anonymous memory (heap and stacks, not the binary's
     /// code pages, which fault in as code paths first run), in bytes.
     pub fn anonymous(&self) -> u64 {
