@@ -1226,30 +1226,6 @@ async fn a_new_leader_with_a_skewed_wall_clock_neither_lapses_early_nor_turns_ti
     }
 }
 
-/// Writes `n` completed records `prefix-i` through `conn`, pipelined.
-async fn fill(conn: &mut Conn, prefix: &str, n: usize) {
-    let batch = 1000;
-    for start in (0..n).step_by(batch) {
-        let end = (start + batch).min(n);
-        let mut out = bytes::BytesMut::new();
-        for i in start..end {
-            let k = format!("{prefix}-{i}");
-            idem_protocol::encode(
-                &cmd_frame(&["CLAIM", &k, "LEASE", "60000", "ATTEMPT", "fill"]),
-                idem_protocol::Version::Resp2,
-                &mut out,
-            );
-        }
-        conn.write_raw(&out).await;
-        for _ in start..end {
-            assert!(matches!(
-                claim(conn.reply().await),
-                ClaimReply::Acquired { .. }
-            ));
-        }
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_follower_down_while_100k_records_are_written_catches_up_by_snapshot() {
     let mut c = Cluster::start_with("catch-up", 3, &[("IDEM_SNAPSHOT_ENTRIES", "50")]).await;
@@ -1293,23 +1269,22 @@ async fn a_follower_down_while_100k_records_are_written_catches_up_by_snapshot()
 }
 
 /// A snapshot file damaged on disk after it was written was sent as it
-/// was: the follower refused it and its Raft core stopped for good, the
-/// process staying up and answering every write with an error. Now the
-/// leader checks the file's checksum as it sends it, and a damaged file
-/// stops the leader (exit code 70, the reason on stderr), as a damaged
-/// data directory keeps a node from starting; another member leads and
-/// catches the follower up. (Any error that stops a Raft core now stops
-/// its process the same way, rather than leave it serving errors.)
+/// was: the member it was sent to refused it and its Raft core stopped for
+/// good, the process staying up and answering every write with an error.
+/// Now the leader checks the file's checksum as it sends it, and a
+/// damaged file stops the leader (exit code 70, the reason on stderr), as
+/// a damaged data directory keeps a node from starting; another member
+/// leads and catches the new member up. (Any error that stops a Raft core
+/// now stops its process the same way, rather than leave it serving
+/// errors.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_snapshot_damaged_on_disk_is_never_sent_and_stops_its_node() {
     let mut c = Cluster::start_with("damaged", 3, &[("IDEM_SNAPSHOT_ENTRIES", "50")]).await;
-    let f = c.followers().await[0];
-    c.members[f].kill().await;
     let l = c.leader().await;
     let mut conn = c.members[l].conn().await;
     fill(&mut conn, "bulk", 20_000).await;
-    // The log the follower needs is purged, and the latest snapshot
-    // written (no other one under way that would replace the file).
+    // The log is purged behind the latest snapshot, which is written (no
+    // other one under way that would replace the file).
     let mut leader_info = c.members[l].conn().await;
     let mut built = 0;
     eventually("the leader's snapshots settle", async || {
@@ -1327,32 +1302,49 @@ async fn a_snapshot_damaged_on_disk_is_never_sent_and_stops_its_node() {
     let at = bytes.len() / 2;
     bytes[at] ^= 0x40;
     std::fs::write(&path, &bytes).unwrap();
-    c.members[f].start(None, &[]).await;
+    // A new member needs the snapshot: the leader reads it to send it.
+    let mut learner = Member::new("damaged", 4);
+    learner.start(None, &[]).await;
+    let add = conn
+        .cmd(&[
+            "CLUSTER",
+            "ADD",
+            "4",
+            &learner.peer.to_string(),
+            &learner.client.to_string(),
+        ])
+        .await;
+    assert_eq!(add, ok(), "{add:?}");
     let status = tokio::time::timeout(Duration::from_secs(20), async {
         let p = c.members[l].proc.as_mut().unwrap();
         p.child.wait().await.unwrap()
     })
-    .await
-    .expect("the leader whose snapshot file is damaged stops");
+    .await;
+    let Ok(status) = status else {
+        let mut lc = c.members[l].conn().await;
+        let mut nc = learner.conn().await;
+        panic!(
+            "the leader whose snapshot file is damaged did not stop; leader: {:?}; new member: {:?}",
+            lc.cmd(&["INFO", "replication"]).await,
+            nc.cmd(&["INFO", "replication"]).await
+        );
+    };
     assert_eq!(status.code(), Some(70), "{status:?}");
     c.members[l].proc = None;
-    // The follower was never sent the damaged snapshot: it catches up
+    // The new member was never sent the damaged snapshot: it catches up
     // from the new leader.
     let l2 = c.leader().await;
     let mut conn = c.members[l2].conn().await;
+    conn.acquire(&["CLAIM", "after-the-damage"]).await;
     let want = int(&conn.cmd(&["DBSIZE"]).await);
-    assert!(want >= 20_000, "{want}");
-    let mut fc = c.members[f].conn().await;
-    eventually("the follower catches up", async || {
-        (int(&fc.cmd(&["DBSIZE"]).await) == want).then_some(())
+    assert!(want > 20_000, "{want}");
+    let mut nc = learner.conn().await;
+    eventually("the new member catches up", async || {
+        (int(&nc.cmd(&["DBSIZE"]).await) == want).then_some(())
     })
     .await;
-    let follower = c.members[f].proc.as_mut().unwrap();
-    assert!(
-        follower.child.try_wait().unwrap().is_none(),
-        "the follower runs"
-    );
-    conn.acquire(&["CLAIM", "after-the-damage"]).await;
+    let p = learner.proc.as_mut().unwrap();
+    assert!(p.child.try_wait().unwrap().is_none(), "the new member runs");
     // The damaged node does not start again, and says why.
     let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_idemd"))
         .args(c.members[l].args(None))

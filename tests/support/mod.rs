@@ -399,3 +399,28 @@ pub fn redis_cli(args: &[&str]) -> String {
         String::from_utf8_lossy(&out.stderr)
     )
 }
+
+/// Claims `n` fresh keys `prefix-i` through `conn` (attempt `fill`,
+/// 60 s leases), pipelined a thousand at a time.
+pub async fn fill(conn: &mut Conn, prefix: &str, n: usize) {
+    let batch = 1000;
+    for start in (0..n).step_by(batch) {
+        let end = (start + batch).min(n);
+        let mut out = bytes::BytesMut::new();
+        for i in start..end {
+            let k = format!("{prefix}-{i}");
+            idem_protocol::encode(
+                &cmd_frame(&["CLAIM", &k, "LEASE", "60000", "ATTEMPT", "fill"]),
+                idem_protocol::Version::Resp2,
+                &mut out,
+            );
+        }
+        conn.write_raw(&out).await;
+        for _ in start..end {
+            assert!(matches!(
+                claim(conn.reply().await),
+                ClaimReply::Acquired { .. }
+            ));
+        }
+    }
+}

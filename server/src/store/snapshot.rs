@@ -19,6 +19,7 @@
 //! `on_expire`: 0 FREE, 1 RECOVER. Node-local counters and cursors are not
 //! part of a snapshot.
 
+use std::io::Read;
 use std::sync::atomic::Ordering;
 
 use bytes::Bytes;
@@ -53,6 +54,9 @@ pub enum SnapshotError {
     /// The snapshot ends early or holds an impossible value.
     #[error("snapshot is malformed: {0}")]
     Malformed(&'static str),
+    /// The snapshot could not be read.
+    #[error("cannot read the snapshot: {0}")]
+    Io(String),
 }
 
 /// One record, as a snapshot holds it.
@@ -253,65 +257,71 @@ impl Store {
     ///
     /// As [`Store::restore`].
     pub fn load_snapshot(&self, snapshot: &[u8]) -> Result<(), SnapshotError> {
-        let mut r = Reader { buf: snapshot };
-        if r.take(8)? != MAGIC {
-            return Err(SnapshotError::BadMagic);
-        }
-        let version = r.u32()?;
-        if version != SNAPSHOT_VERSION {
-            return Err(SnapshotError::Version {
-                found: version,
-                supported: SNAPSHOT_VERSION,
-            });
-        }
-        let Some(body_len) = snapshot.len().checked_sub(4) else {
-            return Err(SnapshotError::Malformed("too short"));
+        self.load_snapshot_from(|| Ok(snapshot), snapshot.len() as u64)
+    }
+
+    /// [`load_snapshot`](Self::load_snapshot) from the `len` bytes that
+    /// `open` reads (a file, say), read twice: once to check all of it,
+    /// then to load it. Neither the snapshot nor its records are held
+    /// whole in memory meanwhile: only one record at a time.
+    ///
+    /// # Errors
+    ///
+    /// As [`Store::restore`], and [`SnapshotError::Io`] if a read fails.
+    pub fn load_snapshot_from<R: Read>(
+        &self,
+        mut open: impl FnMut() -> std::io::Result<R>,
+        len: u64,
+    ) -> Result<(), SnapshotError> {
+        let io = |e: std::io::Error| SnapshotError::Io(e.to_string());
+        // Every record checked first, none kept.
+        let mut r = Stream::new(open().map_err(io)?, len)?;
+        let header = r.header()?;
+        let mut last: Vec<u8> = Vec::new();
+        let mut records = || {
+            for i in 0..header.count {
+                let rec = r.record()?;
+                if i > 0 && last.as_slice() >= rec.key {
+                    return Err(SnapshotError::Malformed("records out of key order"));
+                }
+                if rec.key.is_empty() || rec.key.len() > u16::MAX as usize {
+                    return Err(SnapshotError::Malformed("key length"));
+                }
+                if rec.fingerprint.is_some_and(|f| f.len() > u16::MAX as usize) {
+                    return Err(SnapshotError::Malformed("fingerprint length"));
+                }
+                last.clear();
+                last.extend_from_slice(rec.key);
+            }
+            Ok(())
         };
-        let (body, crc) = snapshot.split_at(body_len);
-        if crc32fast::hash(body) != u32::from_le_bytes([crc[0], crc[1], crc[2], crc[3]]) {
-            return Err(SnapshotError::Checksum);
-        }
-        let mut r = Reader {
-            buf: body
-                .get(12..)
-                .ok_or(SnapshotError::Malformed("too short"))?,
-        };
-        let (clock, next_fence, seq) = (r.u64()?, r.u64()?, r.u64()?);
-        let (max_memory, headroom) = (r.u64()?, r.u64()?);
-        let count = r.u64()?;
-        let mut recs = Vec::new();
-        let mut last: Option<&[u8]> = None;
-        for _ in 0..count {
-            let rec = r.record()?;
-            if last.is_some_and(|l| l >= rec.key) {
-                return Err(SnapshotError::Malformed("records out of key order"));
+        match records() {
+            Ok(()) => r.end()?,
+            // A damaged snapshot is called so, whatever it looked like.
+            Err(SnapshotError::Malformed(why)) => {
+                r.end()?;
+                return Err(SnapshotError::Malformed(why));
             }
-            if rec.key.is_empty() || rec.key.len() > u16::MAX as usize {
-                return Err(SnapshotError::Malformed("key length"));
-            }
-            if rec.fingerprint.is_some_and(|f| f.len() > u16::MAX as usize) {
-                return Err(SnapshotError::Malformed("fingerprint length"));
-            }
-            last = Some(rec.key);
-            recs.push(rec);
+            Err(e) => return Err(e),
         }
-        if !r.buf.is_empty() {
-            return Err(SnapshotError::Malformed("bytes after the last record"));
-        }
+        // Then read again, as checked.
+        let mut r = Stream::new(open().map_err(io)?, len)?;
+        let header = r.header()?;
         let mut guards: Vec<_> = self.shards.iter().map(|s| s.lock()).collect();
         for g in guards.iter_mut() {
             **g = Default::default();
         }
         self.memory.store(0, Ordering::Release);
-        self.clock.store(clock, Ordering::Release);
-        self.next_fence.store(next_fence, Ordering::Release);
-        self.seq.store(seq, Ordering::Release);
-        self.max_memory.store(max_memory, Ordering::Release);
-        self.headroom.store(headroom, Ordering::Release);
-        for rec in &recs {
+        self.clock.store(header.clock, Ordering::Release);
+        self.next_fence.store(header.next_fence, Ordering::Release);
+        self.seq.store(header.seq, Ordering::Release);
+        self.max_memory.store(header.max_memory, Ordering::Release);
+        self.headroom.store(header.headroom, Ordering::Release);
+        for _ in 0..header.count {
+            let rec = r.record()?;
             let hash = self.hash(rec.key);
             let sh = &mut *guards[self.shard_index(hash)];
-            self.insert_restored(sh, hash, rec);
+            self.insert_restored(sh, hash, &rec);
         }
         Ok(())
     }
@@ -341,6 +351,161 @@ impl Store {
             .insert_unique(table_hash(h32), (id, h32), |&(_, h)| table_hash(h));
         sh.aux.by_state[state_index(r.state)] += 1;
         self.charge(0, sh.slab.cost(id));
+    }
+}
+
+/// A snapshot's header fields.
+struct Header {
+    clock: u64,
+    next_fence: u64,
+    seq: u64,
+    max_memory: u64,
+    headroom: u64,
+    count: u64,
+}
+
+/// A snapshot read from a reader a record at a time, its checksum taken
+/// as it goes.
+struct Stream<R> {
+    inner: R,
+    /// Bytes not read yet.
+    left: u64,
+    crc: crc32fast::Hasher,
+    /// The bytes of the record being read.
+    buf: Vec<u8>,
+}
+
+impl<R: Read> Stream<R> {
+    fn new(inner: R, len: u64) -> Result<Stream<R>, SnapshotError> {
+        Ok(Stream {
+            inner,
+            left: len,
+            crc: crc32fast::Hasher::new(),
+            buf: Vec::new(),
+        })
+    }
+
+    /// Reads `n` more bytes onto `buf` (the checksum excluded: the last 4
+    /// bytes are left for [`end`](Self::end)).
+    fn fill(&mut self, n: usize) -> Result<(), SnapshotError> {
+        if n as u64 > self.left.saturating_sub(4) {
+            return Err(SnapshotError::Malformed("ends early"));
+        }
+        let at = self.buf.len();
+        self.buf.resize(at + n, 0);
+        self.inner
+            .read_exact(&mut self.buf[at..])
+            .map_err(|e| match e.kind() {
+                std::io::ErrorKind::UnexpectedEof => SnapshotError::Malformed("ends early"),
+                _ => SnapshotError::Io(e.to_string()),
+            })?;
+        self.crc.update(&self.buf[at..]);
+        self.left -= n as u64;
+        Ok(())
+    }
+
+    /// The last byte read, which must be 0 or 1.
+    fn flag(&self) -> Result<bool, SnapshotError> {
+        match self.buf.last() {
+            Some(0) => Ok(false),
+            Some(1) => Ok(true),
+            _ => Err(SnapshotError::Malformed("flag byte")),
+        }
+    }
+
+    /// The little-endian integer in the last `N` bytes read.
+    fn last<const N: usize>(&self) -> u64 {
+        let mut a = [0u8; 8];
+        a[..N].copy_from_slice(&self.buf[self.buf.len() - N..]);
+        u64::from_le_bytes(a)
+    }
+
+    fn header(&mut self) -> Result<Header, SnapshotError> {
+        // The magic first, whatever the length: anything else is not a
+        // snapshot at all.
+        let mut magic = [0u8; 8];
+        let n = usize::try_from(self.left).map_or(8, |l| l.min(8));
+        self.inner
+            .read_exact(&mut magic[..n])
+            .map_err(|e| SnapshotError::Io(e.to_string()))?;
+        if &magic != MAGIC {
+            return Err(SnapshotError::BadMagic);
+        }
+        self.crc.update(&magic);
+        self.left -= 8;
+        self.buf.clear();
+        self.fill(4 + 48)?;
+        let mut r = Reader { buf: &self.buf };
+        let version = r.u32()?;
+        if version != SNAPSHOT_VERSION {
+            return Err(SnapshotError::Version {
+                found: version,
+                supported: SNAPSHOT_VERSION,
+            });
+        }
+        Ok(Header {
+            clock: r.u64()?,
+            next_fence: r.u64()?,
+            seq: r.u64()?,
+            max_memory: r.u64()?,
+            headroom: r.u64()?,
+            count: r.u64()?,
+        })
+    }
+
+    /// The next record (in the format above), read whole.
+    fn record(&mut self) -> Result<Rec<'_>, SnapshotError> {
+        self.buf.clear();
+        self.fill(4)?;
+        let key_len = self.last::<4>() as usize;
+        // The key, state, on_expire, recovered, fence, deadline, retain_ms
+        // and the fingerprint's flag.
+        self.fill(key_len + 3 + 8 + 8 + 4 + 1)?;
+        if self.flag()? {
+            self.fill(4)?;
+            let n = self.last::<4>() as usize;
+            self.fill(n)?;
+        }
+        self.fill(1)?;
+        if self.flag()? {
+            self.fill(1)?;
+            let n = self.last::<1>() as usize;
+            self.fill(n)?;
+        }
+        self.fill(4)?;
+        let n = self.last::<4>() as usize;
+        self.fill(n)?;
+        let mut r = Reader { buf: &self.buf };
+        let rec = r.record()?;
+        debug_assert!(r.buf.is_empty());
+        Ok(rec)
+    }
+
+    /// Checks the checksum: what is left of the snapshot is read through
+    /// (its records unread); then, that nothing but the checksum was left.
+    fn end(&mut self) -> Result<(), SnapshotError> {
+        let trailing = self.left > 4;
+        let mut chunk = vec![0u8; 64 << 10];
+        while self.left > 4 {
+            let n = usize::try_from(self.left - 4).map_or(chunk.len(), |l| l.min(chunk.len()));
+            if self.inner.read_exact(&mut chunk[..n]).is_err() {
+                // Cut short: it cannot match.
+                return Err(SnapshotError::Checksum);
+            }
+            self.crc.update(&chunk[..n]);
+            self.left -= n as u64;
+        }
+        let mut sum = [0u8; 4];
+        self.inner
+            .read_exact(&mut sum)
+            .map_err(|e| SnapshotError::Io(e.to_string()))?;
+        if self.crc.clone().finalize() != u32::from_le_bytes(sum) {
+            return Err(SnapshotError::Checksum);
+        }
+        if trailing {
+            return Err(SnapshotError::Malformed("bytes after the last record"));
+        }
+        Ok(())
     }
 }
 

@@ -138,28 +138,6 @@ fn file_head_bytes(meta: &SnapshotMeta) -> Result<Vec<u8>, postcard::Error> {
     Ok(head)
 }
 
-/// The snapshot in the file read into `bytes`, its data taking the place
-/// of the file's bytes (a snapshot may be gigabytes: it is not copied).
-fn decode_file(path: &Path, mut bytes: Vec<u8>) -> Result<Stored, SnapshotFileError> {
-    let bad = |reason: &str| invalid(path, reason);
-    if bytes.len() < 20 {
-        return Err(bad("not an Idem snapshot file"));
-    }
-    file_head(path, &bytes[..16])?;
-    let (body, crc) = bytes.split_at(bytes.len() - 4);
-    if crc32fast::hash(body) != u32::from_le_bytes([crc[0], crc[1], crc[2], crc[3]]) {
-        return Err(bad("checksum mismatch"));
-    }
-    let meta_len = u32::from_le_bytes([body[12], body[13], body[14], body[15]]) as usize;
-    let meta_bytes = body
-        .get(16..16 + meta_len)
-        .ok_or_else(|| bad("cut short"))?;
-    let meta: SnapshotMeta = postcard::from_bytes(meta_bytes).map_err(|e| bad(&e.to_string()))?;
-    bytes.truncate(bytes.len() - 4);
-    bytes.drain(..16 + meta_len);
-    Ok(Stored { meta, data: bytes })
-}
-
 fn invalid(path: &Path, reason: &str) -> SnapshotFileError {
     SnapshotFileError::Invalid {
         path: path.to_owned(),
@@ -185,9 +163,21 @@ fn file_head(path: &Path, head: &[u8]) -> Result<usize, SnapshotFileError> {
     Ok(u32::from_le_bytes([head[12], head[13], head[14], head[15]]) as usize)
 }
 
-/// The current snapshot, its data read from the file at `path` as it
-/// is sent: the header is read here, the rest a chunk at a time.
-fn open_file(path: &Path) -> Result<Option<Snapshot<TypeConfig>>, SnapshotFileError> {
+/// A snapshot file's layout, from its header.
+struct FileHead {
+    meta: SnapshotMeta,
+    /// Where the store's snapshot starts, and its length.
+    base: u64,
+    len: u64,
+    /// The file's bytes before the store's snapshot, hashed.
+    hasher: crc32fast::Hasher,
+    /// The file's checksum.
+    want: u32,
+}
+
+/// The snapshot file at `path` (if there is one), positioned where the
+/// store's snapshot starts, and its layout.
+fn read_head(path: &Path) -> Result<Option<(fs::File, FileHead)>, SnapshotFileError> {
     let io = |source| SnapshotFileError::Io {
         path: path.to_owned(),
         source,
@@ -199,7 +189,8 @@ fn open_file(path: &Path) -> Result<Option<Snapshot<TypeConfig>>, SnapshotFileEr
     };
     let file_len = f.metadata().map_err(io)?.len();
     let mut head = [0u8; 16];
-    f.read_exact(&mut head).map_err(io)?;
+    f.read_exact(&mut head)
+        .map_err(|_| invalid(path, "not an Idem snapshot file"))?;
     let meta_len = file_head(path, &head)?;
     let base = 16 + meta_len as u64;
     let len = file_len
@@ -216,24 +207,73 @@ fn open_file(path: &Path) -> Result<Option<Snapshot<TypeConfig>>, SnapshotFileEr
     f.seek(std::io::SeekFrom::Start(base + len)).map_err(io)?;
     f.read_exact(&mut want).map_err(io)?;
     f.seek(std::io::SeekFrom::Start(base)).map_err(io)?;
-    let check = Check::new(hasher, u32::from_le_bytes(want), path.display().to_string());
+    Ok(Some((
+        f,
+        FileHead {
+            meta,
+            base,
+            len,
+            hasher,
+            want: u32::from_le_bytes(want),
+        },
+    )))
+}
+
+/// The current snapshot, its data read from the file at `path` as it
+/// is sent: the header is read here, the rest a chunk at a time.
+fn open_file(path: &Path) -> Result<Option<Snapshot<TypeConfig>>, SnapshotFileError> {
+    let Some((f, head)) = read_head(path)? else {
+        return Ok(None);
+    };
+    let check = Check::new(head.hasher, head.want, path.display().to_string());
     Ok(Some(Snapshot {
-        meta,
-        snapshot: Box::new(SnapshotData::file(f, base, len, check)),
+        meta: head.meta,
+        snapshot: Box::new(SnapshotData::file(f, head.base, head.len, check)),
     }))
 }
 
-/// The snapshot file at `path`, if there is one.
-fn read_file(path: &Path) -> Result<Option<Stored>, SnapshotFileError> {
-    match fs::read(path) {
-        Ok(bytes) => decode_file(path, bytes).map(Some),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(source) => Err(SnapshotFileError::Io {
-            path: path.to_owned(),
-            source,
-        }),
+/// Loads the snapshot file at `path` (if there is one) into `store`; its
+/// meta. The file is read a part at a time, three times (its checksum,
+/// then the store's check and load), never whole into memory: a store
+/// loading beside a copy of itself would need twice its memory to start.
+fn load_file(store: &Store, path: &Path) -> Result<Option<SnapshotMeta>, SnapshotFileError> {
+    let io = |source| SnapshotFileError::Io {
+        path: path.to_owned(),
+        source,
+    };
+    let Some((f, head)) = read_head(path)? else {
+        return Ok(None);
+    };
+    let mut data = std::io::BufReader::with_capacity(READ_PART, f.take(head.len));
+    let mut hasher = head.hasher;
+    let mut chunk = vec![0u8; READ_PART];
+    loop {
+        let n = data.read(&mut chunk).map_err(io)?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&chunk[..n]);
     }
+    drop(chunk);
+    if data.get_ref().limit() != 0 || hasher.finalize() != head.want {
+        return Err(invalid(path, "checksum mismatch"));
+    }
+    let open = || {
+        let mut f = fs::File::open(path)?;
+        f.seek(std::io::SeekFrom::Start(head.base))?;
+        Ok(std::io::BufReader::with_capacity(
+            READ_PART,
+            f.take(head.len),
+        ))
+    };
+    store
+        .load_snapshot_from(open, head.len)
+        .map_err(|e| invalid(path, &e.to_string()))?;
+    Ok(Some(head.meta))
 }
+
+/// How much of a snapshot file is read at a time.
+const READ_PART: usize = 1 << 20;
 
 impl StateMachine {
     /// The state machine over `store`, loading the snapshot in `dir` if
@@ -246,16 +286,10 @@ impl StateMachine {
             snapshot: None,
             stats: SnapshotStats::default(),
         };
-        if let Some(stored) = read_file(&path)? {
-            store
-                .load_snapshot(&stored.data)
-                .map_err(|e| SnapshotFileError::Invalid {
-                    path: path.clone(),
-                    reason: e.to_string(),
-                })?;
-            inner.last_applied = stored.meta.last_log_id;
-            inner.membership = stored.meta.last_membership.clone();
-            inner.snapshot = Some(stored.meta);
+        if let Some(meta) = load_file(&store, &path)? {
+            inner.last_applied = meta.last_log_id;
+            inner.membership = meta.last_membership.clone();
+            inner.snapshot = Some(meta);
         }
         Ok(StateMachine {
             store,
