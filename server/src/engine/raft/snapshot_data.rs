@@ -20,6 +20,35 @@ pub enum SnapshotData {
     Mem(Cursor<Vec<u8>>),
     /// Bytes `base .. base + len` of a file, read on demand.
     File(FileWindow),
+    /// Being received from the leader, into a file of its own (a snapshot
+    /// as large as the store is not held in memory beside it).
+    Incoming(Incoming),
+}
+
+/// A file a snapshot is received into, removed with it unless it is
+/// taken ([`Incoming::into_path`]): a reception given up (another leader
+/// sends another snapshot) leaves no file behind.
+#[derive(Debug)]
+pub struct Incoming {
+    file: tokio::fs::File,
+    path: std::path::PathBuf,
+    taken: bool,
+}
+
+impl Incoming {
+    /// Where the snapshot is, now the caller's to remove.
+    pub fn into_path(mut self) -> std::path::PathBuf {
+        self.taken = true;
+        std::mem::take(&mut self.path)
+    }
+}
+
+impl Drop for Incoming {
+    fn drop(&mut self) {
+        if !self.taken {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
 }
 
 /// A read-only window of a file.
@@ -154,10 +183,31 @@ impl SnapshotData {
         })
     }
 
+    /// A snapshot to be received into the new file `path` (made empty).
+    pub fn incoming(path: std::path::PathBuf) -> io::Result<SnapshotData> {
+        let file = std::fs::File::options()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)?;
+        Ok(SnapshotData::Incoming(Incoming {
+            file: tokio::fs::File::from_std(file),
+            path,
+            taken: false,
+        }))
+    }
+
     /// All the bytes, in memory.
     pub async fn into_bytes(self) -> io::Result<Vec<u8>> {
         match self {
             SnapshotData::Mem(c) => Ok(c.into_inner()),
+            SnapshotData::Incoming(mut i) => {
+                let mut out = Vec::new();
+                i.file.seek(SeekFrom::Start(0)).await?;
+                i.file.read_to_end(&mut out).await?;
+                Ok(out)
+            }
             SnapshotData::File(mut w) => {
                 let mut out = Vec::with_capacity(usize::try_from(w.len).unwrap_or(0));
                 w.seek(SeekFrom::Start(0)).await?;
@@ -228,6 +278,7 @@ impl AsyncRead for SnapshotData {
         match self.get_mut() {
             SnapshotData::Mem(c) => Pin::new(c).poll_read(cx, buf),
             SnapshotData::File(w) => Pin::new(w).poll_read(cx, buf),
+            SnapshotData::Incoming(i) => Pin::new(&mut i.file).poll_read(cx, buf),
         }
     }
 }
@@ -237,6 +288,7 @@ impl AsyncSeek for SnapshotData {
         match self.get_mut() {
             SnapshotData::Mem(c) => Pin::new(c).start_seek(position),
             SnapshotData::File(w) => Pin::new(w).start_seek(position),
+            SnapshotData::Incoming(i) => Pin::new(&mut i.file).start_seek(position),
         }
     }
 
@@ -244,6 +296,7 @@ impl AsyncSeek for SnapshotData {
         match self.get_mut() {
             SnapshotData::Mem(c) => Pin::new(c).poll_complete(cx),
             SnapshotData::File(w) => Pin::new(w).poll_complete(cx),
+            SnapshotData::Incoming(i) => Pin::new(&mut i.file).poll_complete(cx),
         }
     }
 }
@@ -257,6 +310,7 @@ impl AsyncWrite for SnapshotData {
         match self.get_mut() {
             SnapshotData::Mem(c) => Pin::new(c).poll_write(cx, buf),
             SnapshotData::File(_) => Poll::Ready(Err(read_only())),
+            SnapshotData::Incoming(i) => Pin::new(&mut i.file).poll_write(cx, buf),
         }
     }
 
@@ -264,6 +318,7 @@ impl AsyncWrite for SnapshotData {
         match self.get_mut() {
             SnapshotData::Mem(c) => Pin::new(c).poll_flush(cx),
             SnapshotData::File(_) => Poll::Ready(Ok(())),
+            SnapshotData::Incoming(i) => Pin::new(&mut i.file).poll_flush(cx),
         }
     }
 
@@ -271,6 +326,7 @@ impl AsyncWrite for SnapshotData {
         match self.get_mut() {
             SnapshotData::Mem(c) => Pin::new(c).poll_shutdown(cx),
             SnapshotData::File(_) => Poll::Ready(Ok(())),
+            SnapshotData::Incoming(i) => Pin::new(&mut i.file).poll_shutdown(cx),
         }
     }
 }

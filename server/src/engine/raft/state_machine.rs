@@ -275,6 +275,18 @@ fn load_file(store: &Store, path: &Path) -> Result<Option<SnapshotMeta>, Snapsho
 /// How much of a snapshot file is read at a time.
 const READ_PART: usize = 1 << 20;
 
+/// Files snapshots are received into are named this, then a number.
+const INCOMING_PREFIX: &str = "snapshot.incoming-";
+
+/// The number of the next file a snapshot is received into.
+static INCOMING: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// A received snapshot, loaded.
+enum Received {
+    Mem(Vec<u8>),
+    File(PathBuf),
+}
+
 impl StateMachine {
     /// The state machine over `store`, loading the snapshot in `dir` if
     /// there is one.
@@ -286,6 +298,14 @@ impl StateMachine {
             snapshot: None,
             stats: SnapshotStats::default(),
         };
+        // Snapshots being received when the process stopped.
+        if let Ok(entries) = fs::read_dir(dir) {
+            for e in entries.flatten() {
+                if e.file_name().to_string_lossy().starts_with(INCOMING_PREFIX) {
+                    let _ = fs::remove_file(e.path());
+                }
+            }
+        }
         if let Some(meta) = load_file(&store, &path)? {
             inner.last_applied = meta.last_log_id;
             inner.membership = meta.last_membership.clone();
@@ -381,6 +401,28 @@ impl StateMachine {
             file_frame(stored).map_err(|e| storage_err(StorageIOError::write_snapshot_any, e))?;
         replace_file_parts(&self.dir, "snapshot", &[&head, &stored.data, &crc])
             .map_err(|e| storage_err(StorageIOError::write_snapshot_any, e))
+    }
+
+    /// Writes the store's snapshot received into the file `incoming`, as
+    /// the snapshot file under `meta`.
+    fn save_received(&self, meta: &SnapshotMeta, incoming: &Path) -> Result<(), StorageError> {
+        let err = |e: String| storage_err(StorageIOError::write_snapshot_any, e);
+        let head = file_head_bytes(meta).map_err(|e| err(e.to_string()))?;
+        let mut from = fs::File::open(incoming).map_err(|e| err(e.to_string()))?;
+        replace_file_with(&self.dir, "snapshot", |f| {
+            let mut crc = crc32fast::Hasher::new();
+            crc.update(&head);
+            f.write_all(&head)?;
+            std::io::copy(
+                &mut from,
+                &mut Hashing {
+                    out: &mut *f,
+                    crc: &mut crc,
+                },
+            )?;
+            f.write_all(&crc.finalize().to_le_bytes())
+        })
+        .map_err(|e| err(e.to_string()))
     }
 
     /// Writes the snapshot of `copy` under `meta`, encoded straight into
@@ -638,8 +680,16 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         }
     }
 
+    /// Into a file of its own in the data directory: a snapshot as large
+    /// as the store is not held in memory beside it.
     async fn begin_receiving_snapshot(&mut self) -> Result<Box<SnapshotData>, StorageError> {
-        Ok(Box::new(SnapshotData::mem(Vec::new())))
+        let n = INCOMING.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let path = self.dir.join(format!("{INCOMING_PREFIX}{n}"));
+        let data = tokio::task::spawn_blocking(move || SnapshotData::incoming(path))
+            .await
+            .map_err(|e| storage_err(StorageIOError::write_snapshot_any, e))?
+            .map_err(|e| storage_err(StorageIOError::write_snapshot_any, e))?;
+        Ok(Box::new(data))
     }
 
     async fn install_snapshot(
@@ -647,11 +697,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         meta: &SnapshotMeta,
         snapshot: Box<SnapshotData>,
     ) -> Result<(), StorageError> {
-        let data = snapshot
-            .into_bytes()
-            .await
-            .map_err(|e| storage_err(StorageIOError::read_snapshot_any, e))?;
-        self.store.load_snapshot(&data).map_err(|e| {
+        let refused = |e: String| {
             storage_err(
                 StorageIOError::write_snapshot_any,
                 format!(
@@ -659,10 +705,45 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                     meta.snapshot_id
                 ),
             )
-        })?;
-        let stored = Stored {
-            meta: meta.clone(),
-            data,
+        };
+        // Loaded off the runtime thread: a large snapshot takes seconds,
+        // and this node's peers and clients are answered meanwhile.
+        let store = Arc::clone(&self.store);
+        let data = match *snapshot {
+            SnapshotData::Incoming(incoming) => {
+                let path = incoming.into_path();
+                let load = tokio::task::spawn_blocking(move || {
+                    let len = fs::metadata(&path).map_err(|e| e.to_string())?.len();
+                    let open = || {
+                        Ok(std::io::BufReader::with_capacity(
+                            READ_PART,
+                            fs::File::open(&path)?,
+                        ))
+                    };
+                    store
+                        .load_snapshot_from(open, len)
+                        .map_err(|e| e.to_string())?;
+                    Ok::<_, String>(Received::File(path))
+                });
+                load.await
+                    .map_err(|e| refused(e.to_string()))?
+                    .map_err(refused)?
+            }
+            other => {
+                let bytes = other
+                    .into_bytes()
+                    .await
+                    .map_err(|e| storage_err(StorageIOError::read_snapshot_any, e))?;
+                let load = tokio::task::spawn_blocking(move || {
+                    store
+                        .load_snapshot(&bytes)
+                        .map(|()| Received::Mem(bytes))
+                        .map_err(|e| e.to_string())
+                });
+                load.await
+                    .map_err(|e| refused(e.to_string()))?
+                    .map_err(refused)?
+            }
         };
         // A build writing its (older) snapshot finishes first; it then
         // finds this one newer. Waited for without holding up this
@@ -679,12 +760,22 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                 "the engine stopped: the snapshot was not installed",
             ));
         }
-        self.save(&stored)?;
+        match data {
+            Received::Mem(data) => self.save(&Stored {
+                meta: meta.clone(),
+                data,
+            })?,
+            Received::File(path) => {
+                let saved = self.save_received(meta, &path);
+                let _ = fs::remove_file(&path);
+                saved?;
+            }
+        }
         {
             let mut inner = self.inner.lock();
             inner.last_applied = meta.last_log_id;
             inner.membership = meta.last_membership.clone();
-            inner.snapshot = Some(stored.meta);
+            inner.snapshot = Some(meta.clone());
         }
         self.report_saved(meta.last_log_id);
         Ok(())
