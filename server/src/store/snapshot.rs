@@ -268,6 +268,9 @@ impl Store {
     /// # Errors
     ///
     /// As [`Store::restore`], and [`SnapshotError::Io`] if a read fails.
+    /// An error in the first read leaves the store unchanged; one in the
+    /// second (the bytes changed, or could not be read again) leaves it
+    /// partly loaded, which its caller must treat as fatal.
     pub fn load_snapshot_from<R: Read>(
         &self,
         mut open: impl FnMut() -> std::io::Result<R>,
@@ -299,8 +302,10 @@ impl Store {
             Ok(()) => r.end()?,
             // A damaged snapshot is called so, whatever it looked like.
             Err(SnapshotError::Malformed(why)) => {
-                r.end()?;
-                return Err(SnapshotError::Malformed(why));
+                return Err(match r.end() {
+                    Err(e @ (SnapshotError::Checksum | SnapshotError::Io(_))) => e,
+                    _ => SnapshotError::Malformed(why),
+                });
             }
             Err(e) => return Err(e),
         }

@@ -686,8 +686,9 @@ fn a_snapshot_copy_is_unchanged_by_later_applies() {
 
 /// A snapshot was encoded whole into memory beside the store it copied
 /// (a second copy of every record at its peak). Now it is written out a
-/// part at a time; the parts make the same canonical bytes, in order, and
-/// restore the same store.
+/// part at a time, none much over 1 MiB, to a writer that may take less
+/// than it is offered; what arrives restores a store whose own snapshot
+/// is the same bytes.
 #[test]
 fn a_snapshot_is_written_out_in_parts_that_make_the_same_bytes() {
     /// Keeps what it is given, and how much it was offered at most.

@@ -760,8 +760,9 @@ impl RaftEngine {
     }
 
     /// Resolves once the Raft core has stopped on an error (a storage
-    /// error: a snapshot that cannot be installed or read, say), with that
-    /// error; never if it runs on or stops because it was shut down. A
+    /// error: a snapshot that cannot be installed or read, say) or
+    /// panicked, with that error; never if it runs on or stops because it
+    /// was shut down. A
     /// core that failed takes no more entries and leads no more: the node
     /// only answers errors until it is restarted, so idemd exits (see
     /// the `idemd` binary).
@@ -774,9 +775,15 @@ impl RaftEngine {
                 return fatal.to_string();
             }
             if metrics.changed().await.is_err() {
-                // The core is gone without saying why: only a shutdown
-                // drops it so.
-                return std::future::pending().await;
+                // The core is gone. A shutdown says so first; a core that
+                // panicked says nothing.
+                if matches!(
+                    metrics.borrow().running_state,
+                    Err(openraft::error::Fatal::Stopped)
+                ) {
+                    return std::future::pending().await;
+                }
+                return "the raft core ended without a word (it panicked)".into();
             }
         }
     }

@@ -227,6 +227,13 @@ impl AsyncRead for FileWindow {
         let this = self.get_mut();
         let (at, before) = (this.pos(), buf.filled().len());
         ready!(Pin::new(&mut this.file).poll_read(cx, buf))?;
+        if buf.filled().len() == before && buf.remaining() > 0 && at < this.len {
+            // The file was cut short after it was opened.
+            return Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                format!("the snapshot file {} is cut short", this.check.what),
+            )));
+        }
         let checked = this.check.read(at, &buf.filled()[before..], this.len);
         if checked.is_err() {
             // A failed read gives no bytes.
@@ -488,6 +495,19 @@ mod tests {
         let mut rest = Vec::new();
         w.read_to_end(&mut rest).await.unwrap();
         assert_eq!(rest.len(), 8);
+        // Cut short after it was opened: an error, not endless empty
+        // reads (openraft would send empty chunks for ever).
+        write_checked(&path, b"HEADERabcdefghij");
+        let mut w = SnapshotData::file(open(), 6, 10, check(&path));
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_len(10)
+            .unwrap();
+        let mut all = Vec::new();
+        let e = w.read_to_end(&mut all).await.unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::UnexpectedEof, "{e}");
         std::fs::remove_file(&path).unwrap();
     }
 }

@@ -284,7 +284,17 @@ static INCOMING: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::ne
 /// A received snapshot, loaded.
 enum Received {
     Mem(Vec<u8>),
-    File(PathBuf),
+    File(ReceivedFile),
+}
+
+/// The file a snapshot was received into, removed when dropped (once it
+/// is written as the snapshot file, or when it could not be installed).
+struct ReceivedFile(PathBuf);
+
+impl Drop for ReceivedFile {
+    fn drop(&mut self) {
+        let _ = fs::remove_file(&self.0);
+    }
 }
 
 impl StateMachine {
@@ -543,8 +553,9 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
                 if sm.has_newer(file_meta.last_log_id) {
                     // A newer snapshot was installed (or built) meanwhile:
                     // this one is not kept, and openraft ignores it (it
-                    // takes only the meta of what a build returns).
-                    return Some((SnapshotData::mem(copy.encode()), false));
+                    // takes only the meta of what a build returns, so its
+                    // data is not encoded).
+                    return Some((SnapshotData::mem(Vec::new()), false));
                 }
                 // Encoded straight into the file, a part at a time: the
                 // snapshot is never whole in memory beside the store.
@@ -711,19 +722,20 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let store = Arc::clone(&self.store);
         let data = match *snapshot {
             SnapshotData::Incoming(incoming) => {
-                let path = incoming.into_path();
+                // Removed however this ends.
+                let file = ReceivedFile(incoming.into_path());
                 let load = tokio::task::spawn_blocking(move || {
-                    let len = fs::metadata(&path).map_err(|e| e.to_string())?.len();
+                    let len = fs::metadata(&file.0).map_err(|e| e.to_string())?.len();
                     let open = || {
                         Ok(std::io::BufReader::with_capacity(
                             READ_PART,
-                            fs::File::open(&path)?,
+                            fs::File::open(&file.0)?,
                         ))
                     };
                     store
                         .load_snapshot_from(open, len)
                         .map_err(|e| e.to_string())?;
-                    Ok::<_, String>(Received::File(path))
+                    Ok::<_, String>(Received::File(file))
                 });
                 load.await
                     .map_err(|e| refused(e.to_string()))?
@@ -745,40 +757,36 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                     .map_err(refused)?
             }
         };
-        // A build writing its (older) snapshot finishes first; it then
-        // finds this one newer. Waited for without holding up this
-        // runtime thread.
-        let _saving = loop {
-            if let Some(g) = self.saving.try_lock() {
-                break g;
+        // Written off the runtime thread too. A build writing its (older)
+        // snapshot finishes first; it then finds this one newer.
+        let (sm, meta) = (self.clone(), meta.clone());
+        tokio::task::spawn_blocking(move || {
+            let _saving = sm.saving.lock();
+            if sm.is_stopped() {
+                return Err(storage_err(
+                    StorageIOError::write_snapshot_any,
+                    "the engine stopped: the snapshot was not installed",
+                ));
             }
-            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-        };
-        if self.is_stopped() {
-            return Err(storage_err(
-                StorageIOError::write_snapshot_any,
-                "the engine stopped: the snapshot was not installed",
-            ));
-        }
-        match data {
-            Received::Mem(data) => self.save(&Stored {
-                meta: meta.clone(),
-                data,
-            })?,
-            Received::File(path) => {
-                let saved = self.save_received(meta, &path);
-                let _ = fs::remove_file(&path);
-                saved?;
+            match data {
+                Received::Mem(data) => sm.save(&Stored {
+                    meta: meta.clone(),
+                    data,
+                })?,
+                Received::File(file) => sm.save_received(&meta, &file.0)?,
             }
-        }
-        {
-            let mut inner = self.inner.lock();
-            inner.last_applied = meta.last_log_id;
-            inner.membership = meta.last_membership.clone();
-            inner.snapshot = Some(meta.clone());
-        }
-        self.report_saved(meta.last_log_id);
-        Ok(())
+            let last = meta.last_log_id;
+            {
+                let mut inner = sm.inner.lock();
+                inner.last_applied = last;
+                inner.membership = meta.last_membership.clone();
+                inner.snapshot = Some(meta);
+            }
+            sm.report_saved(last);
+            Ok(())
+        })
+        .await
+        .map_err(|e| storage_err(StorageIOError::write_snapshot_any, e))?
     }
 
     /// Its data read from the file as it is sent (openraft asks for it to

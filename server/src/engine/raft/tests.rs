@@ -301,6 +301,19 @@ async fn a_snapshot_is_received_into_a_file_of_its_own_and_installed_from_it() {
     assert!(incoming(&dir).is_empty(), "{:?}", incoming(&dir));
     let (applied, _) = follower.applied_state().await.unwrap();
     assert_eq!(applied, sent.meta.last_log_id);
+    // One that cannot be installed (damaged on the way) leaves no file.
+    let mut damaged = bytes.clone();
+    let at = damaged.len() / 2;
+    damaged[at] ^= 0x40;
+    let mut received = follower.begin_receiving_snapshot().await.unwrap();
+    received.write_all(&damaged).await.unwrap();
+    received.shutdown().await.unwrap();
+    let e = follower
+        .install_snapshot(&sent.meta, received)
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("checksum"), "{e}");
+    assert!(incoming(&dir).is_empty(), "{:?}", incoming(&dir));
     drop(follower);
     // A reception a crash cut short.
     std::fs::write(dir.0.join("snapshot.incoming-77"), b"half a snapshot").unwrap();
