@@ -817,15 +817,7 @@ async fn a_single_node_grows_into_a_cluster_and_shrinks_back() {
     let mut conn = one.conn().await;
     for m in &others {
         let id = m.id.to_string();
-        let add = conn
-            .cmd(&[
-                "CLUSTER",
-                "ADD",
-                &id,
-                &m.peer.to_string(),
-                &m.client.to_string(),
-            ])
-            .await;
+        let add = m.add_as_learner(&mut conn).await;
         assert_eq!(add, ok(), "{add:?}");
         // Refused until it caught up? It catches up fast here: wait for it,
         // then promote.
@@ -1305,15 +1297,7 @@ async fn a_snapshot_damaged_on_disk_is_never_sent_and_stops_its_node() {
     // A new member needs the snapshot: the leader reads it to send it.
     let mut learner = Member::new("damaged", 4);
     learner.start(None, &[]).await;
-    let add = conn
-        .cmd(&[
-            "CLUSTER",
-            "ADD",
-            "4",
-            &learner.peer.to_string(),
-            &learner.client.to_string(),
-        ])
-        .await;
+    let add = learner.add_as_learner(&mut conn).await;
     assert_eq!(add, ok(), "{add:?}");
     let status = tokio::time::timeout(Duration::from_secs(20), async {
         let p = c.members[l].proc.as_mut().unwrap();
@@ -1506,15 +1490,7 @@ async fn a_failed_node_is_replaced_step_by_step() {
     let mut new = Member::new("replace", 4);
     new.start(None, &[]).await;
     // 3. Add it as a learner; 4. wait until it caught up; 5. promote it.
-    let add = conn
-        .cmd(&[
-            "CLUSTER",
-            "ADD",
-            "4",
-            &new.peer.to_string(),
-            &new.client.to_string(),
-        ])
-        .await;
+    let add = new.add_as_learner(&mut conn).await;
     assert_eq!(add, ok());
     let mut nc = new.conn().await;
     eventually("the replacement catches up", async || {
@@ -1597,15 +1573,7 @@ async fn a_host_that_never_completes_peer_handshakes_cannot_crowd_out_the_member
         (opened.load(Ordering::Relaxed) >= 64).then_some(())
     })
     .await;
-    let add = conn
-        .cmd(&[
-            "CLUSTER",
-            "ADD",
-            "4",
-            &new.peer.to_string(),
-            &new.client.to_string(),
-        ])
-        .await;
+    let add = new.add_as_learner(&mut conn).await;
     assert_eq!(add, ok());
     let mut nc = new.conn().await;
     eventually(

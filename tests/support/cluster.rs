@@ -108,6 +108,19 @@ impl Member {
         }
     }
 
+    /// `CLUSTER ADD` of this member (its id and addresses) as a learner,
+    /// sent through `conn`; the reply.
+    pub async fn add_as_learner(&self, conn: &mut Conn) -> Frame {
+        conn.cmd(&[
+            "CLUSTER",
+            "ADD",
+            &self.id.to_string(),
+            &self.peer.to_string(),
+            &self.client.to_string(),
+        ])
+        .await
+    }
+
     /// A connection to its client port.
     pub async fn conn(&self) -> Conn {
         Conn::connect(self.client).await

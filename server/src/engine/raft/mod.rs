@@ -762,10 +762,9 @@ impl RaftEngine {
     /// Resolves once the Raft core has stopped on an error (a storage
     /// error: a snapshot that cannot be installed or read, say) or
     /// panicked, with that error; never if it runs on or stops because it
-    /// was shut down. A
-    /// core that failed takes no more entries and leads no more: the node
-    /// only answers errors until it is restarted, so idemd exits (see
-    /// the `idemd` binary).
+    /// was shut down. A core that failed takes no more entries and leads
+    /// no more: the node only answers errors until it is restarted, so
+    /// idemd exits (see the `idemd` binary).
     pub async fn failure(&self) -> String {
         let mut metrics = self.raft.metrics();
         loop {

@@ -348,11 +348,7 @@ mod tests {
     async fn a_file_window_reads_and_seeks_within_its_bytes_only() {
         let path = std::env::temp_dir().join(format!("idem-window-{}", std::process::id()));
         write_checked(&path, b"HEADERabcdefghij");
-        let open = || {
-            let mut f = std::fs::File::open(&path).unwrap();
-            std::io::Seek::seek(&mut f, SeekFrom::Start(6)).unwrap();
-            f
-        };
+        let open = || opened_at(&path, 6);
         // Read from where the file is, without a seek first.
         let mut w = SnapshotData::file(open(), 6, 10, check(&path));
         let mut first = [0u8; 3];
@@ -399,6 +395,13 @@ mod tests {
         std::fs::remove_file(&path).unwrap();
     }
 
+    /// The file `path`, positioned at `at`.
+    fn opened_at(path: &std::path::Path, at: u64) -> std::fs::File {
+        let mut f = std::fs::File::open(path).unwrap();
+        std::io::Seek::seek(&mut f, SeekFrom::Start(at)).unwrap();
+        f
+    }
+
     /// `bytes` and their CRC-32 in `path`.
     fn write_checked(path: &std::path::Path, bytes: &[u8]) {
         let mut f = std::fs::File::create(path).unwrap();
@@ -424,11 +427,7 @@ mod tests {
     async fn a_damaged_file_fails_the_read_that_reaches_its_end() {
         let path = std::env::temp_dir().join(format!("idem-window-bad-{}", std::process::id()));
         write_checked(&path, b"HEADERabcdefghij");
-        let open = || {
-            let mut f = std::fs::File::open(&path).unwrap();
-            std::io::Seek::seek(&mut f, SeekFrom::Start(6)).unwrap();
-            f
-        };
+        let open = || opened_at(&path, 6);
         // Whole: read in chunks as openraft sends it, with a chunk read
         // again (a resend) on the way.
         let mut w = SnapshotData::file(open(), 6, 10, check(&path));

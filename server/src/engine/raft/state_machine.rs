@@ -27,19 +27,12 @@ use super::snapshot_data::{Check, SnapshotData};
 use super::types::{
     LogEntry, LogId, Replies, SnapshotMeta, StorageError, StoredMembership, TypeConfig, storage_err,
 };
-use super::wal::{replace_file_parts, replace_file_with};
+use super::wal::replace_file_with;
 use crate::engine::EventSink;
 use crate::store::{SnapshotCopy, Store};
 
 const MAGIC: &[u8; 8] = b"IDEMRSNP";
 const VERSION: u32 = 1;
-
-/// A snapshot on its way to or from the disk.
-#[derive(Debug, Clone)]
-struct Stored {
-    meta: SnapshotMeta,
-    data: Vec<u8>,
-}
 
 struct Inner {
     last_applied: Option<LogId>,
@@ -115,16 +108,6 @@ pub enum SnapshotFileError {
         /// Why.
         reason: String,
     },
-}
-
-/// The file's bytes before and after the store's snapshot (which is
-/// written from where it is, not copied into a buffer of the file's size).
-fn file_frame(s: &Stored) -> Result<(Vec<u8>, [u8; 4]), postcard::Error> {
-    let head = file_head_bytes(&s.meta)?;
-    let mut crc = crc32fast::Hasher::new();
-    crc.update(&head);
-    crc.update(&s.data);
-    Ok((head, crc.finalize().to_le_bytes()))
 }
 
 /// The file's bytes before the store's snapshot: its header and `meta`.
@@ -406,50 +389,31 @@ impl StateMachine {
         }
     }
 
-    fn save(&self, stored: &Stored) -> Result<(), StorageError> {
-        let (head, crc) =
-            file_frame(stored).map_err(|e| storage_err(StorageIOError::write_snapshot_any, e))?;
-        replace_file_parts(&self.dir, "snapshot", &[&head, &stored.data, &crc])
-            .map_err(|e| storage_err(StorageIOError::write_snapshot_any, e))
-    }
-
-    /// Writes the store's snapshot received into the file `incoming`, as
-    /// the snapshot file under `meta`.
-    fn save_received(&self, meta: &SnapshotMeta, incoming: &Path) -> Result<(), StorageError> {
-        let err = |e: String| storage_err(StorageIOError::write_snapshot_any, e);
-        let head = file_head_bytes(meta).map_err(|e| err(e.to_string()))?;
-        let mut from = fs::File::open(incoming).map_err(|e| err(e.to_string()))?;
-        replace_file_with(&self.dir, "snapshot", |f| {
-            let mut crc = crc32fast::Hasher::new();
-            crc.update(&head);
-            f.write_all(&head)?;
-            std::io::copy(
-                &mut from,
-                &mut Hashing {
-                    out: &mut *f,
-                    crc: &mut crc,
-                },
-            )?;
-            f.write_all(&crc.finalize().to_le_bytes())
-        })
-        .map_err(|e| err(e.to_string()))
-    }
-
-    /// Writes the snapshot of `copy` under `meta`, encoded straight into
-    /// the file; the snapshot's data, read from the file.
-    fn save_copy(&self, meta: &SnapshotMeta, copy: &SnapshotCopy) -> Result<SnapshotData, String> {
+    /// Writes the snapshot file under `meta`: its header, the store's
+    /// snapshot that `body` writes (hashed as it goes), the checksum.
+    fn write_file(
+        &self,
+        meta: &SnapshotMeta,
+        body: impl FnOnce(&mut dyn Write) -> std::io::Result<()>,
+    ) -> Result<(), String> {
         let head = file_head_bytes(meta).map_err(|e| e.to_string())?;
         replace_file_with(&self.dir, "snapshot", |f| {
             let mut crc = crc32fast::Hasher::new();
             crc.update(&head);
             f.write_all(&head)?;
-            copy.encode_to(&mut Hashing {
+            body(&mut Hashing {
                 out: &mut *f,
                 crc: &mut crc,
             })?;
             f.write_all(&crc.finalize().to_le_bytes())
         })
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| e.to_string())
+    }
+
+    /// Writes the snapshot of `copy` under `meta`, encoded straight into
+    /// the file; the snapshot's data, read from the file.
+    fn save_copy(&self, meta: &SnapshotMeta, copy: &SnapshotCopy) -> Result<SnapshotData, String> {
+        self.write_file(meta, |mut w| copy.encode_to(&mut w).map(drop))?;
         let path = self.dir.join("snapshot");
         match open_file(&path) {
             Ok(Some(s)) => Ok(*s.snapshot),
@@ -768,13 +732,14 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                     "the engine stopped: the snapshot was not installed",
                 ));
             }
-            match data {
-                Received::Mem(data) => sm.save(&Stored {
-                    meta: meta.clone(),
-                    data,
-                })?,
-                Received::File(file) => sm.save_received(&meta, &file.0)?,
-            }
+            let written = match data {
+                Received::Mem(data) => sm.write_file(&meta, |w| w.write_all(&data)),
+                Received::File(file) => match fs::File::open(&file.0) {
+                    Ok(mut from) => sm.write_file(&meta, |w| std::io::copy(&mut from, w).map(drop)),
+                    Err(e) => Err(e.to_string()),
+                },
+            };
+            written.map_err(|e| storage_err(StorageIOError::write_snapshot_any, e))?;
             let last = meta.last_log_id;
             {
                 let mut inner = sm.inner.lock();

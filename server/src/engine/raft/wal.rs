@@ -801,17 +801,7 @@ pub fn write_meta(dir: &Path, payload: &[u8]) -> Result<(), WalError> {
 /// Replaces `dir/name` with `bytes` atomically: written to `name.tmp`,
 /// synced, renamed over it, and the directory synced.
 pub fn replace_file(dir: &Path, name: &str, bytes: &[u8]) -> Result<(), WalError> {
-    replace_file_parts(dir, name, &[bytes])
-}
-
-/// [`replace_file`] with the contents given in parts, written in order.
-pub fn replace_file_parts(dir: &Path, name: &str, parts: &[&[u8]]) -> Result<(), WalError> {
-    replace_file_with(dir, name, |f| {
-        for part in parts {
-            f.write_all(part)?;
-        }
-        Ok(())
-    })
+    replace_file_with(dir, name, |f| f.write_all(bytes))
 }
 
 /// [`replace_file`] with the contents `write` writes.
