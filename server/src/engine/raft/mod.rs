@@ -1104,6 +1104,7 @@ async fn propose(p: Proposer, proposals: Arc<queue::Queue>, limits: Limits, stat
         let Ok(permit) = Arc::clone(&inflight).acquire_many_owned(places).await else {
             return;
         };
+        proposals.gather(GATHER_POLLS).await;
         let Some(queue::Batch {
             ops,
             txs,
@@ -1228,6 +1229,17 @@ async fn propose(p: Proposer, proposals: Arc<queue::Queue>, limits: Limits, stat
 /// over six runs each, claim + complete 10.4k against 8.9k over three;
 /// pipeline 16 the same within the noise).
 const MAX_INFLIGHT_ENTRIES: usize = 2;
+
+/// Times the proposer lets the runtime poll its sockets before it takes a
+/// batch, at most, while each poll brings more proposals
+/// ([`queue::Queue::gather`]). An entry's answers go out together, and the
+/// clients they answer send their next requests at once; without these
+/// polls the proposer took the queue before those requests were read, so
+/// the clients split into two groups that took turns, each waiting a whole
+/// round for the other's entry. Three nodes on loopback, 50 connections at
+/// pipeline 1: 24.8 claims an entry became 45, and claims went from 28k-32k
+/// to 40k-44k a second.
+const GATHER_POLLS: usize = 4;
 
 fn fail(txs: Vec<oneshot::Sender<Submitted>>, why: &'static str) {
     for tx in txs {

@@ -91,6 +91,36 @@ impl Queue {
         self.ready.notify_one();
     }
 
+    /// Waits until a proposal is queued (or the queue is closed), then
+    /// lets the runtime poll its sockets again, up to `polls` times, as
+    /// long as each poll brings more proposals: requests already on their
+    /// way (typically from the clients the last entry answered) join the
+    /// next batch instead of waiting a whole round for the one after.
+    /// Each poll is a yield, not a timer: when nothing more has arrived,
+    /// the batch goes at once.
+    pub(super) async fn gather(&self, polls: usize) {
+        loop {
+            if !self.items.lock().is_empty() || self.room.is_closed() {
+                break;
+            }
+            // A proposal queued since the check above left its wakeup
+            // stored: this returns at once.
+            self.ready.notified().await;
+        }
+        let mut queued = self.items.lock().len();
+        for _ in 0..polls {
+            // Runs again once the runtime has polled its I/O driver.
+            tokio::task::yield_now().await;
+            let now = self.items.lock().len();
+            if now == queued {
+                break;
+            }
+            queued = now;
+        }
+        // The wakeup that the proposals gathered here stored is spent by
+        // the next `next_batch`, which finds them queued.
+    }
+
     /// Waits for proposals, then takes them from the front: at most
     /// `max_ops`, and no more than `max_bytes` unless the first alone is
     /// larger. Proposals whose submitter gave up are dropped on the way
@@ -266,6 +296,66 @@ mod tests {
             .expect("the taker was not woken")
             .unwrap();
         assert_eq!(taken, Some(1));
+    }
+
+    /// A producer that queues `n` proposals, one per turn of the runtime
+    /// (as connections read requests that arrive one after another).
+    fn trickle(q: &Arc<Queue>, n: u8) -> tokio::task::JoinHandle<()> {
+        let q = Arc::clone(q);
+        tokio::spawn(async move {
+            for k in 0..n {
+                q.try_push(proposal(k, 1).0).ok().unwrap();
+                tokio::task::yield_now().await;
+            }
+        })
+    }
+
+    #[tokio::test]
+    async fn gathering_waits_for_a_first_proposal_then_for_those_still_coming() {
+        let q = Arc::new(Queue::new(100));
+        assert!(
+            tokio::time::timeout(std::time::Duration::from_millis(50), q.gather(8))
+                .await
+                .is_err(),
+            "gathered from an empty queue"
+        );
+        let producer = trickle(&q, 5);
+        q.gather(8).await;
+        assert_eq!(
+            q.items.lock().len(),
+            5,
+            "each turn brought one more: all five gathered"
+        );
+        producer.await.unwrap();
+        let batch = q.next_batch(100, usize::MAX).await.unwrap();
+        assert_eq!(
+            batch.ops.iter().map(key).collect::<Vec<_>>(),
+            [0, 1, 2, 3, 4]
+        );
+    }
+
+    #[tokio::test]
+    async fn gathering_stops_at_its_polls_or_at_a_poll_that_brings_nothing() {
+        // At most `polls` turns: the first proposal and two more.
+        let q = Arc::new(Queue::new(100));
+        let producer = trickle(&q, 6);
+        q.gather(2).await;
+        assert_eq!(q.items.lock().len(), 3);
+        producer.await.unwrap();
+        q.next_batch(100, usize::MAX).await.unwrap();
+        // Nothing more coming: one poll, and the batch goes.
+        q.try_push(proposal(9, 1).0).ok().unwrap();
+        let lonely = tokio::time::timeout(std::time::Duration::from_secs(5), q.gather(1_000_000));
+        lonely
+            .await
+            .expect("gathering waited although nothing came");
+        assert_eq!(q.items.lock().len(), 1);
+        // A closed, empty queue: no wait.
+        q.next_batch(100, usize::MAX).await.unwrap();
+        q.close();
+        tokio::time::timeout(std::time::Duration::from_secs(5), q.gather(4))
+            .await
+            .expect("gathering waited on a closed queue");
     }
 
     #[tokio::test]
