@@ -1,5 +1,6 @@
 //! Store apply: uncontended, across 1, 2 and 4 threads on distinct keys,
-//! and a hot key claimed and settled by many threads at once.
+//! and a hot key claimed and settled by many threads at once; and encoding
+//! a snapshot of 1M records.
 
 #![allow(clippy::unwrap_used)]
 
@@ -136,9 +137,26 @@ fn bench(c: &mut Criterion) {
     g.finish();
 }
 
+/// Encoding a snapshot of 1M in-flight records whose 32-byte keys share a
+/// 25-byte prefix (as the load generator's do), into a sink: the copy, the
+/// sort into key order and the encoding, without the disk.
+fn snapshot(c: &mut Criterion) {
+    let s = store();
+    for i in 0..1_000_000 {
+        claim(&s, key(7, i), 1);
+    }
+    let mut g = c.benchmark_group("snapshot");
+    g.sample_size(10);
+    g.throughput(Throughput::Elements(1_000_000));
+    g.bench_function("encode_1m", |b| {
+        b.iter(|| s.snapshot_copy().encode_to(&mut std::io::sink()).unwrap())
+    });
+    g.finish();
+}
+
 criterion_group! {
     name = benches;
     config = Criterion::default().measurement_time(Duration::from_secs(3));
-    targets = bench
+    targets = bench, snapshot
 }
 criterion_main!(benches);

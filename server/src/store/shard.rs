@@ -108,6 +108,11 @@ impl SlabCopy {
     pub(crate) fn large(&self, id: u32) -> Option<&Bytes> {
         self.large.get(&id)
     }
+
+    /// The record in slot `id`.
+    pub(crate) fn get(&self, id: u32) -> Option<&Record> {
+        self.chunks.get(id as usize / CHUNK)?[id as usize % CHUNK].as_ref()
+    }
 }
 
 impl Slab {
