@@ -137,20 +137,38 @@ fn bench(c: &mut Criterion) {
     g.finish();
 }
 
-/// Encoding a snapshot of 1M in-flight records whose 32-byte keys share a
-/// 25-byte prefix (as the load generator's do), into a sink: the copy, the
-/// sort into key order and the encoding, without the disk.
+/// Encoding a snapshot of 1M in-flight records into a sink (the copy, the
+/// sort into key order and the encoding, without the disk), for three
+/// shapes of 32-byte keys: random (hex, as a UUID-like idempotency key),
+/// a fixed part and a zero-padded counter, and the load generator's (a
+/// fixed part, one of 50 connections, a zero-padded counter).
 fn snapshot(c: &mut Criterion) {
-    let s = store();
-    for i in 0..1_000_000 {
-        claim(&s, key(7, i), 1);
-    }
+    /// A shape's name, and its `i`th key.
+    type Shape = (&'static str, fn(u64) -> String);
+    let shapes: [Shape; 3] = [
+        ("random", |i| {
+            format!(
+                "{:032x}",
+                u128::from(i).wrapping_mul(0x9e37_79b9_7f4a_7c15_f39c_c060_5ced_c835)
+            )
+        }),
+        ("counter", |i| format!("k0007{i:027}")),
+        ("per_connection", |i| {
+            format!("k00042000001{:04}{:016}", i % 50, i / 50)
+        }),
+    ];
     let mut g = c.benchmark_group("snapshot");
     g.sample_size(10);
     g.throughput(Throughput::Elements(1_000_000));
-    g.bench_function("encode_1m", |b| {
-        b.iter(|| s.snapshot_copy().encode_to(&mut std::io::sink()).unwrap())
-    });
+    for (name, key) in shapes {
+        let s = store();
+        for i in 0..1_000_000u64 {
+            claim(&s, Bytes::from(key(i)), 1);
+        }
+        g.bench_function(format!("encode_1m_{name}"), |b| {
+            b.iter(|| s.snapshot_copy().encode_to(&mut std::io::sink()).unwrap())
+        });
+    }
     g.finish();
 }
 

@@ -104,9 +104,9 @@ impl SlabCopy {
         })
     }
 
-    /// The large body of the record in slot `id`, if it has one.
-    pub(crate) fn large(&self, id: u32) -> Option<&Bytes> {
-        self.large.get(&id)
+    /// The large bodies, by slot.
+    pub(crate) fn large_bodies(&self) -> impl Iterator<Item = (u32, &Bytes)> {
+        self.large.iter().map(|(id, b)| (*id, b))
     }
 
     /// The record in slot `id`.

@@ -814,6 +814,14 @@ fn a_snapshot_lists_its_keys_in_order_whatever_they_share() {
     .iter()
     .map(|k| k.to_vec())
     .chain((0..500u32).map(|i| format!("same-prefix-{}", i * 7919 % 1000).into_bytes()))
+    // A service's keys: a fixed part, a connection, a zero-padded counter.
+    .chain((0..600u32).map(|i| format!("k00042000001{:04}{:016}", i % 7, i).into_bytes()))
+    // Zero bytes past the first 8 compared.
+    .chain((0..20usize).map(|n| {
+        let mut k = b"same-prefix-zeros".to_vec();
+        k.resize(k.len() + n, 0);
+        k
+    }))
     .collect();
     let mut apart = shared.clone();
     apart.extend([b"A".to_vec(), b"\0".to_vec(), b"zz".to_vec()]);
