@@ -239,12 +239,22 @@ impl SnapshotCopy {
             let Some(first) = group.first().map(key) else {
                 continue;
             };
+            // Every key of the group matches the first over `depth` bytes
+            // (zero-padded): only the bytes after those are compared, so a
+            // group split over many levels is not scanned from its start
+            // at each.
             let mut shared = first.len();
             for e in &group[1..] {
-                shared = shared.min(common_prefix(first, key(e)));
                 if shared <= depth {
                     break;
                 }
+                let k = key(e);
+                shared = match k.get(depth..) {
+                    Some(tail) if !tail.is_empty() => {
+                        depth + common_prefix(&first[depth..shared], tail)
+                    }
+                    _ => depth,
+                };
             }
             let at = shared.max(depth);
             for e in group.iter_mut() {

@@ -792,10 +792,10 @@ fn the_memory_of_records_gone_is_given_back() {
 }
 
 /// A snapshot lists its records in key order (restoring one checks it,
-/// and refuses any pair out of order): sorted by the 8 bytes after the
-/// prefix all keys share, then in full where those are equal, whatever
-/// the keys look like: sharing a long prefix, one starting another, zero
-/// bytes, a lone key, nothing shared at all.
+/// and refuses any pair out of order), sorted 8 bytes at a time with each
+/// group's shared prefix skipped, whatever the keys look like: sharing a
+/// long prefix, one starting another, zero bytes, keys each one byte
+/// longer than the last, a lone key, nothing shared at all.
 #[test]
 fn a_snapshot_lists_its_keys_in_order_whatever_they_share() {
     let shared: Vec<Vec<u8>> = [
@@ -816,6 +816,8 @@ fn a_snapshot_lists_its_keys_in_order_whatever_they_share() {
     .chain((0..500u32).map(|i| format!("same-prefix-{}", i * 7919 % 1000).into_bytes()))
     // A service's keys: a fixed part, a connection, a zero-padded counter.
     .chain((0..600u32).map(|i| format!("k00042000001{:04}{:016}", i % 7, i).into_bytes()))
+    // Each one byte longer than the last: a group split over many levels.
+    .chain((1..200usize).map(|n| format!("same-prefix-{}", "a".repeat(n)).into_bytes()))
     // Zero bytes past the first 8 compared.
     .chain((0..20usize).map(|n| {
         let mut k = b"same-prefix-zeros".to_vec();

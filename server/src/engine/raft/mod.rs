@@ -1237,8 +1237,8 @@ const MAX_INFLIGHT_ENTRIES: usize = 2;
 /// polls the proposer took the queue before those requests were read, so
 /// the clients split into two groups that took turns, each waiting a whole
 /// round for the other's entry. Three nodes on loopback, 50 connections at
-/// pipeline 1: 24.8 claims an entry became 45, and claims went from 28k-32k
-/// to 40k-44k a second.
+/// pipeline 1 (alternating builds): 24.8 claims an entry became 39-45, and
+/// claims went from 29.2k and 36.0k to 45.3k and 46.4k a second.
 const GATHER_POLLS: usize = 4;
 
 fn fail(txs: Vec<oneshot::Sender<Submitted>>, why: &'static str) {
