@@ -778,17 +778,6 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
 /// work freed goes back at once (a pooled blocking thread keeps its
 /// allocator pages until it ends, idle, seconds later); on the blocking
 /// pool if no thread can be started.
-/// The niceness of a snapshot's thread. A snapshot writes the whole
-/// store, and on a busy node it competed with the threads that serve: on
-/// three nodes sharing two cores, with 4M records and claims at pipeline
-/// 16, claims fell from about 220k to 50k-140k a second for the seconds
-/// each node's snapshot ran. At nice 10 (as RocksDB lowers its compaction
-/// threads) a snapshot takes what CPU the serving threads leave: 162k and
-/// 162k claims/s over 20 s against 131k and 137k at the usual priority,
-/// alternating. A snapshot then takes longer on a saturated node, and the
-/// log it will cover (held in memory until then) grows meanwhile.
-const BACKGROUND_NICE: i32 = 10;
-
 async fn on_own_thread<T: Send + 'static>(
     name: &str,
     work: impl FnOnce() -> T + Send + 'static,
@@ -799,11 +788,6 @@ async fn on_own_thread<T: Send + 'static>(
     let spawned = std::thread::Builder::new()
         .name(name.into())
         .spawn(move || {
-            // Best effort: at worst the thread runs at the usual priority.
-            let _ = rustix::process::setpriority_process(
-                Some(rustix::thread::gettid()),
-                BACKGROUND_NICE,
-            );
             let work = theirs.lock().take();
             if let Some(work) = work {
                 let _ = done.send(work());
@@ -820,21 +804,5 @@ async fn on_own_thread<T: Send + 'static>(
                 .await
                 .map_err(|e| e.to_string())
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A snapshot's thread runs at a lower priority than the threads that
-    /// serve (see [`BACKGROUND_NICE`]).
-    #[tokio::test]
-    async fn a_snapshot_s_thread_gives_way_to_the_serving_threads() {
-        let own = || rustix::process::getpriority_process(Some(rustix::thread::gettid()));
-        let before = own().unwrap();
-        let nice = on_own_thread("idem-snapshot", own).await.unwrap().unwrap();
-        assert!(nice >= BACKGROUND_NICE, "niceness {nice}");
-        assert_eq!(own().unwrap(), before, "the caller's own priority changed");
     }
 }
