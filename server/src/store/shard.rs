@@ -69,6 +69,11 @@ const CHUNK: usize = 256;
 
 type Chunk = Arc<[Option<Record>]>;
 
+/// The record in slot `id` of `chunks`.
+fn slot(chunks: &[Chunk], id: u32) -> Option<&Record> {
+    chunks.get(id as usize / CHUNK)?[id as usize % CHUNK].as_ref()
+}
+
 /// Records by slot number, with a free list, and the large bodies kept
 /// aside by slot number.
 #[derive(Default)]
@@ -111,13 +116,13 @@ impl SlabCopy {
 
     /// The record in slot `id`.
     pub(crate) fn get(&self, id: u32) -> Option<&Record> {
-        self.chunks.get(id as usize / CHUNK)?[id as usize % CHUNK].as_ref()
+        slot(&self.chunks, id)
     }
 }
 
 impl Slab {
     pub(crate) fn get(&self, id: u32) -> Option<&Record> {
-        self.chunks.get(id as usize / CHUNK)?[id as usize % CHUNK].as_ref()
+        slot(&self.chunks, id)
     }
 
     /// The slot, its chunk first copied if a snapshot still shares it.

@@ -205,9 +205,7 @@ impl SnapshotCopy {
         out.write_all(&sum)?;
         Ok(len + sum.len() as u64)
     }
-}
 
-impl SnapshotCopy {
     /// Every record, in key order (the first field is scratch).
     ///
     /// Sorting references by their keys read both keys from their records
