@@ -294,10 +294,7 @@ impl LogStore {
             );
         }
         let sync_times = wal.sync_times();
-        let writer = Writer {
-            wal,
-            dir: dir.to_owned(),
-        };
+        let writer = Writer::new(wal, dir.to_owned());
         let jobs = match writing {
             Writing::Thread => {
                 let (tx, rx) = mpsc::channel();
@@ -445,6 +442,9 @@ impl LogStore {
 struct Writer {
     wal: Wal,
     dir: PathBuf,
+    /// The first write or sync that failed, once one has: every write
+    /// after it is refused with it (see [`Writer::write`]).
+    failed: Option<String>,
 }
 
 /// Jobs taken in one round, at most (so callbacks of a long queue are not
@@ -452,6 +452,41 @@ struct Writer {
 const MAX_JOBS_PER_SYNC: usize = 1024;
 
 impl Writer {
+    fn new(wal: Wal, dir: PathBuf) -> Self {
+        Writer {
+            wal,
+            dir,
+            failed: None,
+        }
+    }
+
+    /// Runs one write of the log files, unless one failed before. A write
+    /// or sync that fails with an I/O error stops the log: nothing after
+    /// it can be acknowledged, and what the OS did with the failed write is
+    /// unknown (a failed fsync may have dropped dirty pages, and a later
+    /// one may then succeed without them). So it and every later write
+    /// fail; openraft's core takes a failed write as fatal and stops, and
+    /// idemd, seeing its core stopped, exits (code 70). A restart recovers
+    /// the prefix that was synced.
+    fn write<T>(
+        &mut self,
+        op: impl FnOnce(&mut Self) -> Result<T, WalError>,
+    ) -> Result<T, WalError> {
+        if let Some(failed) = &self.failed {
+            return Err(WalError::Io {
+                op: "write (refused: an earlier write of the log failed)",
+                path: self.dir.clone(),
+                source: std::io::Error::other(failed.clone()),
+            });
+        }
+        let result = op(self);
+        if let Err(e @ WalError::Io { .. }) = &result {
+            tracing::error!(error = %e, "the log cannot be written: no more writes are taken (a restart recovers what was synced)");
+            self.failed = Some(e.to_string());
+        }
+        result
+    }
+
     fn run(writer: &Mutex<Writer>, queued: &AtomicUsize, rx: &mpsc::Receiver<Job>) {
         let mut jobs = Vec::new();
         loop {
@@ -506,25 +541,19 @@ impl Writer {
             return;
         };
         let first_index = first.first().map(|r| r.0);
-        let mut result = Ok(());
-        if *reset && !self.wal.is_empty() && first_index.is_some_and(|f| f != self.wal.next_index())
-        {
-            // Everything held was purged (a snapshot moved the log on):
-            // start the files afresh at the new index.
-            result = self.wal.reset();
-        }
-        if result.is_ok() {
-            result = self.wal.append(
+        let reset = *reset;
+        let result = self.write(|w| {
+            if reset && !w.wal.is_empty() && first_index.is_some_and(|f| f != w.wal.next_index()) {
+                // Everything held was purged (a snapshot moved the log on):
+                // start the files afresh at the new index.
+                w.wal.reset()?;
+            }
+            w.wal.append(
                 appends
                     .iter()
                     .flat_map(|(records, _, _)| records.iter().map(|(i, b)| (*i, &b[..]))),
-            );
-        }
-        if let Err(e) = &result
-            && matches!(e, WalError::Io { .. })
-        {
-            fatal(e);
-        }
+            )
+        });
         for (_, _, callback) in appends {
             callback(
                 result
@@ -539,52 +568,30 @@ impl Writer {
         let (result, done) = match job {
             Job::Append { .. } => return,
             Job::Truncate { index, done } => (
-                self.wal
-                    .truncate_from(index)
-                    .map_err(|e| checked(e, StorageIOError::write_logs)),
+                self.write(|w| w.wal.truncate_from(index))
+                    .map_err(|e| storage_err(StorageIOError::write_logs, e)),
                 done,
             ),
             Job::Purge { index, meta } => {
-                // An I/O error is fatal (`checked`); anything else leaves
-                // the records in place, to be purged with the next one.
-                if let Err(e) = write_meta(&self.dir, &meta)
-                    .map_err(|e| checked(e, StorageIOError::write_vote))
-                    .and_then(|()| {
-                        self.wal
-                            .purge_upto(index)
-                            .map(|_| ())
-                            .map_err(|e| checked(e, StorageIOError::write_logs))
-                    })
-                {
+                // An I/O error stops the log (`write`); anything else
+                // leaves the records in place, to be purged with the next
+                // one.
+                if let Err(e) = self.write(|w| {
+                    write_meta(&w.dir, &meta)?;
+                    w.wal.purge_upto(index).map(|_| ())
+                }) {
                     tracing::error!(index, error = %e, "cannot purge the log");
                 }
                 return;
             }
             Job::Meta { meta, done } => (
-                write_meta(&self.dir, &meta).map_err(|e| checked(e, StorageIOError::write_vote)),
+                self.write(|w| write_meta(&w.dir, &meta))
+                    .map_err(|e| storage_err(StorageIOError::write_vote, e)),
                 done,
             ),
         };
         let _ = done.send(result);
     }
-}
-
-/// A write or sync of the log that failed: nothing after it can be
-/// acknowledged, and what the OS did with the failed write is unknown (a
-/// failed fsync may have dropped dirty pages). The process stops; a restart
-/// recovers the prefix that was synced.
-fn fatal(e: &WalError) -> ! {
-    tracing::error!(error = %e, "the log cannot be written: stopping (a restart recovers what was synced)");
-    eprintln!("idemd: fatal: the log cannot be written: {e}");
-    std::process::exit(70)
-}
-
-/// Turns a log error into a storage error; an I/O error is fatal.
-fn checked(e: WalError, kind: fn(openraft::AnyError) -> StorageIOError<u64>) -> StorageError {
-    if matches!(e, WalError::Io { .. }) {
-        fatal(&e);
-    }
-    storage_err(kind, e)
 }
 
 impl RaftLogReader<TypeConfig> for LogStore {
@@ -775,10 +782,7 @@ mod tests {
             Dir(std::env::temp_dir().join(format!("idem-log-store-{name}-{}", std::process::id())));
         let _ = std::fs::remove_dir_all(&dir.0);
         let (wal, _) = Wal::open(&dir.0, 1 << 16).unwrap();
-        let writer = Writer {
-            wal,
-            dir: dir.0.clone(),
-        };
+        let writer = Writer::new(wal, dir.0.clone());
         let (tx, rx) = mpsc::channel();
         let h = Handoff {
             tx,
@@ -821,6 +825,40 @@ mod tests {
         assert!(matches!(done.try_recv(), Ok(Ok(()))));
         assert!(rx.try_recv().is_err());
         assert_eq!(saved(&dir), [1]);
+    }
+
+    /// A write that fails stops the log, not the process: it and every
+    /// write after it fail (openraft's core stops on them, and idemd exits),
+    /// even once the files could be written again.
+    #[test]
+    fn a_failed_write_refuses_every_later_one() {
+        let (dir, h, _rx) = handoff("failed");
+        std::fs::remove_dir_all(&dir.0).unwrap();
+        let (job, mut done) = save(1);
+        h.append(job, 100).unwrap();
+        assert!(matches!(done.try_recv(), Ok(Err(_))));
+        std::fs::create_dir_all(&dir.0).unwrap();
+        let (job, mut done) = save(2);
+        h.append(job, 100).unwrap();
+        let Ok(Err(e)) = done.try_recv() else {
+            panic!("a save after a failed one was not refused")
+        };
+        assert!(e.to_string().contains("an earlier write"), "{e}");
+        let (reported, report) = oneshot::channel();
+        let job = Job::Append {
+            records: vec![(1, Bytes::from_static(b"entry"))],
+            reset: false,
+            callback: Box::new(move |r: Result<(), std::io::Error>| {
+                let _ = reported.send(r.is_err());
+            }),
+        };
+        h.append(job, 100).unwrap();
+        assert_eq!(
+            report.blocking_recv(),
+            Ok(true),
+            "an append was not refused"
+        );
+        assert_eq!(read_meta(&dir.0).unwrap(), None, "nothing was written");
     }
 
     #[test]
