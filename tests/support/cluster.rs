@@ -9,20 +9,36 @@ use idem_protocol::{ClaimReply, Frame, Outcome};
 use super::{Conn, DataDir, Idemd, POLL_DEADLINE, bulk, claim, eventually};
 
 /// A free loopback port (bound, then released), never one this test
-/// process handed out before: the kernel may give a released port again.
+/// process handed out before, and below the kernel's ephemeral range
+/// (`ip_local_port_range`): a port taken from that range could be given
+/// again, between its release and its use, to any socket bound to port 0
+/// or to the local end of any connection (a TLS test once failed to
+/// start with its port in use).
 pub fn free_port() -> u16 {
-    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
-    loop {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map(|a| a.port())
-            .expect("a free port");
-        let mut given = GIVEN.lock().unwrap();
-        if !given.contains(&port) {
-            given.push(port);
-            return port;
+    static NEXT: std::sync::Mutex<Option<u16>> = std::sync::Mutex::new(None);
+    let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| {
+            r.split_whitespace()
+                .next()
+                .and_then(|p| p.parse::<u16>().ok())
+        })
+        .unwrap_or(32768);
+    let (from, to) = (10_000u16, ephemeral_low.max(10_001));
+    let span = u32::from(to - from);
+    let mut next = NEXT.lock().unwrap();
+    // Each test process starts somewhere else in the range, and goes on
+    // from there.
+    let mut port = next.unwrap_or(from + (std::process::id().wrapping_mul(7_919) % span) as u16);
+    for _ in 0..span {
+        let candidate = port;
+        port = if port + 1 >= to { from } else { port + 1 };
+        if std::net::TcpListener::bind(("127.0.0.1", candidate)).is_ok() {
+            *next = Some(port);
+            return candidate;
         }
     }
+    panic!("no free port between {from} and {to}")
 }
 
 /// One member: its addresses, data directory and process (if running).
