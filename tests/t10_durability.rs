@@ -726,7 +726,10 @@ async fn a_quiet_server_snapshots_so_a_bursts_log_leaves_memory() {
 #[tokio::test]
 async fn a_restart_does_not_hold_the_snapshot_beside_the_store() {
     let dir = DataDir::new("restart-peak");
-    let env = [("IDEM_SNAPSHOT_LOG_BYTES", "1048576")];
+    let env = [
+        ("IDEM_SNAPSHOT_LOG_BYTES", "1048576"),
+        ("IDEM_SNAPSHOT_LOG_PERCENT", "0"),
+    ];
     let s = raft_with(&dir, &env).await;
     let mut c = s.conn().await;
     fill(&mut c, "r", 300_000).await;
@@ -768,7 +771,14 @@ async fn a_restart_does_not_hold_the_snapshot_beside_the_store() {
 #[tokio::test]
 async fn a_snapshot_is_not_held_in_memory_beside_its_file() {
     let dir = DataDir::new("snap-mem");
-    let s = raft_with(&dir, &[("IDEM_SNAPSHOT_LOG_BYTES", "16777216")]).await;
+    let s = raft_with(
+        &dir,
+        &[
+            ("IDEM_SNAPSHOT_LOG_BYTES", "16777216"),
+            ("IDEM_SNAPSHOT_LOG_PERCENT", "0"),
+        ],
+    )
+    .await;
     let mut c = s.conn().await;
     let before = s.rss();
     let value = "v".repeat(1 << 20);

@@ -235,6 +235,7 @@ async fn followers_snapshot_by_log_bytes_too() {
         3,
         &[
             ("IDEM_SNAPSHOT_LOG_BYTES", "1048576"),
+            ("IDEM_SNAPSHOT_LOG_PERCENT", "0"),
             ("IDEM_SNAPSHOT_ENTRIES", "1000000"),
         ],
     )

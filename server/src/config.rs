@@ -126,8 +126,13 @@ pub struct RawConfig {
     pub proposal_timeout_ms: u64,
     /// Log entries since the last snapshot that trigger a new one.
     pub snapshot_entries: u64,
-    /// Bytes of writes logged since the last snapshot that trigger a new one.
+    /// Bytes of log since the last snapshot that trigger a new one, at
+    /// least (see `snapshot_log_percent`).
     pub snapshot_log_bytes: u64,
+    /// Percent of the latest snapshot file's size that the log since it
+    /// may reach before the next, when more than `snapshot_log_bytes`
+    /// (0: `snapshot_log_bytes` alone).
+    pub snapshot_log_percent: u64,
     /// Size at which a log segment is closed, bytes.
     pub wal_segment_bytes: u64,
     /// Free space on the data directory's filesystem below which writes get
@@ -242,8 +247,9 @@ impl Default for RawConfig {
             max_pending_proposals: 65_536,
             max_batch_bytes: 8 << 20,
             proposal_timeout_ms: 10_000,
-            snapshot_entries: 10_000,
+            snapshot_entries: 100_000,
             snapshot_log_bytes: 64 << 20,
+            snapshot_log_percent: 50,
             wal_segment_bytes: 64 << 20,
             min_free_disk_bytes: 64 << 20,
             shards: 0,
@@ -478,8 +484,6 @@ fn invalid(key: &'static str, reason: impl Into<String>) -> ConfigError {
     }
 }
 
-/// Calls `$m!` with every numeric key: the one list that setting from text
-/// and listing for `CONFIG GET` share.
 /// The largest `max_lease_ms` accepted: 30 days.
 pub const MAX_LEASE_BOUND_MS: u64 = 30 * 24 * 3_600_000;
 /// The largest `max_wait_ms` accepted: one day.
@@ -488,6 +492,8 @@ pub const MAX_WAIT_BOUND_MS: u64 = 24 * 3_600_000;
 /// any use, and small enough to add to a clock reading.
 pub const MAX_TIMEOUT_BOUND_MS: u64 = 30 * 24 * 3_600_000;
 
+/// Calls `$m!` with every numeric key: the one list that setting from text
+/// and listing for `CONFIG GET` share.
 macro_rules! numeric_keys {
     ($m:ident) => {
         $m!(
@@ -502,6 +508,7 @@ macro_rules! numeric_keys {
             proposal_timeout_ms,
             snapshot_entries,
             snapshot_log_bytes,
+            snapshot_log_percent,
             wal_segment_bytes,
             min_free_disk_bytes,
             shards,
@@ -952,6 +959,12 @@ impl RawConfig {
         }
         positive("snapshot_entries", self.snapshot_entries)?;
         positive("snapshot_log_bytes", self.snapshot_log_bytes)?;
+        if self.snapshot_log_percent > 10_000 {
+            return Err(invalid(
+                "snapshot_log_percent",
+                "must be between 0 and 10000",
+            ));
+        }
         if !(4096..=64 << 20).contains(&self.max_batch_bytes) {
             return Err(invalid(
                 "max_batch_bytes",
@@ -1141,6 +1154,7 @@ impl RawConfig {
                 proposal_timeout_ms: self.proposal_timeout_ms,
                 snapshot_entries: self.snapshot_entries,
                 snapshot_log_bytes: self.snapshot_log_bytes,
+                snapshot_log_percent: self.snapshot_log_percent,
                 segment_bytes: self.wal_segment_bytes,
                 min_free_disk_bytes: self.min_free_disk_bytes,
             },
@@ -1279,6 +1293,7 @@ mod tests {
                 "sweep_interval_ms",
             ),
             ("tcp_backlog", "0", "tcp_backlog"),
+            ("snapshot_log_percent", "10001", "snapshot_log_percent"),
             ("tcp_backlog", "65536", "tcp_backlog"),
             ("default_lease_ms", "7200000", "default_lease_ms"),
             ("max_frame_bytes", "1000", "max_frame_bytes"),

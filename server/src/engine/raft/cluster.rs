@@ -744,6 +744,19 @@ async fn promote(w: Arc<Watch>, term: u64) {
     }
 }
 
+/// Whether node `id` is a voter of the membership it holds (the latest
+/// appended). A leader that removed itself leads on until that change is
+/// committed and applied, and must propose no change of its own meanwhile:
+/// openraft takes a membership entry only from a leader of its own
+/// membership (a debug build stopped on the assertion: seen when the
+/// incarnation recorder ran just after `CLUSTER REMOVE` of the leader).
+/// Checked under [`Role::membership_changes`], which a removal holds to
+/// its end.
+fn still_a_voter(raft: &Raft<TypeConfig>, id: NodeId) -> bool {
+    let m = raft.metrics().borrow().membership_config.clone();
+    m.membership().voter_ids().any(|v| v == id)
+}
+
 /// On the serving leader, records in the membership the incarnation of
 /// every member reached since (and its own), so that a member that comes
 /// back with another data directory is recognised and kept out (see
@@ -756,6 +769,9 @@ pub async fn record_incarnations(w: Arc<Watch>) {
             continue;
         }
         let _one_at_a_time = w.role.membership_changes().await;
+        if !still_a_voter(&w.raft, w.peers.node_id()) {
+            continue;
+        }
         let todo = w.peers.to_record();
         if todo.is_empty() {
             continue;
@@ -799,6 +815,9 @@ async fn record_own_address(w: &Watch) {
     }
     let id = w.peers.node_id();
     let _one_at_a_time = w.role.membership_changes().await;
+    if !still_a_voter(&w.raft, id) {
+        return;
+    }
     let current = {
         let m = w.raft.metrics().borrow().membership_config.clone();
         m.membership()

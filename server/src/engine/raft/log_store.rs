@@ -222,8 +222,8 @@ pub struct LogStore {
     /// Notified when a held-back purge is queued (see
     /// [`LogStore::snapshot_on_disk`]).
     purge_released: Arc<tokio::sync::Notify>,
-    /// Bytes of entries appended since start.
-    appended: Arc<std::sync::atomic::AtomicU64>,
+    /// Notified after each append (see [`LogStore::grown`]).
+    grown: Arc<tokio::sync::Notify>,
     jobs: Jobs,
     /// The log's `fdatasync` times, recorded by the writer.
     sync_times: SyncTimes,
@@ -325,7 +325,7 @@ impl LogStore {
             jobs,
             sync_times,
             purge_released: Arc::default(),
-            appended: Arc::default(),
+            grown: Arc::default(),
         })
     }
 
@@ -344,10 +344,26 @@ impl LogStore {
         self.sync_times.summary()
     }
 
-    /// Bytes of entries appended since start (on any node: a follower's
-    /// log grows with what its leader sends).
-    pub fn appended_bytes(&self) -> u64 {
-        self.appended.load(std::sync::atomic::Ordering::Relaxed)
+    /// Notified after each append: what waits for the log to grow (a
+    /// snapshot that comes due) need not poll it.
+    pub fn grown(&self) -> Arc<tokio::sync::Notify> {
+        Arc::clone(&self.grown)
+    }
+
+    /// Entries held past `index` (those a snapshot covering the log up to
+    /// `index`, inclusive, leaves out; all of them for `None`) and their
+    /// encoded size in bytes.
+    pub fn held_past(&self, index: Option<u64>) -> (u64, u64) {
+        let state = self.state.lock();
+        let (mut entries, mut bytes) = (state.entries.len() as u64, state.bytes);
+        if let Some(index) = index {
+            // Few: the log is purged up to a snapshot once it is on disk.
+            for held in state.entries.range(..=index).map(|(_, h)| h) {
+                entries -= 1;
+                bytes -= held.bytes.len() as u64;
+            }
+        }
+        (entries, bytes)
     }
 
     /// Entries held (not purged) and their encoded size in bytes, which is
@@ -708,8 +724,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             reset
         };
         let bytes = records.iter().map(|(_, b)| b.len()).sum();
-        self.appended
-            .fetch_add(bytes as u64, std::sync::atomic::Ordering::Relaxed);
+        self.grown.notify_one();
         let job = Job::Append {
             records,
             reset,
@@ -984,8 +999,7 @@ mod tests {
         let log_id = LogId::new(openraft::CommittedLeaderId::new(1, 1), 5);
         let purged =
             tokio::time::timeout(std::time::Duration::from_secs(5), store.purge(log_id)).await;
-        // Let go of the writer before anything can fail: a purge it does
-        // after the directory is gone would stop the process.
+        // Let go of the writer before the directory goes.
         drop(go_tx);
         busy.join().unwrap();
         purged
@@ -998,6 +1012,31 @@ mod tests {
         let meta: Meta = postcard::from_bytes(&read_meta(&dir.0).unwrap().unwrap()).unwrap();
         assert_eq!(meta.purged, Some(log_id));
         drop(store);
+    }
+
+    /// What a snapshot must cover next is the log past the latest one:
+    /// entries it covers and not yet purged are left out.
+    #[test]
+    fn the_log_past_a_snapshot_leaves_out_what_it_covers() {
+        let dir =
+            Dir(std::env::temp_dir().join(format!("idem-log-store-past-{}", std::process::id())));
+        let _ = std::fs::remove_dir_all(&dir.0);
+        let store = LogStore::open(&dir.0, 1 << 16, Writing::Inline).unwrap();
+        {
+            let mut state = store.state.lock();
+            for index in 5..=9u64 {
+                let bytes = Bytes::from(vec![0; index as usize * 10]);
+                state.bytes += bytes.len() as u64;
+                let log_id = LogId::new(openraft::CommittedLeaderId::new(1, 1), index);
+                state.entries.insert(index, Held { log_id, bytes });
+            }
+        }
+        assert_eq!(store.held(), (5, 350));
+        assert_eq!(store.held_past(None), (5, 350));
+        assert_eq!(store.held_past(Some(2)), (5, 350));
+        assert_eq!(store.held_past(Some(6)), (3, 240));
+        assert_eq!(store.held_past(Some(9)), (0, 0));
+        assert_eq!(store.held_past(Some(12)), (0, 0));
     }
 
     /// openraft purges the log as soon as it asks the state machine to

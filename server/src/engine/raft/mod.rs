@@ -52,7 +52,7 @@ use crate::clock::Clock;
 use crate::store::{Entry, Op, Store};
 use log_store::LogStore;
 use state_machine::StateMachine;
-use types::{Batch, NodeId, TypeConfig};
+use types::{Batch, LogId, NodeId, TypeConfig};
 
 /// Snapshot chunk size on the peer network.
 pub const SNAPSHOT_CHUNK_BYTES: u64 = 1 << 20;
@@ -100,9 +100,13 @@ pub struct RaftConfig {
     pub proposal_timeout_ms: u64,
     /// Log entries since the last snapshot that trigger a new one.
     pub snapshot_entries: u64,
-    /// Bytes of writes logged since the last snapshot that trigger a new
-    /// one (whichever comes first).
+    /// Bytes of log since the last snapshot that trigger a new one
+    /// (whichever comes first), at least; see `snapshot_log_percent`.
     pub snapshot_log_bytes: u64,
+    /// The bytes of log that trigger a snapshot grow to this percentage of
+    /// the latest snapshot file's size, when that is more than
+    /// `snapshot_log_bytes` (0: never).
+    pub snapshot_log_percent: u64,
     /// Size at which a log segment is closed and a new one started.
     pub segment_bytes: u64,
     /// Below this much free space on the data directory's filesystem,
@@ -354,7 +358,8 @@ impl RaftEngine {
             // serve at once. openraft's default, election_timeout_max,
             // twice this, made every failover wait 300 ms more.
             leader_lease: cfg.election_timeout_ms,
-            snapshot_policy: SnapshotPolicy::LogsSinceLast(cfg.snapshot_entries),
+            // Asked for by `snapshot_when_due`, by entries and bytes.
+            snapshot_policy: SnapshotPolicy::Never,
             max_in_snapshot_log_to_keep: 0,
             snapshot_max_chunk_size: SNAPSHOT_CHUNK_BYTES,
             install_snapshot_timeout: INSTALL_SNAPSHOT_TIMEOUT_MS,
@@ -469,12 +474,17 @@ impl RaftEngine {
         tokio::spawn(cluster::watch_role(Arc::clone(&watch)));
         if clustered {
             tokio::spawn(cluster::record_incarnations(watch));
-            tokio::spawn(snapshot_by_log_bytes(
-                raft.clone(),
-                log.clone(),
-                cfg.snapshot_log_bytes,
-            ));
         }
+        tokio::spawn(snapshot_when_due(
+            raft.clone(),
+            log.clone(),
+            sm.clone(),
+            SnapshotEvery {
+                entries: cfg.snapshot_entries,
+                bytes: cfg.snapshot_log_bytes,
+                percent: cfg.snapshot_log_percent,
+            },
+        ));
         if !clustered {
             // A single node serves once it leads and has applied its log.
             let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
@@ -506,7 +516,6 @@ impl RaftEngine {
             Limits {
                 max_bytes: cfg.max_batch_bytes,
                 min_free_disk: cfg.min_free_disk_bytes,
-                snapshot_bytes: cfg.snapshot_log_bytes,
                 dir: data_dir.clone(),
                 proposal_timeout: Duration::from_millis(cfg.proposal_timeout_ms),
             },
@@ -971,33 +980,90 @@ fn op_size(op: &Op) -> usize {
     }
 }
 
-/// How often every cluster node looks at what its log took since its
-/// last snapshot.
-const SNAPSHOT_BYTES_CHECK: Duration = Duration::from_millis(100);
+/// How often a node looks at the log since its last snapshot.
+const SNAPSHOT_CHECK: Duration = Duration::from_millis(100);
 
-/// On a cluster node, whatever its role: asks for a snapshot each time
-/// `every` more bytes were appended to its log. openraft's own policy
-/// counts entries (`snapshot_entries`), and entries are up to
-/// `max_batch_bytes` each: a follower's log, held in memory until a
-/// snapshot covers it, would grow to that many times as much (the leader
-/// asks as it proposes). Asking while a snapshot is being built does
-/// nothing. Ends with the Raft core.
-async fn snapshot_by_log_bytes(raft: Raft<TypeConfig>, log: LogStore, every: u64) {
-    let mut tick = tokio::time::interval(SNAPSHOT_BYTES_CHECK);
+/// A snapshot asked for that did not start (openraft was busy) is asked
+/// for again after this.
+const SNAPSHOT_ASK_AGAIN: Duration = Duration::from_secs(10);
+
+/// When a snapshot is due: once the log past the latest one holds
+/// `entries` entries, or `bytes` bytes, or `percent` of the latest
+/// snapshot file's size if that is more. Every node counts its own log (a
+/// follower's grows with what its leader sends), since each holds it in
+/// memory until a snapshot covers it. Bytes, not only entries: entries
+/// are up to `max_batch_bytes` each. Growing with the store, as Redis
+/// spaces its AOF rewrites (`auto-aof-rewrite-percentage`): a snapshot
+/// writes the whole store, so at a fixed spacing a large store spent most
+/// of its CPU on snapshots (three nodes of 2-3M records, claims at
+/// pipeline 16: one node's snapshot every 5 s, each taking most of a
+/// core); the log then takes at most `percent` of the snapshot's size in
+/// memory.
+#[derive(Debug, Clone, Copy)]
+struct SnapshotEvery {
+    entries: u64,
+    bytes: u64,
+    percent: u64,
+}
+
+impl SnapshotEvery {
+    /// The entries and bytes of log past the latest snapshot, of
+    /// `latest_file_bytes`, at which the next is due.
+    fn thresholds(&self, latest_file_bytes: u64) -> (u64, u64) {
+        let grown = latest_file_bytes.saturating_mul(self.percent) / 100;
+        (self.entries.max(1), self.bytes.max(grown).max(1))
+    }
+
+    /// Whether a snapshot is due with `entries` entries of `bytes` logged
+    /// past the latest snapshot, of `latest_file_bytes`.
+    fn due(&self, entries: u64, bytes: u64, latest_file_bytes: u64) -> bool {
+        let (max_entries, max_bytes) = self.thresholds(latest_file_bytes);
+        entries >= max_entries || bytes >= max_bytes
+    }
+}
+
+/// On every node, whatever its role: asks openraft for a snapshot when
+/// one is due (see [`SnapshotEvery`]), looking after each append to the
+/// log and every [`SNAPSHOT_CHECK`]; not while one is being built, and
+/// not twice for the same log unless the first ask did not start one
+/// within [`SNAPSHOT_ASK_AGAIN`]. Ends with the Raft core.
+async fn snapshot_when_due(
+    raft: Raft<TypeConfig>,
+    log: LogStore,
+    sm: StateMachine,
+    every: SnapshotEvery,
+) {
+    let mut tick = tokio::time::interval(SNAPSHOT_CHECK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut last = log.appended_bytes();
     let metrics = raft.metrics();
+    let grown = log.grown();
+    // What the latest snapshot covered when one was last asked for, and
+    // when.
+    let mut asked: Option<(Option<LogId>, tokio::time::Instant)> = None;
     loop {
-        tick.tick().await;
+        tokio::select! {
+            _ = tick.tick() => {}
+            () = grown.notified() => {}
+        }
         // The core stopped: its metrics' sender is gone, or it failed.
         if metrics.has_changed().is_err() || metrics.borrow().running_state.is_err() {
             return;
         }
-        let now = log.appended_bytes();
-        if now.saturating_sub(last) < every.max(1) {
+        let latest = sm.snapshot_stats();
+        if latest.building {
             continue;
         }
-        last = now;
+        if let Some((covered, at)) = asked
+            && covered == latest.last_log_id
+            && at.elapsed() < SNAPSHOT_ASK_AGAIN
+        {
+            continue;
+        }
+        let (entries, bytes) = log.held_past(latest.last_log_id.map(|l| l.index));
+        if !every.due(entries, bytes, latest.file_bytes) {
+            continue;
+        }
+        asked = Some((latest.last_log_id, tokio::time::Instant::now()));
         if raft.trigger().snapshot().await.is_err() {
             return;
         }
@@ -1008,7 +1074,6 @@ async fn snapshot_by_log_bytes(raft: Raft<TypeConfig>, log: LogStore, every: u64
 struct Limits {
     max_bytes: usize,
     min_free_disk: u64,
-    snapshot_bytes: u64,
     dir: PathBuf,
     /// `proposal_timeout_ms`: past it an entry no longer holds its place
     /// in flight.
@@ -1088,10 +1153,6 @@ async fn propose(p: Proposer, proposals: Arc<queue::Queue>, limits: Limits, stat
     let raft = &p.raft;
     let mut disk_full = false;
     let inflight = Arc::new(tokio::sync::Semaphore::new(MAX_INFLIGHT_ENTRIES));
-    // Bytes logged since the last snapshot was asked for: the log (kept in
-    // memory until a snapshot covers it) stays bounded by size as well as
-    // by entries.
-    let mut since_snapshot = 0u64;
     loop {
         // At most MAX_INFLIGHT_ENTRIES entries in flight (one when
         // replicated): while they are written and applied, proposals
@@ -1105,11 +1166,8 @@ async fn propose(p: Proposer, proposals: Arc<queue::Queue>, limits: Limits, stat
             return;
         };
         proposals.gather(GATHER_POLLS).await;
-        let Some(queue::Batch {
-            ops,
-            txs,
-            bytes: size,
-        }) = proposals.next_batch(MAX_BATCH_OPS, limits.max_bytes).await
+        let Some(queue::Batch { ops, txs, .. }) =
+            proposals.next_batch(MAX_BATCH_OPS, limits.max_bytes).await
         else {
             return;
         };
@@ -1142,13 +1200,6 @@ async fn propose(p: Proposer, proposals: Arc<queue::Queue>, limits: Limits, stat
         if disk_full {
             info!(dir = %limits.dir.display(), "disk space is back: accepting writes");
             disk_full = false;
-        }
-        since_snapshot += size as u64;
-        if since_snapshot >= limits.snapshot_bytes {
-            since_snapshot = 0;
-            if let Err(e) = raft.trigger().snapshot().await {
-                warn!(error = %e, "cannot ask for a snapshot");
-            }
         }
         stats.entries.fetch_add(1, Ordering::Relaxed);
         stats.ops.fetch_add(ops.len() as u64, Ordering::Relaxed);

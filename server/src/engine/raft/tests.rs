@@ -77,6 +77,7 @@ fn cfg(dir: &TempDir) -> RaftConfig {
         proposal_timeout_ms: 10_000,
         snapshot_entries: 50,
         snapshot_log_bytes: 1 << 30,
+        snapshot_log_percent: 0,
         segment_bytes: 1 << 16,
         min_free_disk_bytes: 0,
         election_timeout_ms: 500,
@@ -190,8 +191,13 @@ async fn a_hot_lapsed_key_is_proposed_for_expiry_once_at_a_time() {
 async fn applied_state_machine(dir: &TempDir, keys: &[&str]) -> StateMachine {
     use openraft::storage::RaftStateMachine;
     let mut sm = StateMachine::open(Arc::new(Store::new(StoreConfig::default())), &dir.0).unwrap();
-    let entries: Vec<super::types::LogEntry> = keys
-        .iter()
+    sm.apply(claims(keys)).await.unwrap();
+    sm
+}
+
+/// Entries 1..=keys.len() of term 1, each a claim of one of `keys`.
+fn claims(keys: &[&str]) -> Vec<super::types::LogEntry> {
+    keys.iter()
         .enumerate()
         .map(|(i, k)| openraft::Entry {
             log_id: openraft::LogId::new(openraft::CommittedLeaderId::new(1, 1), i as u64 + 1),
@@ -209,9 +215,46 @@ async fn applied_state_machine(dir: &TempDir, keys: &[&str]) -> StateMachine {
                 ],
             })),
         })
-        .collect();
+        .collect()
+}
+
+/// Applying a long run of entries (a follower catching up, a restart's
+/// replay) gives the runtime back every few milliseconds: it used to hold
+/// its runtime thread for the whole run, and the node's heartbeats,
+/// votes and client connections on that thread waited (failovers after a
+/// catch-up took seconds). Here another task on the same single-threaded
+/// runtime must run while the entries are applied, not only before or
+/// after.
+#[tokio::test(flavor = "current_thread")]
+async fn a_long_apply_lets_the_runtime_s_other_tasks_run() {
+    use openraft::storage::RaftStateMachine;
+    let dir = TempDir::new("sm-slices");
+    let mut sm = StateMachine::open(Arc::new(Store::new(StoreConfig::default())), &dir.0).unwrap();
+    let keys: Vec<String> = (0..20_000).map(|i| format!("key-{i}")).collect();
+    let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+    let entries = claims(&keys);
+    let seen = Arc::new(parking_lot::Mutex::new(Vec::new()));
+    let watcher = {
+        let (sm, seen) = (sm.clone(), Arc::clone(&seen));
+        tokio::spawn(async move {
+            loop {
+                seen.lock().push(sm.last_applied().map_or(0, |l| l.index));
+                tokio::task::yield_now().await;
+            }
+        })
+    };
+    tokio::task::yield_now().await;
+    let started = std::time::Instant::now();
     sm.apply(entries).await.unwrap();
-    sm
+    let took = started.elapsed();
+    watcher.abort();
+    let seen = seen.lock();
+    let during = seen.iter().filter(|&&i| i > 0 && i < 20_000).count();
+    assert!(
+        during > 0,
+        "nothing else ran while 20,000 entries were applied ({took:?}); seen: {:?}",
+        &seen[..seen.len().min(10)]
+    );
 }
 
 /// A snapshot built by a state machine in `dir` that applied `keys`.
@@ -349,4 +392,164 @@ async fn a_snapshot_built_or_installed_after_the_engine_stopped_is_not_written()
     );
     assert!(!dir.0.join("snapshot").exists(), "written after the stop");
     assert!(sm.get_current_snapshot().await.unwrap().is_none());
+}
+
+/// A snapshot is written to a file of its own with nothing held, and only
+/// its rename over the current one takes the save lock. A build used to
+/// hold it while it encoded the whole store (seconds at millions of
+/// records), and an install from the leader, or a stop, waited for it: a
+/// failover took 11.2 s. Now both go on while a build writes; the build
+/// then finds a newer snapshot current (or the engine stopped), keeps
+/// nothing, and leaves no file behind.
+#[tokio::test]
+async fn an_install_or_a_stop_does_not_wait_for_a_snapshot_being_written() {
+    use openraft::storage::RaftStateMachine;
+    let (leader_dir, dir) = (TempDir::new("sm-nowait-src"), TempDir::new("sm-nowait"));
+    let newer = built_snapshot(&leader_dir, &["a", "b", "c", "d"]).await;
+    let mut sm = applied_state_machine(&dir, &["a", "b"]).await;
+    let older = openraft::SnapshotMeta {
+        last_log_id: sm.last_applied(),
+        last_membership: Default::default(),
+        snapshot_id: "1-2".into(),
+    };
+    // A build's write, held up until the test lets it go on.
+    let (go_on, held) = std::sync::mpsc::channel::<()>();
+    let (writing, started) = std::sync::mpsc::channel::<()>();
+    let (building, meta) = (sm.clone(), older.clone());
+    let write = std::thread::spawn(move || {
+        building.write_file(&meta, |w| {
+            writing.send(()).unwrap();
+            held.recv().unwrap();
+            std::io::Write::write_all(w, b"records")
+        })
+    });
+    started.recv().unwrap();
+    let files = |d: &TempDir| -> Vec<String> {
+        std::fs::read_dir(&d.0)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with("snapshot"))
+            .collect()
+    };
+    tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        sm.install_snapshot(&newer.meta, newer.snapshot),
+    )
+    .await
+    .expect("the install waited for the build's write")
+    .unwrap();
+    let stop = {
+        let sm = sm.clone();
+        std::thread::spawn(move || sm.stop())
+    };
+    for _ in 0..1000 {
+        if stop.is_finished() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert!(stop.is_finished(), "the stop waited for the build's write");
+    go_on.send(()).unwrap();
+    let written = write.join().unwrap().unwrap();
+    assert!(!sm.make_current(written, &older, true).unwrap());
+    assert_eq!(
+        files(&dir),
+        ["snapshot"],
+        "the build's file was left behind"
+    );
+    let current = sm.get_current_snapshot().await.unwrap().unwrap();
+    assert_eq!(current.meta.last_log_id, newer.meta.last_log_id);
+}
+
+/// A snapshot file left half written by a crash (a build's, an install's,
+/// or a reception's) is removed when the node starts.
+#[tokio::test]
+async fn files_of_snapshots_cut_short_by_a_crash_are_removed_at_start() {
+    let dir = TempDir::new("sm-leftovers");
+    for name in ["snapshot.writing-7", "snapshot.incoming-3", "snapshot.tmp"] {
+        std::fs::write(dir.0.join(name), b"half a snapshot").unwrap();
+    }
+    std::fs::write(dir.0.join("other"), b"not ours").unwrap();
+    let _sm = StateMachine::open(Arc::new(Store::new(StoreConfig::default())), &dir.0).unwrap();
+    let mut left: Vec<String> = std::fs::read_dir(&dir.0)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    left.sort();
+    assert_eq!(left, ["other"]);
+}
+
+/// The log that triggers a snapshot grows with the latest snapshot's size
+/// (`snapshot_log_percent`), never below `snapshot_log_bytes`; entries
+/// count as they did.
+#[test]
+fn snapshot_thresholds_grow_with_the_latest_snapshot() {
+    let every = super::SnapshotEvery {
+        entries: 100,
+        bytes: 1_000,
+        percent: 50,
+    };
+    assert_eq!(every.thresholds(0), (100, 1_000));
+    assert_eq!(every.thresholds(1_999), (100, 1_000));
+    assert_eq!(every.thresholds(10_000), (100, 5_000));
+    assert!(!every.due(99, 999, 0));
+    assert!(every.due(100, 0, 0));
+    assert!(every.due(0, 1_000, 0));
+    assert!(!every.due(0, 4_999, 10_000));
+    assert!(every.due(0, 5_000, 10_000));
+    assert!(every.due(100, 0, 10_000));
+    let fixed = super::SnapshotEvery {
+        percent: 0,
+        ..every
+    };
+    assert_eq!(fixed.thresholds(u64::MAX), (100, 1_000));
+    let most = super::SnapshotEvery {
+        percent: 10_000,
+        ..every
+    };
+    assert_eq!(most.thresholds(u64::MAX), (100, u64::MAX / 100));
+}
+
+/// A snapshot writes the whole store, so at a fixed spacing a large store
+/// spent most of its time writing snapshots. With `snapshot_log_percent`
+/// the next one waits for a log the size of that share of the latest
+/// snapshot; at 0, `snapshot_log_bytes` alone spaces them, as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn snapshots_are_spaced_by_the_store_s_size() {
+    let mut built = Vec::new();
+    for percent in [0, 10_000] {
+        let dir = TempDir::new("spaced");
+        let mut c = cfg(&dir);
+        c.snapshot_entries = 1_000_000;
+        c.snapshot_log_bytes = 16 << 10;
+        c.snapshot_log_percent = percent;
+        let e = Engine::raft(c, StoreConfig::default(), EngineIo::default())
+            .await
+            .unwrap();
+        // About 300 KB of log (keys of 200 bytes), 20 claims at a time.
+        for round in 0..60 {
+            let claims = (0..20).map(|i| {
+                let k = Bytes::from(format!("{round:04}-{i:04}-{}", "k".repeat(190)));
+                run(&e, Command::Claim(Claim::new(k)))
+            });
+            for reply in futures_util::future::join_all(claims).await {
+                assert!(matches!(reply, Reply::Claim(ClaimReply::Acquired { .. })));
+            }
+            // Time for a snapshot that is due to be asked for and built.
+            if round % 10 == 9 {
+                tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+            }
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(1_000)).await;
+        let (info, _) = e.raft_info().unwrap();
+        built.push(info.snapshots_built);
+        e.shutdown().await;
+    }
+    // At 0 %, one every 16 KB of log: many. At 10,000 %, the first (due
+    // at 16 KB, the latest snapshot being none) and then none, since the
+    // next waits for 100 times the first one's size.
+    assert!(built[0] >= 5, "{built:?}");
+    assert_eq!(built[1], 1, "{built:?}");
 }

@@ -805,16 +805,31 @@ pub fn replace_file(dir: &Path, name: &str, bytes: &[u8]) -> Result<(), WalError
 }
 
 /// [`replace_file`] with the contents `write` writes.
-pub fn replace_file_with(
+fn replace_file_with(
     dir: &Path,
     name: &str,
     write: impl FnOnce(&mut File) -> io::Result<()>,
 ) -> Result<(), WalError> {
     let tmp = dir.join(format!("{name}.tmp"));
-    let mut f = File::create(&tmp).map_err(io_err("create", &tmp))?;
-    write(&mut f).map_err(io_err("write", &tmp))?;
-    f.sync_all().map_err(io_err("sync", &tmp))?;
-    fs::rename(&tmp, dir.join(name)).map_err(io_err("rename", &tmp))?;
+    write_synced(&tmp, write)?;
+    rename_synced(&tmp, dir, name)
+}
+
+/// Creates (or truncates) `path` with the contents `write` writes, and
+/// syncs it: the first half of replacing a file atomically.
+pub fn write_synced(
+    path: &Path,
+    write: impl FnOnce(&mut File) -> io::Result<()>,
+) -> Result<(), WalError> {
+    let mut f = File::create(path).map_err(io_err("create", path))?;
+    write(&mut f).map_err(io_err("write", path))?;
+    f.sync_all().map_err(io_err("sync", path))
+}
+
+/// Renames the synced file `from` over `dir/name` and syncs the
+/// directory: the second half.
+pub fn rename_synced(from: &Path, dir: &Path, name: &str) -> Result<(), WalError> {
+    fs::rename(from, dir.join(name)).map_err(io_err("rename", from))?;
     sync_dir(dir)
 }
 
