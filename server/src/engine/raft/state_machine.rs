@@ -294,10 +294,14 @@ static NEXT_FILE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::n
 /// queue behind them on the same disk.
 const SYNC_EVERY: u64 = 8 << 20;
 
-/// A file writer that syncs its file's data every [`SYNC_EVERY`] bytes.
+/// A file writer that syncs its file's data every [`SYNC_EVERY`] bytes,
+/// and gives up there once `stopped` is set (a snapshot of a large store
+/// takes seconds to write, and one the engine will not keep need not be
+/// written to its end).
 struct SyncingAsItGoes<'a> {
     file: &'a mut fs::File,
     unsynced: u64,
+    stopped: &'a std::sync::atomic::AtomicBool,
 }
 
 impl Write for SyncingAsItGoes<'_> {
@@ -305,6 +309,11 @@ impl Write for SyncingAsItGoes<'_> {
         let n = self.file.write(buf)?;
         self.unsynced += n as u64;
         if self.unsynced >= SYNC_EVERY {
+            if self.stopped.load(std::sync::atomic::Ordering::Acquire) {
+                return Err(std::io::Error::other(
+                    "the engine stopped: the snapshot is not written",
+                ));
+            }
             self.file.sync_data()?;
             self.unsynced = 0;
         }
@@ -395,7 +404,8 @@ impl StateMachine {
     /// Stops writing snapshots: a build or an install under way (openraft
     /// does not wait for its state machine task when it shuts down) makes
     /// nothing current from now on. Waits for a snapshot being made
-    /// current (a rename), not for one being written.
+    /// current (a rename), not for one being written, which gives up
+    /// within [`SYNC_EVERY`] bytes.
     pub fn stop(&self) {
         let _saving = self.saving.lock();
         self.stopped
@@ -473,6 +483,7 @@ impl StateMachine {
             let mut out = SyncingAsItGoes {
                 file: f,
                 unsynced: 0,
+                stopped: &self.stopped,
             };
             let mut crc = crc32fast::Hasher::new();
             crc.update(&head);
@@ -958,6 +969,42 @@ async fn on_own_thread<T: Send + 'static>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A snapshot file is written a stretch of [`SYNC_EVERY`] bytes at a
+    /// time, each synced; once the engine stopped, the next stretch's end
+    /// gives the write up (a snapshot of a large store that nothing will
+    /// keep is not written to its end).
+    #[test]
+    fn a_snapshot_s_write_stops_within_a_stretch_of_the_engine_stopping() {
+        let path = std::env::temp_dir().join(format!("idem-sm-stretch-{}", std::process::id()));
+        let mut file = fs::File::create(&path).unwrap();
+        let stopped = std::sync::atomic::AtomicBool::new(false);
+        let mut out = SyncingAsItGoes {
+            file: &mut file,
+            unsynced: 0,
+            stopped: &stopped,
+        };
+        let part = vec![7u8; 1 << 20];
+        for _ in 0..SYNC_EVERY / (1 << 20) + 2 {
+            out.write_all(&part).unwrap();
+        }
+        assert_eq!(out.unsynced, 2 << 20, "synced at the stretch's end");
+        stopped.store(true, std::sync::atomic::Ordering::Release);
+        let mut written = 0u64;
+        let e = loop {
+            match out.write_all(&part) {
+                Ok(()) => written += part.len() as u64,
+                Err(e) => break e,
+            }
+            assert!(
+                written <= SYNC_EVERY,
+                "written on past a stretch after the stop"
+            );
+        };
+        assert!(e.to_string().contains("stopped"), "{e}");
+        drop(file);
+        let _ = fs::remove_file(&path);
+    }
 
     /// A snapshot's thread runs at a lower priority than the threads that
     /// serve (see [`BACKGROUND_NICE`]).
