@@ -220,13 +220,17 @@ LEADER=$(leader_port)
 info_field() { # port field -> its value in CLUSTER INFO (empty if no answer)
   { redis-cli -p "$1" cluster info 2>/dev/null || true; } | tr -d '\r' | sed -n "s/^$2://p"
 }
-caught_up() { # id -> once that node has applied the leader's commit index
-  local target leader applied
+caught_up() { # id -> once that node follows the leader and has applied its commit index
+  local target leader leader_id applied follows
   leader=$(leader_port)
   target=$(info_field "$leader" idem_commit_index)
+  leader_id=$(info_field "$leader" idem_node_id)
   for _ in $(seq 600); do
+    # Its own log may already reach the target at restart: it has caught
+    # up only once it also hears from the leader.
+    follows=$(info_field "${CPORT[$1]}" idem_leader_id)
     applied=$(info_field "${CPORT[$1]}" idem_applied_index)
-    [ -n "$applied" ] && [ "$applied" -ge "$target" ] && return
+    [ -n "$applied" ] && [ "$applied" -ge "$target" ] && [ "$follows" = "$leader_id" ] && return
     sleep 0.1
   done
   echo "node $1 did not catch up within 60 s" >&2
