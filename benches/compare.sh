@@ -224,10 +224,10 @@ caught_up() { # id -> once that node follows the leader and has applied its comm
   local target leader leader_id applied follows
   leader=$(leader_port)
   target=$(info_field "$leader" idem_commit_index)
-  leader_id=$(info_field "$leader" idem_node_id)
   for _ in $(seq 600); do
     # Its own log may already reach the target at restart: it has caught
-    # up only once it also hears from the leader.
+    # up only once it also hears from the leader (whichever leads now).
+    leader_id=$(info_field "$(leader_port)" idem_node_id)
     follows=$(info_field "${CPORT[$1]}" idem_leader_id)
     applied=$(info_field "${CPORT[$1]}" idem_applied_index)
     [ -n "$applied" ] && [ "$applied" -ge "$target" ] && [ "$follows" = "$leader_id" ] && return

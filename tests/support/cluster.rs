@@ -16,15 +16,25 @@ use super::{Conn, DataDir, Idemd, POLL_DEADLINE, bulk, claim, eventually};
 /// start with its port in use).
 pub fn free_port() -> u16 {
     static NEXT: std::sync::Mutex<Option<u16>> = std::sync::Mutex::new(None);
-    let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
-        .ok()
-        .and_then(|r| {
+    let ephemeral: Vec<u16> = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .map(|r| {
             r.split_whitespace()
-                .next()
-                .and_then(|p| p.parse::<u16>().ok())
+                .filter_map(|p| p.parse().ok())
+                .collect()
         })
-        .unwrap_or(32768);
-    let (from, to) = (10_000u16, ephemeral_low.max(10_001));
+        .unwrap_or_default();
+    let (low, high) = match ephemeral[..] {
+        [low, high] => (low, high),
+        _ => (32768, 60999),
+    };
+    // Below the range, or else above it: at least a thousand ports.
+    let (from, to) = if low >= 11_000 {
+        (10_000u16, low)
+    } else if high <= 64_000 {
+        (high + 1, 65_535)
+    } else {
+        panic!("the ephemeral port range {low}-{high} leaves no room for test ports")
+    };
     let span = u32::from(to - from);
     let mut next = NEXT.lock().unwrap();
     // Each test process starts somewhere else in the range, and goes on

@@ -68,6 +68,22 @@ struct Meta {
 struct Held {
     log_id: LogId,
     bytes: Bytes,
+    /// The bytes of the held entries up to this one, inclusive, counted
+    /// from wherever the entries held after a purge began: the bytes of a
+    /// run of entries are two lookups (see [`LogStore::held_between`]).
+    end: u64,
+}
+
+/// Holds `bytes`, the entry `log_id` encoded, in `entries`; the entry it
+/// replaced, if any.
+fn hold(entries: &mut BTreeMap<u64, Held>, log_id: LogId, bytes: Bytes) -> Option<Held> {
+    let before = log_id
+        .index
+        .checked_sub(1)
+        .and_then(|i| entries.get(&i))
+        .map_or(0, |h| h.end);
+    let end = before + bytes.len() as u64;
+    entries.insert(log_id.index, Held { log_id, bytes, end })
 }
 
 /// What the log holds, as openraft sees it (appended entries are here at
@@ -285,13 +301,7 @@ impl LogStore {
                 });
             }
             bytes += payload.len() as u64;
-            entries.insert(
-                index,
-                Held {
-                    log_id: entry.log_id,
-                    bytes: Bytes::from(payload),
-                },
-            );
+            hold(&mut entries, entry.log_id, Bytes::from(payload));
         }
         let sync_times = wal.sync_times();
         let writer = Writer::new(wal, dir.to_owned());
@@ -350,20 +360,30 @@ impl LogStore {
         Arc::clone(&self.grown)
     }
 
-    /// Entries held past `index` (those a snapshot covering the log up to
-    /// `index`, inclusive, leaves out; all of them for `None`) and their
-    /// encoded size in bytes.
-    pub fn held_past(&self, index: Option<u64>) -> (u64, u64) {
+    /// The entries held past `after` (all of them for `None`) up to
+    /// `upto`, inclusive, and their encoded size in bytes: what a snapshot
+    /// covering the log up to `upto` would cover beyond one covering it up
+    /// to `after`. Two lookups, whatever the length of the log.
+    pub fn held_between(&self, after: Option<u64>, upto: u64) -> (u64, u64) {
         let state = self.state.lock();
-        let (mut entries, mut bytes) = (state.entries.len() as u64, state.bytes);
-        if let Some(index) = index {
-            // Few: the log is purged up to a snapshot once it is on disk.
-            for held in state.entries.range(..=index).map(|(_, h)| h) {
-                entries -= 1;
-                bytes -= held.bytes.len() as u64;
-            }
+        let (Some((&first, _)), Some((&last, _))) = (
+            state.entries.first_key_value(),
+            state.entries.last_key_value(),
+        ) else {
+            return (0, 0);
+        };
+        let from = after.map_or(first, |a| a.saturating_add(1).max(first));
+        let to = upto.min(last);
+        if to < from {
+            return (0, 0);
         }
-        (entries, bytes)
+        // Held entries follow each other without a gap.
+        let end = state.entries.get(&to).map_or(0, |h| h.end);
+        let start = state
+            .entries
+            .get(&from)
+            .map_or(0, |h| h.end.saturating_sub(h.bytes.len() as u64));
+        (to - from + 1, end.saturating_sub(start))
     }
 
     /// Entries held (not purged) and their encoded size in bytes, which is
@@ -694,10 +714,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
                     .into_boxed_slice(),
             );
             records.push((e.log_id.index, bytes.clone()));
-            held.push(Held {
-                log_id: e.log_id,
-                bytes,
-            });
+            held.push((e.log_id, bytes));
         }
         // Entries after a purge that is held back until its snapshot is on
         // disk would start the files afresh: they wait for that snapshot
@@ -715,9 +732,9 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         let reset = {
             let mut state = self.state.lock();
             let reset = state.entries.is_empty();
-            for h in held {
-                state.bytes += h.bytes.len() as u64;
-                if let Some(old) = state.entries.insert(h.log_id.index, h) {
+            for (log_id, bytes) in held {
+                state.bytes += bytes.len() as u64;
+                if let Some(old) = hold(&mut state.entries, log_id, bytes) {
                     state.bytes -= old.bytes.len() as u64;
                 }
             }
@@ -1022,21 +1039,32 @@ mod tests {
             Dir(std::env::temp_dir().join(format!("idem-log-store-past-{}", std::process::id())));
         let _ = std::fs::remove_dir_all(&dir.0);
         let store = LogStore::open(&dir.0, 1 << 16, Writing::Inline).unwrap();
+        assert_eq!(store.held_between(None, 10), (0, 0));
         {
             let mut state = store.state.lock();
+            // Entries 5..=9 of 50..=90 bytes (1..=4 purged).
             for index in 5..=9u64 {
                 let bytes = Bytes::from(vec![0; index as usize * 10]);
                 state.bytes += bytes.len() as u64;
                 let log_id = LogId::new(openraft::CommittedLeaderId::new(1, 1), index);
-                state.entries.insert(index, Held { log_id, bytes });
+                hold(&mut state.entries, log_id, bytes);
             }
         }
         assert_eq!(store.held(), (5, 350));
-        assert_eq!(store.held_past(None), (5, 350));
-        assert_eq!(store.held_past(Some(2)), (5, 350));
-        assert_eq!(store.held_past(Some(6)), (3, 240));
-        assert_eq!(store.held_past(Some(9)), (0, 0));
-        assert_eq!(store.held_past(Some(12)), (0, 0));
+        assert_eq!(store.held_between(None, 9), (5, 350));
+        assert_eq!(store.held_between(Some(2), 9), (5, 350));
+        assert_eq!(store.held_between(Some(6), 9), (3, 240));
+        assert_eq!(store.held_between(Some(6), 8), (2, 150));
+        assert_eq!(store.held_between(Some(6), 100), (3, 240));
+        assert_eq!(store.held_between(None, 5), (1, 50));
+        assert_eq!(store.held_between(Some(9), 9), (0, 0));
+        assert_eq!(store.held_between(Some(12), 20), (0, 0));
+        assert_eq!(store.held_between(Some(7), 6), (0, 0));
+        assert_eq!(store.held_between(None, 3), (0, 0));
+        // After a purge the rest still count the same.
+        store.state.lock().drop_upto(6);
+        assert_eq!(store.held_between(Some(6), 9), (3, 240));
+        assert_eq!(store.held_between(None, 8), (2, 150));
     }
 
     /// openraft purges the log as soon as it asks the state machine to

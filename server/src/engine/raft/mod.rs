@@ -987,7 +987,7 @@ const SNAPSHOT_CHECK: Duration = Duration::from_millis(100);
 /// for again after this.
 const SNAPSHOT_ASK_AGAIN: Duration = Duration::from_secs(10);
 
-/// When a snapshot is due: once the log past the latest one holds
+/// When a snapshot is due: once the log applied past the latest one holds
 /// `entries` entries, or `bytes` bytes, or `percent` of the latest
 /// snapshot file's size if that is more. Every node counts its own log (a
 /// follower's grows with what its leader sends), since each holds it in
@@ -1059,7 +1059,17 @@ async fn snapshot_when_due(
         {
             continue;
         }
-        let (entries, bytes) = log.held_past(latest.last_log_id.map(|l| l.index));
+        // What a snapshot would cover now beyond the latest: the entries
+        // applied since (a follower catching up holds many more, which no
+        // snapshot can cover yet).
+        let applied = sm.last_applied();
+        if applied <= latest.last_log_id {
+            continue;
+        }
+        let (entries, bytes) = log.held_between(
+            latest.last_log_id.map(|l| l.index),
+            applied.map_or(0, |l| l.index),
+        );
         if !every.due(entries, bytes, latest.file_bytes) {
             continue;
         }

@@ -94,8 +94,9 @@ pub struct StateMachine {
     /// The log, told when a snapshot is on disk (it purges on disk only
     /// what a snapshot on disk covers).
     log: Option<super::log_store::LogStore>,
-    /// Set while a [`SnapshotBuilder`] lives.
-    building: Arc<std::sync::atomic::AtomicBool>,
+    /// How many [`SnapshotBuilder`]s live (openraft drops one only after
+    /// it reported its build, and may have made the next by then).
+    building: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 /// Why the state machine could not be opened.
@@ -459,7 +460,7 @@ impl StateMachine {
         SnapshotStats {
             last_log_id: inner.snapshot.as_ref().and_then(|m| m.last_log_id),
             file_bytes: inner.file_bytes,
-            building: self.building.load(std::sync::atomic::Ordering::Acquire),
+            building: self.building.load(std::sync::atomic::Ordering::Acquire) > 0,
             ..inner.stats
         }
     }
@@ -605,7 +606,7 @@ impl Drop for SnapshotBuilder {
     fn drop(&mut self) {
         self.sm
             .building
-            .store(false, std::sync::atomic::Ordering::Release);
+            .fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
     }
 }
 
@@ -675,6 +676,8 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
                     }
                     // Stopped, or a newer one was made current meanwhile.
                     Ok(false) => continue,
+                    // Given up part way: the engine stopped.
+                    Err(_) if sm.is_stopped() => return None,
                     Err(e) => {
                         if failures == 0 {
                             tracing::warn!(
@@ -781,7 +784,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             (inner.last_applied, inner.membership.clone())
         };
         self.building
-            .store(true, std::sync::atomic::Ordering::Release);
+            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
         let started = std::time::Instant::now();
         let copy = self.store.snapshot_copy();
         let pause_ms = started.elapsed().as_millis() as u64;
