@@ -108,6 +108,15 @@ struct State {
 }
 
 impl State {
+    /// Holds `bytes`, the entry `log_id` encoded (in place of any entry
+    /// held at its index).
+    fn hold(&mut self, log_id: LogId, bytes: Bytes) {
+        self.bytes += bytes.len() as u64;
+        if let Some(old) = hold(&mut self.entries, log_id, bytes) {
+            self.bytes -= old.bytes.len() as u64;
+        }
+    }
+
     /// Drops the entries from `index` on.
     fn drop_from(&mut self, index: u64) {
         let gone = self.entries.split_off(&index);
@@ -733,10 +742,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             let mut state = self.state.lock();
             let reset = state.entries.is_empty();
             for (log_id, bytes) in held {
-                state.bytes += bytes.len() as u64;
-                if let Some(old) = hold(&mut state.entries, log_id, bytes) {
-                    state.bytes -= old.bytes.len() as u64;
-                }
+                state.hold(log_id, bytes);
             }
             reset
         };
@@ -1045,9 +1051,8 @@ mod tests {
             // Entries 5..=9 of 50..=90 bytes (1..=4 purged).
             for index in 5..=9u64 {
                 let bytes = Bytes::from(vec![0; index as usize * 10]);
-                state.bytes += bytes.len() as u64;
                 let log_id = LogId::new(openraft::CommittedLeaderId::new(1, 1), index);
-                hold(&mut state.entries, log_id, bytes);
+                state.hold(log_id, bytes);
             }
         }
         assert_eq!(store.held(), (5, 350));

@@ -479,8 +479,11 @@ impl StateMachine {
     ) -> Result<WrittenFile, String> {
         let head = file_head_bytes(meta).map_err(|e| e.to_string())?;
         let n = NEXT_FILE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let file = WrittenFile(Some(self.dir.join(format!("{WRITING_PREFIX}{n}"))));
-        write_synced(file.path(), |f| {
+        let file = WrittenFile {
+            path: self.dir.join(format!("{WRITING_PREFIX}{n}")),
+            current: false,
+        };
+        write_synced(&file.path, |f| {
             let mut out = SyncingAsItGoes {
                 file: f,
                 unsynced: 0,
@@ -515,9 +518,9 @@ impl StateMachine {
         if self.is_stopped() || (built && self.has_newer(meta.last_log_id)) {
             return Ok(false);
         }
-        let file_bytes = fs::metadata(file.path()).map_or(0, |m| m.len());
-        rename_synced(file.path(), &self.dir, "snapshot").map_err(|e| e.to_string())?;
-        file.0 = None;
+        let file_bytes = fs::metadata(&file.path).map_or(0, |m| m.len());
+        rename_synced(&file.path, &self.dir, "snapshot").map_err(|e| e.to_string())?;
+        file.current = true;
         {
             let mut inner = self.inner.lock();
             inner.file_bytes = file_bytes;
@@ -534,18 +537,16 @@ impl StateMachine {
 
 /// A snapshot file being written, removed when dropped unless it was made
 /// current.
-pub(super) struct WrittenFile(Option<PathBuf>);
-
-impl WrittenFile {
-    fn path(&self) -> &Path {
-        self.0.as_deref().unwrap_or(Path::new(""))
-    }
+pub(super) struct WrittenFile {
+    path: PathBuf,
+    /// Renamed to `snapshot`: nothing is left to remove.
+    current: bool,
 }
 
 impl Drop for WrittenFile {
     fn drop(&mut self) {
-        if let Some(path) = &self.0 {
-            let _ = fs::remove_file(path);
+        if !self.current {
+            let _ = fs::remove_file(&self.path);
         }
     }
 }
@@ -665,14 +666,16 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
                         }
                         // The snapshot's data, read from its file.
                         let path = sm.dir.join("snapshot");
-                        return match open_file(&path) {
-                            Ok(Some(s)) => Some((*s.snapshot, true)),
-                            Ok(None) => Some((SnapshotData::mem(Vec::new()), true)),
-                            Err(e) => {
-                                tracing::warn!(error = %e, "cannot read the snapshot just written");
-                                Some((SnapshotData::mem(Vec::new()), true))
+                        let data = match open_file(&path) {
+                            Ok(Some(s)) => *s.snapshot,
+                            other => {
+                                if let Err(e) = other {
+                                    tracing::warn!(error = %e, "cannot read the snapshot just written");
+                                }
+                                SnapshotData::mem(Vec::new())
                             }
                         };
+                        return Some((data, true));
                     }
                     // Stopped, or a newer one was made current meanwhile.
                     Ok(false) => continue,

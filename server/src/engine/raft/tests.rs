@@ -257,6 +257,18 @@ async fn a_long_apply_lets_the_runtime_s_other_tasks_run() {
     );
 }
 
+/// The names of the files in `dir` that start with `prefix`, in order.
+fn files_named(dir: &TempDir, prefix: &str) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(&dir.0)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with(prefix))
+        .collect();
+    names.sort();
+    names
+}
+
 /// A snapshot built by a state machine in `dir` that applied `keys`.
 async fn built_snapshot(
     dir: &TempDir,
@@ -316,14 +328,7 @@ async fn a_snapshot_is_received_into_a_file_of_its_own_and_installed_from_it() {
     let (leader_dir, dir) = (TempDir::new("sm-recv-src"), TempDir::new("sm-recv"));
     let sent = built_snapshot(&leader_dir, &["a", "b", "c"]).await;
     let bytes = sent.snapshot.into_bytes().await.unwrap();
-    let incoming = |d: &TempDir| -> Vec<String> {
-        std::fs::read_dir(&d.0)
-            .unwrap()
-            .flatten()
-            .map(|e| e.file_name().to_string_lossy().into_owned())
-            .filter(|n| n.starts_with("snapshot.incoming-"))
-            .collect()
-    };
+    let incoming = |d: &TempDir| files_named(d, "snapshot.incoming-");
     let mut follower = applied_state_machine(&dir, &["x"]).await;
     // Given up (another leader sends another snapshot).
     let given_up = follower.begin_receiving_snapshot().await.unwrap();
@@ -424,14 +429,6 @@ async fn an_install_or_a_stop_does_not_wait_for_a_snapshot_being_written() {
         })
     });
     started.recv().unwrap();
-    let files = |d: &TempDir| -> Vec<String> {
-        std::fs::read_dir(&d.0)
-            .unwrap()
-            .flatten()
-            .map(|e| e.file_name().to_string_lossy().into_owned())
-            .filter(|n| n.starts_with("snapshot"))
-            .collect()
-    };
     tokio::time::timeout(
         std::time::Duration::from_secs(10),
         sm.install_snapshot(&newer.meta, newer.snapshot),
@@ -454,7 +451,7 @@ async fn an_install_or_a_stop_does_not_wait_for_a_snapshot_being_written() {
     let written = write.join().unwrap().unwrap();
     assert!(!sm.make_current(written, &older, true).unwrap());
     assert_eq!(
-        files(&dir),
+        files_named(&dir, "snapshot"),
         ["snapshot"],
         "the build's file was left behind"
     );
@@ -472,13 +469,7 @@ async fn files_of_snapshots_cut_short_by_a_crash_are_removed_at_start() {
     }
     std::fs::write(dir.0.join("other"), b"not ours").unwrap();
     let _sm = StateMachine::open(Arc::new(Store::new(StoreConfig::default())), &dir.0).unwrap();
-    let mut left: Vec<String> = std::fs::read_dir(&dir.0)
-        .unwrap()
-        .flatten()
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .collect();
-    left.sort();
-    assert_eq!(left, ["other"]);
+    assert_eq!(files_named(&dir, ""), ["other"]);
 }
 
 /// The log that triggers a snapshot grows with the latest snapshot's size
