@@ -302,3 +302,53 @@ fn test_append_entries_conflict() -> anyhow::Result<()> {
 
     Ok(())
 }
+
+/// Idem: a follower commits what the leader committed among the entries it already accepted from
+/// it before it appends the new ones, so the state machine applies them while the new entries are
+/// written.
+#[test]
+fn test_commit_before_append_commits_the_accepted_entries_first() -> anyhow::Result<()> {
+    let mut eng = eng();
+    eng.state.vote = UTime::new(TokioInstant::now(), Vote::new_committed(2, 1));
+    eng.state.update_accepted(Some(log_id(2, 1, 3)));
+
+    eng.commit_before_append(&Vote::new_committed(2, 1), Some(log_id(2, 1, 3)));
+    let res = eng.append_entries(&Vote::new_committed(2, 1), Some(log_id(2, 1, 3)), vec![blank_ent(2, 1, 4)]);
+
+    assert_eq!(Ok(()), res);
+    assert_eq!(Some(&log_id(2, 1, 3)), eng.state.committed());
+    assert_eq!(
+        vec![
+            Command::Commit {
+                seq: 1,
+                already_committed: Some(log_id(0, 1, 0)),
+                upto: log_id(2, 1, 3),
+            },
+            Command::AppendInputEntries {
+                vote: Vote::new_committed(2, 1),
+                entries: vec![blank_ent(2, 1, 4)],
+            },
+        ],
+        eng.output.take_commands()
+    );
+
+    Ok(())
+}
+
+/// Idem: what a node accepted under its own vote says nothing of another leader's log: an
+/// AppendEntries under another vote commits nothing before it is handled.
+#[test]
+fn test_commit_before_append_under_another_vote_commits_nothing() -> anyhow::Result<()> {
+    for vote in [Vote::new_committed(3, 1), Vote::new(2, 1), Vote::new_committed(2, 2)] {
+        let mut eng = eng();
+        eng.state.vote = UTime::new(TokioInstant::now(), Vote::new_committed(2, 1));
+        eng.state.update_accepted(Some(log_id(2, 1, 3)));
+
+        eng.commit_before_append(&vote, Some(log_id(2, 1, 3)));
+
+        assert_eq!(Some(&log_id(0, 1, 0)), eng.state.committed(), "{vote}");
+        assert_eq!(0, eng.output.take_commands().len(), "{vote}");
+    }
+
+    Ok(())
+}
