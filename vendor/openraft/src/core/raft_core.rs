@@ -1196,14 +1196,9 @@ where
     pub(super) fn handle_append_entries_request(&mut self, req: AppendEntriesRequest<C>, tx: AppendEntriesTx<C>) {
         tracing::debug!(req = display(req.summary()), func = func_name!());
 
-        // Idem: added; see `Engine::commit_before_append`.
-        self.engine.commit_before_append(&req.vote, req.leader_commit.clone());
-
-        let is_ok = self.engine.handle_append_entries(&req.vote, req.prev_log_id, req.entries, Some(tx));
-
-        if is_ok {
-            self.engine.handle_commit_entries(req.leader_commit);
-        }
+        // Idem: the engine commits what it can before the append; see
+        // `Engine::commit_before_append`.
+        self.engine.handle_append_entries_request(req, Some(tx));
     }
 
     // TODO: Make this method non-async. It does not need to run any async command in it.

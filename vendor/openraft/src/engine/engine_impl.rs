@@ -35,6 +35,7 @@ use crate::proposer::Candidate;
 use crate::proposer::LeaderQuorumSet;
 use crate::proposer::LeaderState;
 use crate::raft::responder::Responder;
+use crate::raft::AppendEntriesRequest;
 use crate::raft::AppendEntriesResponse;
 use crate::raft::SnapshotResponse;
 use crate::raft::VoteRequest;
@@ -488,6 +489,25 @@ where C: RaftTypeConfig
         fh.append_entries(prev_log_id, entries);
 
         Ok(())
+    }
+
+    // Idem: added; was `RaftCore::handle_append_entries_request`'s body, with
+    // `commit_before_append` first.
+    /// Handles an AppendEntries request: commits what it can before the append
+    /// ([`Self::commit_before_append`]), appends, and, if the request is accepted, commits what the
+    /// leader has committed among the entries now held.
+    pub(crate) fn handle_append_entries_request(
+        &mut self,
+        req: AppendEntriesRequest<C>,
+        tx: Option<AppendEntriesTx<C>>,
+    ) {
+        self.commit_before_append(&req.vote, req.leader_commit.clone());
+
+        let is_ok = self.handle_append_entries(&req.vote, req.prev_log_id, req.entries, tx);
+
+        if is_ok {
+            self.handle_commit_entries(req.leader_commit);
+        }
     }
 
     // Idem: added.

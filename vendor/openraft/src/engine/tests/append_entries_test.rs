@@ -9,6 +9,7 @@ use crate::engine::Command;
 use crate::engine::Engine;
 use crate::entry::RaftEntry;
 use crate::error::RejectAppendEntries;
+use crate::raft::AppendEntriesRequest;
 use crate::raft_state::LogStateReader;
 use crate::testing::blank_ent;
 use crate::testing::log_id;
@@ -305,18 +306,25 @@ fn test_append_entries_conflict() -> anyhow::Result<()> {
 
 /// Idem: a follower commits what the leader committed among the entries it already accepted from
 /// it before it appends the new ones, so the state machine applies them while the new entries are
-/// written.
+/// written; the rest of the leader's commit follows the append, as before.
 #[test]
 fn test_commit_before_append_commits_the_accepted_entries_first() -> anyhow::Result<()> {
     let mut eng = eng();
     eng.state.vote = UTime::new(TokioInstant::now(), Vote::new_committed(2, 1));
     eng.state.update_accepted(Some(log_id(2, 1, 3)));
 
-    eng.commit_before_append(&Vote::new_committed(2, 1), Some(log_id(2, 1, 3)));
-    let res = eng.append_entries(&Vote::new_committed(2, 1), Some(log_id(2, 1, 3)), vec![blank_ent(2, 1, 4)]);
+    // The leader has committed past what this node holds: only what it holds commits first.
+    eng.handle_append_entries_request(
+        AppendEntriesRequest {
+            vote: Vote::new_committed(2, 1),
+            prev_log_id: Some(log_id(2, 1, 3)),
+            leader_commit: Some(log_id(2, 1, 5)),
+            entries: vec![blank_ent(2, 1, 4), blank_ent(2, 1, 5)],
+        },
+        None,
+    );
 
-    assert_eq!(Ok(()), res);
-    assert_eq!(Some(&log_id(2, 1, 3)), eng.state.committed());
+    assert_eq!(Some(&log_id(2, 1, 5)), eng.state.committed());
     assert_eq!(
         vec![
             Command::Commit {
@@ -326,9 +334,47 @@ fn test_commit_before_append_commits_the_accepted_entries_first() -> anyhow::Res
             },
             Command::AppendInputEntries {
                 vote: Vote::new_committed(2, 1),
-                entries: vec![blank_ent(2, 1, 4)],
+                entries: vec![blank_ent(2, 1, 4), blank_ent(2, 1, 5)],
+            },
+            Command::Commit {
+                seq: 2,
+                already_committed: Some(log_id(2, 1, 3)),
+                upto: log_id(2, 1, 5),
             },
         ],
+        eng.output.take_commands()
+    );
+
+    Ok(())
+}
+
+/// Idem: a request refused for its `prev_log_id` still lets the entries accepted earlier from the
+/// same leader commit (they are that leader's, and it has committed them), and commits nothing
+/// more.
+#[test]
+fn test_commit_before_append_of_a_refused_request_commits_only_the_accepted_entries() -> anyhow::Result<()> {
+    let mut eng = eng();
+    eng.state.vote = UTime::new(TokioInstant::now(), Vote::new_committed(2, 1));
+    eng.state.update_accepted(Some(log_id(2, 1, 3)));
+
+    eng.handle_append_entries_request(
+        AppendEntriesRequest {
+            vote: Vote::new_committed(2, 1),
+            prev_log_id: Some(log_id(2, 1, 9)),
+            leader_commit: Some(log_id(2, 1, 9)),
+            entries: vec![blank_ent(2, 1, 10)],
+        },
+        None,
+    );
+
+    assert_eq!(Some(&log_id(2, 1, 3)), eng.state.committed());
+    assert_eq!(Some(&log_id(2, 1, 3)), eng.state.last_log_id());
+    assert_eq!(
+        vec![Command::Commit {
+            seq: 1,
+            already_committed: Some(log_id(0, 1, 0)),
+            upto: log_id(2, 1, 3),
+        }],
         eng.output.take_commands()
     );
 
@@ -349,6 +395,13 @@ fn test_commit_before_append_under_another_vote_commits_nothing() -> anyhow::Res
         assert_eq!(Some(&log_id(0, 1, 0)), eng.state.committed(), "{vote}");
         assert_eq!(0, eng.output.take_commands().len(), "{vote}");
     }
+
+    // This node's own vote, not committed (it is a candidate or voted for one): no leader yet.
+    let mut eng = eng();
+    eng.state.vote = UTime::new(TokioInstant::now(), Vote::new(2, 1));
+    eng.commit_before_append(&Vote::new(2, 1), Some(log_id(2, 1, 3)));
+    assert_eq!(Some(&log_id(0, 1, 0)), eng.state.committed());
+    assert_eq!(0, eng.output.take_commands().len());
 
     Ok(())
 }
