@@ -321,8 +321,8 @@ for round in 1 2 3; do
   kill -9 "${CLUSTER_PIDS[$DEAD]}"
   # Exits 3 when the failover took over SLOW_FAILOVER_MS (default 2000):
   # the nodes' logs and what each try got are then kept under target/.
-  SLOW=0
-  python3 - "${SLOW_FAILOVER_MS:-2000}" $SURVIVORS 2>> "$WORK/failover.trace" <<'PY' || SLOW=1
+  TOOK=0
+  python3 - "${SLOW_FAILOVER_MS:-2000}" $SURVIVORS 2>> "$WORK/failover.trace" <<'PY' || TOOK=$?
 import re, socket, sys, time
 t0 = time.monotonic()
 n = 0
@@ -349,10 +349,13 @@ while True:
             last[port] = seen
     time.sleep(0.005)
 PY
-  if [ "$SLOW" = 1 ]; then
+  if [ "$TOOK" = 3 ]; then
     KEEP="target/compare-slow-failover-$(date -u +%Y%m%dT%H%M%S)"
     mkdir -p "$KEEP" && cp "$WORK"/cluster-n*.log "$WORK/failover.trace" "$KEEP/"
     echo "failover over ${SLOW_FAILOVER_MS:-2000} ms: the nodes' logs and the tries are kept in $KEEP"
+  elif [ "$TOOK" != 0 ]; then
+    cat "$WORK/failover.trace" >&2
+    exit "$TOOK"
   fi
   wait "${CLUSTER_PIDS[$DEAD]}" 2>/dev/null || true
   start_node "$DEAD"
