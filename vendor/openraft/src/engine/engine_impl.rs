@@ -515,13 +515,14 @@ where C: RaftTypeConfig
     /// leader has committed among the entries this node already accepted from it.
     ///
     /// A follower's core waits for an append's flush before it runs the next command, and the
-    /// commit that follows the append ([`Self::handle_commit_entries`]) used to reach the state
-    /// machine only after the answer: the entries committed by the previous AppendEntries were
-    /// applied a flush later than they could be, and just when the leader, answered, needed the
-    /// CPU (nodes sharing cores). Committed first, they are applied while the new entries are
-    /// written. Only under the vote this node holds: `accepted` is that leader's,
-    /// so the entries up to it match the leader's log, and the leader's commit index names
-    /// entries of that log. The commit after the append takes the rest.
+    /// commit that follows the append ([`Self::handle_commit_entries`]) reached the state machine
+    /// only after the answer: the entries the previous AppendEntries carried, which this one's
+    /// commit index covers, were applied a flush later than they could be, and just when the
+    /// leader, answered, needed the CPU (nodes sharing cores). Committed first, they are applied
+    /// while the new entries are written. Only under the vote this node holds, committed:
+    /// `accepted` is that leader's, so the entries up to it match the leader's log, and the
+    /// leader's commit index names entries of that log. The commit after the append takes the
+    /// rest.
     pub(crate) fn commit_before_append(&mut self, vote: &Vote<C::NodeId>, leader_committed: Option<LogId<C::NodeId>>) {
         if vote.is_committed() && vote == self.state.vote_ref() {
             self.handle_commit_entries(leader_committed);
