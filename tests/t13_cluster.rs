@@ -523,6 +523,80 @@ async fn a_follower_with_a_slow_disk_is_given_append_timeout_ms_to_answer() {
     );
 }
 
+/// A leader sends a follower the entries proposed while others are on
+/// their way to it at once, up to `max_inflight_appends` unanswered
+/// (INFO `raft_appends_pipelined`), and the follower, which reads them
+/// ahead, answers each in order: with followers whose syncs take 30 ms and
+/// writers that start 10 ms apart, entries are proposed while others are
+/// being written, every write is acknowledged and both followers apply the
+/// whole log. With `max_inflight_appends = 1` none is sent before the
+/// previous answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn entries_go_to_followers_without_waiting_up_to_max_inflight_appends() {
+    for (depth, name) in [("1", "one-at-a-time"), ("4", "pipelined")] {
+        let slow = SlowSyncs::new(name);
+        let c = Cluster::start_each(name, 3, |id| {
+            let mut env = slow.env(id);
+            env.push(("IDEM_MAX_INFLIGHT_APPENDS".to_owned(), depth.to_owned()));
+            env
+        })
+        .await;
+        let l = c.leader().await;
+        for f in c.followers().await {
+            slow.set(c.members[f].id, 30);
+        }
+        let mut conn = c.members[l].conn().await;
+        let before = info_field(&mut conn, "raft_appends_pipelined").await;
+        let writers = (0..8u64).map(|w| {
+            let addr = c.members[l].client;
+            let name = name.to_owned();
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(10 * w)).await;
+                let mut conn = Conn::connect(addr).await;
+                for i in 0..10 {
+                    let k = format!("{name}-{w}-{i}");
+                    let got = claim(cmd_served(&mut conn, &["CLAIM", &k, "LEASE", "60000"]).await);
+                    assert!(matches!(got, ClaimReply::Acquired { .. }), "{k}: {got:?}");
+                }
+            })
+        });
+        for w in futures_util::future::join_all(writers).await {
+            w.unwrap();
+        }
+        let pipelined = info_field(&mut conn, "raft_appends_pipelined").await - before;
+        if depth == "1" {
+            assert_eq!(pipelined, 0, "entries were sent before the previous answer");
+        } else {
+            assert!(
+                pipelined > 0,
+                "no entries went to a follower while others were on their way"
+            );
+        }
+        // Every claim holds, and both followers apply all of it.
+        for w in 0..8 {
+            let k = format!("{name}-{w}-9");
+            let got = conn.cmd(&["CLAIM", &k]).await;
+            assert!(
+                matches!(
+                    ClaimReply::from_frame(got.clone()),
+                    Ok(ClaimReply::InFlight { .. })
+                ),
+                "{k} is not held by its owner: {got:?}"
+            );
+        }
+        let committed: u64 = c.members[l]
+            .info("idem_commit_index")
+            .await
+            .parse()
+            .unwrap();
+        for f in c.followers().await {
+            c.members[f]
+                .caught_up_as_follower(committed, "a follower applies every pipelined entry")
+                .await;
+        }
+    }
+}
+
 /// A follower learns that entries are committed from the entries that
 /// follow them: under load an entry costs one AppendEntries per follower,
 /// not a second one to tell of its commit (which doubled the followers'

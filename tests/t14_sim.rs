@@ -131,7 +131,13 @@ fn host_name(id: u64) -> String {
 
 /// The software of node `id`: the server, as idemd runs it, on the
 /// simulated network.
-async fn node_main(id: u64, ips: Vec<IpAddr>, dir: PathBuf, registry: Registry) -> turmoil::Result {
+async fn node_main(
+    id: u64,
+    ips: Vec<IpAddr>,
+    dir: PathBuf,
+    registry: Registry,
+    inflight_appends: u64,
+) -> turmoil::Result {
     let _registered = Registered(id, Arc::clone(&registry));
     let me = ips[id as usize - 1];
     let initial: Vec<String> = ips
@@ -153,6 +159,7 @@ async fn node_main(id: u64, ips: Vec<IpAddr>, dir: PathBuf, registry: Registry) 
         ("snapshot_entries", "200".to_owned()),
         ("wal_segment_bytes", "65536".to_owned()),
         ("min_free_disk_bytes", "0".to_owned()),
+        ("max_inflight_appends", inflight_appends.to_string()),
     ] {
         raw.set(k, &v)?;
     }
@@ -414,6 +421,9 @@ fn run(seed: u64, nodes: u64) -> Result<String, String> {
     std::fs::create_dir_all(&r.dir).map_err(|e| e.to_string())?;
     let mut plan = Rng(seed ^ 0x5eed_f1de);
     let latency = Duration::from_millis(1 + plan.below(10));
+    // AppendEntries one at a time, or pipelined (a generator of its own,
+    // so the faults and the load follow the seed as before).
+    let inflight_appends = [1, 2, 4, 8][Rng(seed ^ 0xa9e7).below(4) as usize];
     let mut sim = turmoil::Builder::new()
         .rng_seed(seed)
         .tick_duration(Duration::from_millis(1))
@@ -431,7 +441,13 @@ fn run(seed: u64, nodes: u64) -> Result<String, String> {
             Arc::clone(&registry),
         );
         sim.host(host_name(id), move || {
-            node_main(id, ips.clone(), dir.clone(), Arc::clone(&registry))
+            node_main(
+                id,
+                ips.clone(),
+                dir.clone(),
+                Arc::clone(&registry),
+                inflight_appends,
+            )
         });
     }
     let history = History::default();
@@ -587,12 +603,15 @@ fn run(seed: u64, nodes: u64) -> Result<String, String> {
                 let answered = events.iter().filter(|e| e.reply.is_some()).count();
                 return match probed {
                     Some(Ok(())) => Ok(format!(
-                        "seed {seed:#x}: {} calls ({answered} answered), {} faults, converged at index {state} at {:.1}s; faults: {faults:?}",
+                        "seed {seed:#x}: max_inflight_appends {inflight_appends} ({} pipelined by the nodes up now since they started), {} calls ({answered} answered), {} faults, converged at index {state} at {:.1}s; faults: {faults:?}",
+                        per_node(&registry, "+", |_, i, _| i.appends_pipelined.to_string()),
                         events.len(),
                         faults.len(),
                         now.as_secs_f64()
                     )),
-                    Some(Err(e)) => Err(format!("{e}\nfaults: {faults:?}")),
+                    Some(Err(e)) => Err(format!(
+                        "{e}\nmax_inflight_appends {inflight_appends}, faults: {faults:?}"
+                    )),
                     None => Err(format!("seed {seed:#x}: the prober did not finish")),
                 };
             }

@@ -442,7 +442,7 @@ pub fn info_text(node: &Node, wanted: &[String]) -> String {
                  raft_snapshot_index:{}\r\nraft_snapshots_built:{}\r\nraft_snapshot_time_sec:{:.3}\r\n\
                  raft_snapshot_pause_ms:{}\r\nraft_snapshot_pause_max_ms:{}\r\n\
                  raft_log_entries:{}\r\nraft_log_bytes:{}\r\nraft_peer_timeouts:{}\r\n\
-                 raft_appends_sent:{}\r\nraft_appends_empty:{}\r\n\
+                 raft_appends_sent:{}\r\nraft_appends_empty:{}\r\nraft_appends_pipelined:{}\r\n\
                  raft_lease_lapses:{}\r\nraft_lease_held:{}\r\nraft_lease_held_failed:{}\r\n",
                 r.term,
                 u8::from(r.leader),
@@ -459,6 +459,7 @@ pub fn info_text(node: &Node, wanted: &[String]) -> String {
                 r.peer_timeouts,
                 r.appends_sent,
                 r.appends_empty,
+                r.appends_pipelined,
                 r.lease_lapses,
                 r.lease_held,
                 r.lease_held_failed

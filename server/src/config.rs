@@ -118,6 +118,10 @@ pub struct RawConfig {
     /// AppendEntries (the follower answers once the entries are on its
     /// disk) before it retries, ms.
     pub append_timeout_ms: u64,
+    /// AppendEntries the leader may have sent to one follower and not yet
+    /// had answered: entries proposed while others are on their way go at
+    /// once instead of after the previous answer (1: one at a time).
+    pub max_inflight_appends: u64,
     /// Ops waiting to be proposed to the log, at most.
     pub max_pending_proposals: usize,
     /// Bytes of ops in one log entry, at most.
@@ -244,6 +248,7 @@ impl Default for RawConfig {
                 crate::engine::raft::peer::MAX_PEER_HANDSHAKES_PER_SOURCE,
             election_timeout_ms: 300,
             append_timeout_ms: 2_000,
+            max_inflight_appends: 1,
             max_pending_proposals: 65_536,
             max_batch_bytes: 8 << 20,
             proposal_timeout_ms: 10_000,
@@ -503,6 +508,7 @@ macro_rules! numeric_keys {
             max_peer_handshakes_per_source,
             election_timeout_ms,
             append_timeout_ms,
+            max_inflight_appends,
             max_pending_proposals,
             max_batch_bytes,
             proposal_timeout_ms,
@@ -957,6 +963,16 @@ impl RawConfig {
                 "must be between 10 and 600000",
             ));
         }
+        if !(1..=crate::engine::raft::peer::READ_AHEAD as u64).contains(&self.max_inflight_appends)
+        {
+            return Err(invalid(
+                "max_inflight_appends",
+                format!(
+                    "must be between 1 and {} (what a follower reads ahead of its answers)",
+                    crate::engine::raft::peer::READ_AHEAD
+                ),
+            ));
+        }
         positive("snapshot_entries", self.snapshot_entries)?;
         positive("snapshot_log_bytes", self.snapshot_log_bytes)?;
         if self.snapshot_log_percent > 10_000 {
@@ -1147,6 +1163,7 @@ impl RawConfig {
                 node_id: self.node_id,
                 election_timeout_ms: self.election_timeout_ms,
                 append_timeout_ms: self.append_timeout_ms,
+                max_inflight_appends: self.max_inflight_appends as usize,
                 cluster,
                 tls,
                 max_pending_proposals: self.max_pending_proposals,

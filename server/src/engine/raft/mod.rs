@@ -123,6 +123,11 @@ pub struct RaftConfig {
     /// longer than a heartbeat. Past it the leader retries (after a
     /// backoff of half a second).
     pub append_timeout_ms: u64,
+    /// AppendEntries the leader may have sent to one follower and not yet
+    /// had answered (at least one; at most [`peer::READ_AHEAD`], what a
+    /// follower reads ahead): entries proposed while others are on their
+    /// way are sent at once. As many entries may be in flight.
+    pub max_inflight_appends: usize,
     /// Peers, addresses and bootstrap.
     pub cluster: cluster::ClusterConfig,
     /// TLS between peers (`tls_cluster`): connections made and accepted
@@ -348,6 +353,8 @@ impl RaftEngine {
             // of this and carries it to the followers: an AppendEntries of
             // its own for every commit would double their messages.
             commit_send_delay: COMMIT_SEND_DELAY_MS,
+            // Followers answer in the order they read (peer::serve_conn).
+            max_inflight_appends: cfg.max_inflight_appends.clamp(1, peer::READ_AHEAD) as u64,
             election_timeout_min: cfg.election_timeout_ms,
             election_timeout_max: cfg.election_timeout_ms * 2,
             // A follower keeps a leader it heard from for this long (it
@@ -518,6 +525,7 @@ impl RaftEngine {
                 min_free_disk: cfg.min_free_disk_bytes,
                 dir: data_dir.clone(),
                 proposal_timeout: Duration::from_millis(cfg.proposal_timeout_ms),
+                inflight_appends: cfg.max_inflight_appends.clamp(1, peer::READ_AHEAD),
             },
             Arc::clone(&stats),
         ));
@@ -804,6 +812,7 @@ impl RaftEngine {
         let (fsyncs, fsync_p50_us, fsync_p99_us) = self.log.syncs();
         let (log_entries, log_bytes) = self.log.held();
         let (appends_sent, appends_empty) = self.peers.appends();
+        let appends_pipelined = self.peers.appends_pipelined();
         let (lease_lapses, lease_held, lease_held_failed) = self.role.lease_counts();
         RaftInfo {
             term: m.current_term,
@@ -838,6 +847,7 @@ impl RaftEngine {
             peer_timeouts: self.peers.timeouts(),
             appends_sent,
             appends_empty,
+            appends_pipelined,
             lease_lapses,
             lease_held,
             lease_held_failed,
@@ -952,6 +962,9 @@ pub struct RaftInfo {
     /// Of those, the ones with no entries: heartbeats, and news of a
     /// commit that no entries followed within `COMMIT_SEND_DELAY_MS`.
     pub appends_empty: u64,
+    /// Of those, the ones with entries sent while another to the same peer
+    /// was not answered yet (`max_inflight_appends`).
+    pub appends_pipelined: u64,
     /// Times this leader's lease lapsed (no majority answered it within
     /// it), since start.
     pub lease_lapses: u64,
@@ -1088,6 +1101,8 @@ struct Limits {
     /// `proposal_timeout_ms`: past it an entry no longer holds its place
     /// in flight.
     proposal_timeout: Duration,
+    /// `max_inflight_appends`: entries in flight at most when replicated.
+    inflight_appends: usize,
 }
 
 impl Limits {
@@ -1162,15 +1177,18 @@ struct Proposer {
 async fn propose(p: Proposer, proposals: Arc<queue::Queue>, limits: Limits, stats: Arc<RaftStats>) {
     let raft = &p.raft;
     let mut disk_full = false;
-    let inflight = Arc::new(tokio::sync::Semaphore::new(MAX_INFLIGHT_ENTRIES));
+    // Places: a single voter's entry takes `depth` of them (two in
+    // flight), a replicated one MAX_INFLIGHT_ENTRIES (`depth` in flight).
+    let depth = limits.inflight_appends;
+    let inflight = Arc::new(tokio::sync::Semaphore::new(MAX_INFLIGHT_ENTRIES * depth));
     loop {
-        // At most MAX_INFLIGHT_ENTRIES entries in flight (one when
-        // replicated): while they are written and applied, proposals
-        // gather for the next one.
+        // At most MAX_INFLIGHT_ENTRIES entries in flight
+        // (max_inflight_appends when replicated): while they are written
+        // and applied, proposals gather for the next one.
         let places = if p.role.replicated() {
             MAX_INFLIGHT_ENTRIES as u32
         } else {
-            1
+            depth as u32
         };
         let Ok(permit) = Arc::clone(&inflight).acquire_many_owned(places).await else {
             return;
@@ -1282,13 +1300,13 @@ async fn propose(p: Proposer, proposals: Arc<queue::Queue>, limits: Limits, stat
 /// and pipeline 16 from 138k to 160k against one). More are worse at
 /// pipeline 1 (with the log writer thread, 5 alternating runs each: two
 /// 25.4k, four 21.8k, eight 20.5k): smaller entries cost more Raft work
-/// per command. A leader with followers keeps one: openraft sends a
-/// follower one AppendEntries at a time, so a second entry would only wait
-/// for the first's answer, and splitting the writes that gathered meanwhile
-/// over two entries costs more per command (three nodes on loopback, 50
-/// connections at pipeline 1, alternating: claims 20.4k/s against 18.5k
-/// over six runs each, claim + complete 10.4k against 8.9k over three;
-/// pipeline 16 the same within the noise).
+/// per command. A leader with followers keeps `max_inflight_appends`
+/// (default one): with one AppendEntries at a time to each follower, a
+/// second entry would only wait for the first's answer, and splitting the
+/// writes that gathered meanwhile over two entries costs more per command
+/// (three nodes on loopback, 50 connections at pipeline 1, alternating:
+/// claims 20.4k/s against 18.5k over six runs each, claim + complete 10.4k
+/// against 8.9k over three; pipeline 16 the same within the noise).
 const MAX_INFLIGHT_ENTRIES: usize = 2;
 
 /// Times the proposer lets the runtime poll its sockets before it takes a

@@ -359,6 +359,9 @@ pub struct Peers {
     /// AppendEntries sent to peers, and those of them with no entries
     /// (heartbeats and news of a commit).
     appends: [std::sync::atomic::AtomicU64; 2],
+    /// AppendEntries with entries sent to a peer while another sent to it
+    /// was not answered yet (pipelined).
+    appends_pipelined: std::sync::atomic::AtomicU64,
     /// Connections in their handshake, by source address (only addresses
     /// with some).
     handshaking: Mutex<HashMap<IpAddr, usize>>,
@@ -493,6 +496,7 @@ impl Peers {
             dialer,
             timeouts: std::sync::atomic::AtomicU64::new(0),
             appends: Default::default(),
+            appends_pipelined: Default::default(),
             handshaking: Mutex::new(HashMap::new()),
             max_handshakes_per_source: limits.max_handshakes_per_source.max(1),
             refusals: Mutex::new((0, None)),
@@ -549,6 +553,13 @@ impl Peers {
             all.load(std::sync::atomic::Ordering::Relaxed),
             empty.load(std::sync::atomic::Ordering::Relaxed),
         )
+    }
+
+    /// AppendEntries with entries sent to a peer since start while another
+    /// sent to it was not answered yet.
+    pub fn appends_pipelined(&self) -> u64 {
+        self.appends_pipelined
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// This node's id.
@@ -1063,12 +1074,37 @@ async fn serve_conn(
     }
     conn.codec_mut().set_max_frame_length(MAX_FRAME);
     let asker = hello.from;
+    // AppendEntries read ahead of their answers (a leader pipelines them):
+    // handed to Raft in the order read, answered in that order.
+    let mut pending = std::collections::VecDeque::<(usize, Answering)>::new();
+    let mut pending_bytes = 0;
     loop {
-        let req: Request = match tokio::time::timeout(PEER_IDLE_TIMEOUT, recv(&mut conn)).await {
-            Err(_) => return Ok(()),
-            Ok(Ok(r)) => r,
-            Ok(Err(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
-            Ok(Err(e)) => return Err(e),
+        let idle = pending.is_empty();
+        let read_more = pending.len() < READ_AHEAD && pending_bytes < READ_AHEAD_BYTES;
+        let got = tokio::select! {
+            biased;
+            resp = async { (&mut pending.front_mut().expect("not empty").1).await }, if !idle => {
+                let (bytes, _) = pending.pop_front().expect("not empty");
+                pending_bytes -= bytes;
+                send(&mut conn, &resp).await?;
+                continue;
+            }
+            got = async {
+                if idle {
+                    tokio::time::timeout(PEER_IDLE_TIMEOUT, conn.next()).await.ok()
+                } else {
+                    Some(conn.next().await)
+                }
+            }, if read_more => got,
+        };
+        let (req, bytes): (Request, usize) = match got {
+            None => return Ok(()),
+            Some(Some(Ok(frame))) => (
+                postcard::from_bytes(&frame).map_err(std::io::Error::other)?,
+                frame.len(),
+            ),
+            Some(Some(Err(e))) => return Err(e),
+            Some(None) => return Ok(()),
         };
         if isolated(peers.node_id) {
             return Err(cut_off());
@@ -1080,16 +1116,34 @@ async fn serve_conn(
             && let Some(id) = hello.cluster
         {
             if let Err(e) = peers.set_cluster(id) {
+                answer_pending(&mut conn, &mut pending).await?;
+                pending_bytes = 0;
                 send(&mut conn, &Response::Failed(e)).await?;
                 continue;
             }
             info!(cluster = %cluster_hex(&id), from = asker, "joined a cluster");
         }
+        let raft = peers.raft.get();
+        let req = match (req, raft) {
+            (Request::Append(r), Some(raft)) => {
+                let answer = raft.submit_append_entries(r);
+                pending.push_back((
+                    bytes,
+                    Box::pin(async move { Response::Append(answer.await) }),
+                ));
+                pending_bytes += bytes;
+                continue;
+            }
+            (req, _) => req,
+        };
+        // Anything else once what was read before it is answered.
+        answer_pending(&mut conn, &mut pending).await?;
+        pending_bytes = 0;
         if let Request::Probe = req {
             send(&mut conn, &Response::Probe(peers.probe_info(asker))).await?;
             continue;
         }
-        let Some(raft) = peers.raft.get() else {
+        let Some(raft) = raft else {
             send(&mut conn, &Response::Failed("starting".into())).await?;
             continue;
         };
@@ -1120,6 +1174,28 @@ async fn serve_conn(
     }
 }
 
+/// The answer to come to an AppendEntries read ahead.
+type Answering = Pin<Box<dyn Future<Output = Response> + Send>>;
+
+/// AppendEntries a peer connection reads ahead of their answers, at most
+/// (and so the most `max_inflight_appends` may be).
+pub const READ_AHEAD: usize = 16;
+/// Bytes of AppendEntries read ahead of their answers past which a peer
+/// connection reads no more until some are answered.
+const READ_AHEAD_BYTES: usize = 64 << 20;
+
+/// Sends the answers to the AppendEntries read ahead, in order.
+async fn answer_pending(
+    conn: &mut Conn,
+    pending: &mut std::collections::VecDeque<(usize, Answering)>,
+) -> std::io::Result<()> {
+    while let Some((_, answer)) = pending.pop_front() {
+        let resp = answer.await;
+        send(conn, &resp).await?;
+    }
+    Ok(())
+}
+
 /// Why a call to a peer failed.
 #[derive(Debug)]
 enum CallError {
@@ -1146,6 +1222,20 @@ pub struct PeerClient {
     addr: String,
     /// The connection, and the cluster id this node had when it opened it.
     conn: Option<(Conn, Option<ClusterId>)>,
+    /// The connection pipelined AppendEntries go on, once there is one.
+    pipe: Option<mpsc::UnboundedSender<Piped>>,
+}
+
+/// An AppendEntries handed to a pipe ([`run_pipe`]).
+struct Piped {
+    /// The encoded request.
+    bytes: Bytes,
+    /// Whether it carries entries (not only news of a commit).
+    entries: bool,
+    /// When its answer is due.
+    deadline: tokio::time::Instant,
+    /// Where the answer goes.
+    answer: tokio::sync::oneshot::Sender<std::io::Result<Response>>,
 }
 
 impl PeerClient {
@@ -1157,7 +1247,27 @@ impl PeerClient {
             target,
             addr,
             conn: None,
+            pipe: None,
         }
+    }
+
+    /// The pipe to send pipelined AppendEntries on: the one open, or one
+    /// made of the connection kept from the last call. `None` when there
+    /// is neither: the next call is made alone, and connects.
+    fn pipe(&mut self) -> Option<&mpsc::UnboundedSender<Piped>> {
+        if self.pipe.as_ref().is_some_and(|p| !p.is_closed()) {
+            return self.pipe.as_ref();
+        }
+        self.pipe = None;
+        let cluster = self.peers.cluster();
+        let (conn, opened) = self.conn.take()?;
+        if opened != cluster {
+            return None;
+        }
+        let (tx, rx) = mpsc::unbounded_channel();
+        tokio::spawn(run_pipe(conn, rx, Arc::clone(&self.peers)));
+        self.pipe = Some(tx);
+        self.pipe.as_ref()
     }
 
     /// This node refused by the peer in its handshake: logged (rate
@@ -1407,6 +1517,88 @@ impl PeerClient {
     }
 }
 
+/// Writes the AppendEntries handed to it on `conn` as they come, without
+/// waiting for the answers, and hands each answer to its sender in order
+/// (the peer answers in the order it reads). Ends, failing every request
+/// still unanswered, when the connection fails, when the oldest request's
+/// answer is not in by its deadline, or when its client is dropped.
+async fn run_pipe(mut conn: Conn, mut rx: mpsc::UnboundedReceiver<Piped>, peers: Arc<Peers>) {
+    let node = peers.node_id;
+    type Waiting = std::collections::VecDeque<(
+        tokio::time::Instant,
+        tokio::sync::oneshot::Sender<std::io::Result<Response>>,
+    )>;
+    fn fail(waiting: &mut Waiting, e: &std::io::Error) {
+        for (_, w) in waiting.drain(..) {
+            let _ = w.send(Err(std::io::Error::new(e.kind(), e.to_string())));
+        }
+    }
+    let mut waiting = Waiting::new();
+    loop {
+        let due = waiting.front().map(|(d, _)| *d);
+        tokio::select! {
+            biased;
+            got = recv::<Response>(&mut conn) => match (got, waiting.pop_front()) {
+                (Ok(resp), Some((_, w))) => {
+                    let _ = w.send(Ok(resp));
+                }
+                (Ok(_), None) => {
+                    warn!(peer_node = node, "a peer answered what was not asked: connection dropped");
+                    return;
+                }
+                (Err(e), first) => {
+                    waiting.extend(first);
+                    fail(&mut waiting, &e);
+                    return;
+                }
+            },
+            () = async {
+                match due {
+                    Some(d) => tokio::time::sleep_until(d).await,
+                    None => std::future::pending().await,
+                }
+            } => {
+                fail(
+                    &mut waiting,
+                    &std::io::Error::new(std::io::ErrorKind::TimedOut, "no answer in time"),
+                );
+                return;
+            }
+            next = rx.recv() => {
+                let Some(first) = next else {
+                    return;
+                };
+                // This request and any others queued meanwhile, then one
+                // flush.
+                let mut next = Some(first);
+                let mut written = Ok(());
+                while let Some(p) = next.take() {
+                    if isolated(node) {
+                        written = Err(cut_off());
+                    }
+                    if written.is_ok() {
+                        written = conn.feed(p.bytes).await;
+                    }
+                    if p.entries && !waiting.is_empty() {
+                        peers
+                            .appends_pipelined
+                            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    }
+                    waiting.push_back((p.deadline, p.answer));
+                    next = rx.try_recv().ok();
+                }
+                if written.is_ok() {
+                    written = SinkExt::<Bytes>::flush(&mut conn).await;
+                }
+                if let Err(e) = written {
+                    fail(&mut waiting, &e);
+                    return;
+                }
+            }
+        }
+    }
+}
+
 /// Sends an encoded request on `conn` and reads the response, by
 /// `deadline`.
 async fn exchange(
@@ -1489,6 +1681,78 @@ impl openraft::RaftNetwork<TypeConfig> for PeerClient {
             Response::Append(a) => Ok(a),
             other => Err(other),
         })
+    }
+
+    fn append_entries_pipelined(
+        &mut self,
+        rpc: AppendEntriesRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<openraft::network::PipelinedAppend<TypeConfig>, AppendEntriesRequest<TypeConfig>>
+    {
+        if isolated(self.peers.node_id) {
+            return Err(rpc);
+        }
+        let req = Request::Append(rpc);
+        let bytes = match postcard::to_allocvec(&req) {
+            Ok(b) => Bytes::from(b),
+            Err(_) => {
+                let Request::Append(rpc) = req else {
+                    unreachable!("built above")
+                };
+                return Err(rpc);
+            }
+        };
+        let peers = Arc::clone(&self.peers);
+        let Some(pipe) = self.pipe() else {
+            let Request::Append(rpc) = req else {
+                unreachable!("built above")
+            };
+            return Err(rpc);
+        };
+        let Request::Append(rpc) = &req else {
+            unreachable!("built above")
+        };
+        let counted = if rpc.entries.is_empty() { 2 } else { 1 };
+        for c in &peers.appends[..counted] {
+            c.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let _ = pipe.send(Piped {
+            bytes,
+            entries: counted == 1,
+            deadline: tokio::time::Instant::now() + option.soft_ttl(),
+            answer: tx,
+        });
+        let target = self.target;
+        let addr = self.addr.clone();
+        Ok(Box::pin(async move {
+            let got = rx
+                .await
+                .unwrap_or_else(|_| Err(std::io::Error::other("the connection closed")));
+            let got = match got {
+                Ok(resp) => {
+                    peers.mark(target, &addr, Ok(()));
+                    Ok(resp)
+                }
+                // As `call` does with a call that gets no answer in time.
+                Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {
+                    peers
+                        .timeouts
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    peers.pool.lock().retain(|(t, _, _), _| *t != target);
+                    peers.note(target, &addr, Err(&e), false);
+                    Err(CallError::Unreachable(e))
+                }
+                Err(e) => {
+                    peers.note(target, &addr, Err(&e), true);
+                    Err(CallError::Network(e))
+                }
+            };
+            answer(target, got, |r| match r {
+                Response::Append(a) => Ok(a),
+                other => Err(other),
+            })
+        }))
     }
 
     async fn install_snapshot(
@@ -1614,6 +1878,115 @@ mod tests {
         let addr = l.local_addr().unwrap().to_string();
         tokio::spawn(serve(l, Arc::clone(&peers), None));
         (peers, addr)
+    }
+
+    /// A pipe and the far end of its connection, which the test plays.
+    fn pipe_to_fake_peer(dir: &Dir) -> (Arc<Peers>, mpsc::UnboundedSender<Piped>, Conn) {
+        let peers = Peers::new(
+            1,
+            "127.0.0.1:7001".into(),
+            None,
+            dir.0.clone(),
+            Arc::new(TcpDialer),
+            PeerLimits::default(),
+        )
+        .unwrap();
+        let (near, far) = tokio::io::duplex(1 << 16);
+        let conn: Conn = Framed::new(Box::new(near), codec(MAX_FRAME));
+        let (tx, rx) = mpsc::unbounded_channel();
+        tokio::spawn(run_pipe(conn, rx, Arc::clone(&peers)));
+        let far: Conn = Framed::new(Box::new(far), codec(MAX_FRAME));
+        (peers, tx, far)
+    }
+
+    fn piped(
+        n: u8,
+        within: Duration,
+    ) -> (
+        Piped,
+        tokio::sync::oneshot::Receiver<std::io::Result<Response>>,
+    ) {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let p = Piped {
+            bytes: Bytes::from(vec![n]),
+            entries: true,
+            deadline: tokio::time::Instant::now() + within,
+            answer: tx,
+        };
+        (p, rx)
+    }
+
+    #[tokio::test]
+    async fn a_pipe_sends_without_waiting_and_gives_each_answer_to_its_request() {
+        let dir = Dir::new("pipe-order");
+        let (peers, pipe, mut far) = pipe_to_fake_peer(&dir);
+        let mut answers = Vec::new();
+        for n in 1..=3 {
+            let (p, rx) = piped(n, Duration::from_secs(30));
+            pipe.send(p).unwrap();
+            answers.push(rx);
+        }
+        // All three arrive before any is answered.
+        for n in 1..=3u8 {
+            let frame = far.next().await.unwrap().unwrap();
+            assert_eq!(&frame[..], &[n]);
+        }
+        for n in 1..=3 {
+            send(&mut far, &Response::Failed(format!("answer {n}")))
+                .await
+                .unwrap();
+        }
+        for (n, rx) in (1..=3).zip(answers) {
+            match rx.await.unwrap().unwrap() {
+                Response::Failed(got) => assert_eq!(got, format!("answer {n}")),
+                _ => panic!("not the answer sent"),
+            }
+        }
+        // The second and third went while the first was unanswered.
+        assert_eq!(peers.appends_pipelined(), 2);
+        assert!(!pipe.is_closed());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_pipe_whose_oldest_request_is_not_answered_in_time_fails_them_all_and_ends() {
+        let dir = Dir::new("pipe-timeout");
+        let (_peers, pipe, mut far) = pipe_to_fake_peer(&dir);
+        let (p1, rx1) = piped(1, Duration::from_millis(100));
+        let (p2, rx2) = piped(2, Duration::from_secs(30));
+        pipe.send(p1).unwrap();
+        pipe.send(p2).unwrap();
+        assert_eq!(&far.next().await.unwrap().unwrap()[..], &[1]);
+        assert_eq!(&far.next().await.unwrap().unwrap()[..], &[2]);
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        for rx in [rx1, rx2] {
+            let Err(e) = rx.await.unwrap() else {
+                panic!("answered in spite of the timeout")
+            };
+            assert_eq!(e.kind(), std::io::ErrorKind::TimedOut);
+        }
+        // The pipe is gone: its client opens another connection.
+        pipe.closed().await;
+    }
+
+    #[tokio::test]
+    async fn a_pipe_whose_peer_closes_fails_what_is_unanswered() {
+        let dir = Dir::new("pipe-closed");
+        let (_peers, pipe, mut far) = pipe_to_fake_peer(&dir);
+        let (p1, rx1) = piped(1, Duration::from_secs(30));
+        let (p2, rx2) = piped(2, Duration::from_secs(30));
+        pipe.send(p1).unwrap();
+        pipe.send(p2).unwrap();
+        assert_eq!(&far.next().await.unwrap().unwrap()[..], &[1]);
+        send(&mut far, &Response::Failed("one".into()))
+            .await
+            .unwrap();
+        drop(far);
+        assert!(matches!(rx1.await.unwrap(), Ok(Response::Failed(_))));
+        let Err(e) = rx2.await.unwrap() else {
+            panic!("answered though the peer closed")
+        };
+        assert_eq!(e.kind(), std::io::ErrorKind::UnexpectedEof);
+        pipe.closed().await;
     }
 
     #[tokio::test]

@@ -82,6 +82,7 @@ fn cfg(dir: &TempDir) -> RaftConfig {
         min_free_disk_bytes: 0,
         election_timeout_ms: 500,
         append_timeout_ms: 2_000,
+        max_inflight_appends: 1,
         cluster: Default::default(),
         tls: None,
     }

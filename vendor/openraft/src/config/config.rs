@@ -149,6 +149,15 @@ pub struct Config {
     #[clap(long, default_value = "0")]
     pub commit_send_delay: u64,
 
+    // Idem: added; see `max_inflight_appends()`.
+    /// How many AppendEntries a leader may have sent to one follower and not yet had answered:
+    /// once the follower's matching log id is known, entries appended meanwhile are sent at once
+    /// instead of after the previous answer. It takes a network whose
+    /// `RaftNetwork::append_entries_pipelined` answers in the order it sends. `1` (the default)
+    /// sends one at a time, as openraft does.
+    #[clap(long, default_value = "1")]
+    pub max_inflight_appends: u64,
+
     /// The timeout for sending then installing the last snapshot segment,
     /// in millisecond. It is also used as the timeout for sending a non-last segment, if
     /// `send_snapshot_timeout` is 0.
@@ -310,6 +319,13 @@ impl Config {
     /// commit: `commit_send_delay`, or `None` when that is `0`.
     pub fn commit_send_delay(&self) -> Option<Duration> {
         (self.commit_send_delay > 0).then(|| Duration::from_millis(self.commit_send_delay))
+    }
+
+    // Idem: added.
+    /// AppendEntries a leader may have in flight to one follower: `max_inflight_appends`, at
+    /// least one.
+    pub fn max_inflight_appends(&self) -> usize {
+        self.max_inflight_appends.clamp(1, 1024) as usize
     }
 
     /// Get the timeout for sending a non-last snapshot segment.

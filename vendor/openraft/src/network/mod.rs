@@ -11,6 +11,7 @@ pub mod snapshot_transport;
 
 pub use backoff::Backoff;
 pub use factory::RaftNetworkFactory;
+pub use network::PipelinedAppend;
 pub use network::RaftNetwork;
 pub use rpc_option::RPCOption;
 pub use rpc_type::RPCTypes;

@@ -33,6 +33,20 @@ use crate::Vote;
 ///
 /// [`RaftNetwork`]: crate::network::RaftNetwork
 /// [correct-node]: `crate::docs::cluster_control::dynamic_membership#ensure-connection-to-the-correct-node`
+// Idem: added.
+/// The answer to an AppendEntries sent by [`RaftNetwork::append_entries_pipelined`].
+pub type PipelinedAppend<C> = std::pin::Pin<
+    Box<
+        dyn Future<
+                Output = Result<
+                    AppendEntriesResponse<<C as RaftTypeConfig>::NodeId>,
+                    RPCError<<C as RaftTypeConfig>::NodeId, <C as RaftTypeConfig>::Node, RaftError<<C as RaftTypeConfig>::NodeId>>,
+                >,
+            > + Send
+            + 'static,
+    >,
+>;
+
 #[add_async_trait]
 pub trait RaftNetwork<C>: OptionalSend + OptionalSync + 'static
 where C: RaftTypeConfig
@@ -145,6 +159,23 @@ where C: RaftTypeConfig
 
         let resp = Chunked::send_snapshot(self, vote, snapshot, cancel, option).await?;
         Ok(resp)
+    }
+
+    // Idem: added.
+    /// Sends an AppendEntries without waiting for its answer, for pipelined replication
+    /// (`Config::max_inflight_appends` above one), and returns the answer to come; or hands the
+    /// request back when it cannot be sent that way now (openraft then waits for the answers
+    /// still to come and sends it with [`append_entries`](Self::append_entries)). The answers to
+    /// requests sent this way must come in the order the requests were given, each within
+    /// `option`'s deadline or as an error. The default never pipelines.
+    #[allow(clippy::result_large_err)]
+    fn append_entries_pipelined(
+        &mut self,
+        rpc: AppendEntriesRequest<C>,
+        option: RPCOption,
+    ) -> Result<PipelinedAppend<C>, AppendEntriesRequest<C>> {
+        let _ = option;
+        Err(rpc)
     }
 
     /// Build a backoff instance if the target node is temporarily(or permanently) unreachable.

@@ -408,6 +408,22 @@ where C: RaftTypeConfig
         self.inner.call_core(RaftMsg::AppendEntries { rpc, tx }, rx).await
     }
 
+    // Idem: added.
+    /// [`append_entries`](Self::append_entries) that hands `rpc` to RaftCore before it returns:
+    /// the future it returns only waits for the answer. Requests handed over one after the other
+    /// are taken in that order, so a follower can take the next AppendEntries of a leader that
+    /// pipelines them (`Config::max_inflight_appends`) while the previous one is written.
+    pub fn submit_append_entries(
+        &self,
+        rpc: AppendEntriesRequest<C>,
+    ) -> impl Future<Output = Result<AppendEntriesResponse<C::NodeId>, RaftError<C::NodeId>>> + OptionalSend + 'static
+    {
+        tracing::debug!(rpc = display(rpc.summary()), "Raft::submit_append_entries");
+
+        let (tx, rx) = C::AsyncRuntime::oneshot();
+        self.inner.call_core_now(RaftMsg::AppendEntries { rpc, tx }, rx)
+    }
+
     /// Submit a VoteRequest (RequestVote in the spec) RPC to this Raft node.
     ///
     /// These RPCs are sent by cluster peers which are in candidate state attempting to gather votes

@@ -91,6 +91,36 @@ where C: RaftTypeConfig
         }
     }
 
+    // Idem: added; see `Raft::submit_append_entries()`.
+    /// `call_core` that hands `mes` to RaftCore before it returns: the future it returns only
+    /// waits for the answer.
+    pub(crate) fn call_core_now<T, E>(
+        self: &Arc<Self>,
+        mes: RaftMsg<C>,
+        rx: <C::AsyncRuntime as AsyncRuntime>::OneshotReceiver<Result<T, E>>,
+    ) -> impl Future<Output = Result<T, RaftError<C::NodeId, E>>> + OptionalSend + 'static
+    where
+        E: Debug + OptionalSend + 'static,
+        T: OptionalSend + 'static,
+    {
+        let sent = self.tx_api.send(mes).map_err(|e| e.0.summary());
+        let inner = Arc::clone(self);
+        async move {
+            if let Err(sum) = sent {
+                let fatal = inner.get_core_stopped_error("sending RaftMsg to RaftCore", Some(sum)).await;
+                return Err(RaftError::Fatal(fatal));
+            }
+            match rx.await {
+                Ok(x) => x.map_err(|e| RaftError::APIError(e)),
+                Err(_) => {
+                    let fatal =
+                        inner.get_core_stopped_error_bounded("receiving rx from RaftCore", None::<&'static str>).await;
+                    Err(RaftError::Fatal(fatal))
+                }
+            }
+        }
+    }
+
     /// Invoke RaftCore by sending a RaftMsg and blocks waiting for response.
     #[tracing::instrument(level = "debug", skip_all)]
     pub(crate) async fn call_core<T, E>(

@@ -7,6 +7,7 @@ pub(crate) mod request;
 pub(crate) mod request_id;
 pub(crate) mod response;
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -31,6 +32,7 @@ use crate::display_ext::DisplayOptionExt;
 use crate::error::decompose::DecomposeResult;
 use crate::error::HigherVote;
 use crate::error::PayloadTooLarge;
+use crate::error::RaftError;
 use crate::error::RPCError;
 use crate::error::ReplicationClosed;
 use crate::error::ReplicationError;
@@ -38,6 +40,7 @@ use crate::error::Timeout;
 use crate::log_id::LogIdOptionExt;
 use crate::log_id_range::LogIdRange;
 use crate::network::Backoff;
+use crate::network::PipelinedAppend;
 use crate::network::RPCOption;
 use crate::network::RPCTypes;
 use crate::network::RaftNetwork;
@@ -151,6 +154,32 @@ where
     /// commit advances with no action pending and `Config::commit_send_delay()` is set; cleared by
     /// any AppendEntries, which carries `committed`.
     commit_send_deadline: Option<InstantOf<C>>,
+
+    // Idem: added.
+    /// With AppendEntries pipelined (`Config::max_inflight_appends()` above one): those sent and
+    /// not answered yet, oldest first. Empty otherwise.
+    sent: VecDeque<Sent<C>>,
+
+    // Idem: added.
+    /// With AppendEntries pipelined: the newest request id given up after a conflict or an error
+    /// (RaftCore was told, and sends anew under a new id); what RaftCore still sends under it
+    /// or an older one is dropped.
+    given_up: Option<u64>,
+}
+
+// Idem: added.
+/// An AppendEntries sent with [`RaftNetwork::append_entries_pipelined`], not yet answered.
+struct Sent<C>
+where C: RaftTypeConfig
+{
+    /// Its request id, and the range of log ids it carries.
+    log_ids: DataWithId<LogIdRange<C::NodeId>>,
+    /// When it was sent (the leader lease counts from there).
+    leader_time: InstantOf<C>,
+    /// When it must have been answered.
+    deadline: InstantOf<C>,
+    /// The answer to come.
+    answer: PipelinedAppend<C>,
 }
 
 impl<C, N, LS> ReplicationCore<C, N, LS>
@@ -205,6 +234,8 @@ where
             next_action: None,
             entries_hint: Default::default(),
             commit_send_deadline: None,
+            sent: VecDeque::new(),
+            given_up: None,
         };
 
         let join_handle = C::AsyncRuntime::spawn(this.main().instrument(span));
@@ -217,6 +248,10 @@ where
 
     #[tracing::instrument(level="debug", skip(self), fields(session=%self.session_id, target=display(&self.target), cluster=%self.config.cluster_name))]
     async fn main(mut self) -> Result<(), ReplicationClosed> {
+        // Idem: pipelined AppendEntries.
+        if self.config.max_inflight_appends() > 1 {
+            return self.main_pipelined().await;
+        }
         loop {
             let action = self.next_action.take();
 
@@ -331,6 +366,289 @@ where
         }
     }
 
+    // Idem: added.
+    /// `main` with AppendEntries pipelined (`Config::max_inflight_appends()` above one): entries
+    /// RaftCore hands over while others are in flight (it widens what it has in flight, under the
+    /// same request id: `ProgressEntry::extend_inflight`) are sent at once, up to that many
+    /// AppendEntries unanswered, instead of after the answer to the previous one. The network
+    /// answers them in the order sent; each answer is reported to RaftCore as it comes, with the
+    /// time its request was sent. A conflict, an error or a request only partly taken ends the
+    /// request id: what was sent after it is given up, RaftCore is told and sends anew from what
+    /// the follower holds. A snapshot is sent once all is answered.
+    async fn main_pipelined(mut self) -> Result<(), ReplicationClosed> {
+        let depth = self.config.max_inflight_appends();
+        loop {
+            // Send what there is room for.
+            while self.sent.len() < depth {
+                let Some(d) = self.next_action.take() else {
+                    break;
+                };
+                let log_ids = match d {
+                    Data::Heartbeat => DataWithId::new(
+                        RequestId::new_heartbeat(),
+                        LogIdRange::new(self.matching.clone(), self.matching.clone()),
+                    ),
+                    Data::Logs(log_ids) => log_ids,
+                    Data::Snapshot(_) | Data::SnapshotCallback(_) if !self.sent.is_empty() => {
+                        // After the answers to what is in flight.
+                        self.next_action = Some(d);
+                        break;
+                    }
+                    Data::Snapshot(snap) => {
+                        let request_id = snap.request_id();
+                        let res = self.stream_snapshot(snap).await;
+                        if self.after_action(request_id, res)? {
+                            return Ok(());
+                        }
+                        continue;
+                    }
+                    Data::SnapshotCallback(resp) => {
+                        let request_id = resp.request_id();
+                        let res = self.handle_snapshot_callback(resp);
+                        if self.after_action(request_id, res)? {
+                            return Ok(());
+                        }
+                        continue;
+                    }
+                };
+                // An AppendEntries carries `committed`: nothing is left to tell.
+                self.commit_send_deadline = None;
+                let request_id = log_ids.request_id();
+                let (payload, sending_range) = match self.prepare_append(&log_ids).await {
+                    Ok(prepared) => prepared,
+                    Err(err) => {
+                        if self.pipelined_error(request_id, err)? {
+                            return Ok(());
+                        }
+                        continue;
+                    }
+                };
+                // What is past the hint goes next.
+                if request_id != RequestId::HeartBeat && sending_range.last < log_ids.data().last {
+                    self.next_action = Some(Data::new_logs(
+                        request_id,
+                        LogIdRange::new(sending_range.last.clone(), log_ids.data().last.clone()),
+                    ));
+                }
+                let leader_time = C::now();
+                let the_timeout = self.config.append_entries_timeout();
+                let sent_ids = DataWithId::new(request_id, sending_range.clone());
+                match self.network.append_entries_pipelined(payload, RPCOption::new(the_timeout)) {
+                    Ok(answer) => self.sent.push_back(Sent {
+                        log_ids: sent_ids,
+                        leader_time,
+                        deadline: leader_time + the_timeout,
+                        answer,
+                    }),
+                    Err(payload) if self.sent.is_empty() => {
+                        // The network cannot pipeline now (e.g. it has no connection yet):
+                        // this one alone.
+                        let option = RPCOption::new(the_timeout);
+                        let res = C::timeout(the_timeout, self.network.append_entries(payload, option))
+                            .await
+                            .unwrap_or_else(|_e| Err(self.append_timeout(the_timeout)));
+                        if self.pipelined_answer(sent_ids, leader_time, res)? {
+                            return Ok(());
+                        }
+                    }
+                    Err(_payload) => {
+                        // Again, alone, once what is in flight is answered.
+                        self.next_action = match self.next_action.take() {
+                            Some(Data::Logs(rest)) => Some(Data::new_logs(
+                                request_id,
+                                LogIdRange::new(log_ids.data().prev.clone(), rest.data().last.clone()),
+                            )),
+                            _ => Some(if request_id == RequestId::HeartBeat {
+                                Data::new_heartbeat()
+                            } else {
+                                Data::Logs(log_ids)
+                            }),
+                        };
+                        break;
+                    }
+                }
+            }
+
+            if self.sent.is_empty() {
+                // As `main` does after each action: after an error, the backoff first.
+                if self.backoff.is_some() || self.next_action.is_none() {
+                    self.drain_events_with_backoff().await?;
+                }
+                continue;
+            }
+
+            // The next answer, or an event.
+            let got = {
+                let front = self.sent.front_mut().unwrap();
+                let deadline = front.deadline.clone();
+                select! {
+                    answer = C::AsyncRuntime::timeout_at(deadline, &mut front.answer) => Ok(answer),
+                    event = self.rx_event.recv() => Err(event),
+                }
+            };
+            match got {
+                Ok(answer) => {
+                    let s = self.sent.pop_front().unwrap();
+                    let res = match answer {
+                        Ok(res) => res,
+                        Err(_elapsed) => {
+                            Err(self.append_timeout(self.config.append_entries_timeout()))
+                        }
+                    };
+                    if self.pipelined_answer(s.log_ids, s.leader_time, res)? {
+                        return Ok(());
+                    }
+                }
+                Err(event) => {
+                    let event = event.ok_or(ReplicationClosed::new("rx_repl is closed in main_pipelined()"))?;
+                    self.process_event(event);
+                }
+            }
+        }
+    }
+
+    // Idem: added.
+    /// Handles the answer to a pipelined AppendEntries (see `main_pipelined`); true when
+    /// replication stops.
+    #[allow(clippy::type_complexity)]
+    fn pipelined_answer(
+        &mut self,
+        log_ids: DataWithId<LogIdRange<C::NodeId>>,
+        leader_time: InstantOf<C>,
+        res: Result<AppendEntriesResponse<C::NodeId>, RPCError<C::NodeId, C::Node, RaftError<C::NodeId>>>,
+    ) -> Result<bool, ReplicationClosed> {
+        let request_id = log_ids.request_id();
+        if request_id == RequestId::HeartBeat {
+            if let Ok(AppendEntriesResponse::Success) = &res {
+                // Logs answered since it was sent may have moved `matching` past its own.
+                self.backoff = None;
+                let matching = self.matching.clone();
+                self.send_progress(request_id, ReplicationResult::new(leader_time, Ok(matching)));
+                return Ok(false);
+            }
+        }
+        let conflict = matches!(res, Ok(AppendEntriesResponse::Conflict));
+        let sending_range = log_ids.data().clone();
+        match self.handle_append_answer(res, leader_time, sending_range, log_ids) {
+            Ok(None) => {
+                self.backoff = None;
+                if conflict {
+                    // Reported: what was sent after it cannot match either.
+                    if let Some(id) = request_id.request_id() {
+                        self.give_up(id);
+                    }
+                }
+                Ok(false)
+            }
+            Ok(Some(rest)) => {
+                // Partly taken: the rest again, and all sent after it, from what the follower
+                // holds.
+                self.backoff = None;
+                self.give_up(request_id.request_id().unwrap_or_default());
+                self.send_progress_error(
+                    request_id,
+                    RPCError::Network(crate::error::NetworkError::new(&AnyError::error(format!(
+                        "pipelined AppendEntries partly taken: {} left",
+                        rest
+                    )))),
+                );
+                Ok(false)
+            }
+            Err(err) => self.pipelined_error(request_id, err),
+        }
+    }
+
+    // Idem: added.
+    /// Handles an error of a pipelined AppendEntries: what was sent after it is given up and
+    /// RaftCore is told (under the request id it has in flight, when the AppendEntries was a
+    /// heartbeat); true when replication stops.
+    fn pipelined_error(
+        &mut self,
+        request_id: RequestId,
+        err: ReplicationError<C::NodeId, C::Node>,
+    ) -> Result<bool, ReplicationClosed> {
+        tracing::warn!(error=%err, "error replication to target={}", self.target);
+        let in_flight = self
+            .sent
+            .iter()
+            .map(|s| s.log_ids.request_id())
+            .chain(self.next_action.iter().map(|d| d.request_id()))
+            .find(|id| matches!(id, RequestId::AppendEntries { .. }));
+        let request_id = match (request_id, in_flight) {
+            (RequestId::HeartBeat, Some(id)) => id,
+            _ => request_id,
+        };
+        if let RequestId::AppendEntries { id } = request_id {
+            self.give_up(id);
+        }
+        match err {
+            ReplicationError::Closed(closed) => Err(closed),
+            ReplicationError::HigherVote(h) => {
+                let _ = self.tx_raft_core.send(Notify::Network {
+                    response: Response::HigherVote {
+                        target: self.target.clone(),
+                        higher: h.higher,
+                        sender_vote: self.session_id.vote_ref().clone(),
+                    },
+                });
+                Ok(true)
+            }
+            ReplicationError::StorageError(error) => {
+                tracing::error!(error=%error, "error replication to target={}", self.target);
+                let _ = self.tx_raft_core.send(Notify::Network {
+                    response: Response::StorageError { error },
+                });
+                Ok(true)
+            }
+            ReplicationError::RPCError(err) => {
+                tracing::error!(err = display(&err), "RPCError");
+                match &err {
+                    RPCError::Unreachable(_) => {
+                        if self.backoff.is_none() {
+                            self.backoff = Some(self.network.backoff());
+                        }
+                    }
+                    // RaftCore sends anew, in smaller requests.
+                    RPCError::PayloadTooLarge(too_large) => self.update_hint(too_large),
+                    _ => {}
+                }
+                self.send_progress_error(request_id, err);
+                Ok(false)
+            }
+        }
+    }
+
+    // Idem: added.
+    /// Gives up request id `id` with pipelined AppendEntries: drops what was sent and what is
+    /// left to send under it (their answers are not reported), and what RaftCore still sends
+    /// under it.
+    fn give_up(&mut self, id: u64) {
+        self.sent.clear();
+        if matches!(&self.next_action, Some(Data::Logs(l)) if l.request_id().request_id() <= Some(id)) {
+            self.next_action = None;
+        }
+        self.given_up = std::cmp::max(self.given_up, Some(id));
+    }
+
+    // Idem: added.
+    /// Handles the result of a snapshot action as `main` does; true when replication stops.
+    fn after_action(
+        &mut self,
+        request_id: RequestId,
+        res: Result<Option<Data<C>>, ReplicationError<C::NodeId, C::Node>>,
+    ) -> Result<bool, ReplicationClosed> {
+        match res {
+            Ok(next) => {
+                self.backoff = None;
+                if let Some(next) = next {
+                    self.next_action = Some(next);
+                }
+                Ok(false)
+            }
+            Err(err) => self.pipelined_error(request_id, err),
+        }
+    }
+
     async fn drain_events_with_backoff(&mut self) -> Result<(), ReplicationClosed> {
         if let Some(b) = &mut self.backoff {
             let duration = b.next().unwrap_or_else(|| {
@@ -375,14 +693,43 @@ where
         &mut self,
         log_ids: DataWithId<LogIdRange<C::NodeId>>,
     ) -> Result<Option<Data<C>>, ReplicationError<C::NodeId, C::Node>> {
-        let request_id = log_ids.request_id();
-
         tracing::debug!(
-            request_id = display(request_id),
+            request_id = display(log_ids.request_id()),
             log_id_range = display(log_ids.data()),
             "send_log_entries",
         );
 
+        let (payload, sending_range) = self.prepare_append(&log_ids).await?;
+
+        let leader_time = C::now();
+
+        // Send the payload.
+        // Idem: the timeout is `Config::append_entries_timeout()` (was `heartbeat_interval`).
+        let the_timeout = self.config.append_entries_timeout();
+        tracing::debug!(
+            payload=%payload.summary(),
+            now = debug(leader_time),
+            "start sending append_entries, timeout: {:?}",
+            the_timeout
+        );
+
+        let option = RPCOption::new(the_timeout);
+        let res = C::timeout(the_timeout, self.network.append_entries(payload, option)).await;
+
+        tracing::debug!("append_entries res: {:?}", res);
+
+        let append_res = res.map_err(|_e| self.append_timeout(the_timeout))?; // return Timeout error
+
+        self.handle_append_answer(append_res, leader_time, sending_range, log_ids)
+    }
+
+    // Idem: split out of `send_log_entries`, which pipelined replication shares.
+    /// The AppendEntries that sends `log_ids` (no more entries than `entries_hint` allows), and
+    /// the range it covers.
+    async fn prepare_append(
+        &mut self,
+        log_ids: &DataWithId<LogIdRange<C::NodeId>>,
+    ) -> Result<(AppendEntriesRequest<C>, LogIdRange<C::NodeId>), ReplicationError<C::NodeId, C::Node>> {
         // Series of logs to send, and the last log id to send
         let (logs, sending_range) = {
             let rng = log_ids.data();
@@ -390,7 +737,9 @@ where
             // The log index start and end to send.
             let (start, end) = {
                 let start = rng.prev.next_index();
-                let end = rng.last.next_index();
+                // Idem: at most `max_payload_entries`, as RaftCore asks for; pipelined
+                // replication joins what it is handed while the earlier ones are in flight.
+                let end = std::cmp::min(rng.last.next_index(), start + self.config.max_payload_entries.max(1));
 
                 if let Some(hint) = self.entries_hint.get() {
                     let hint_end = start + hint;
@@ -446,41 +795,39 @@ where
             }
         };
 
-        let leader_time = C::now();
-
-        // Build the heartbeat frame to be sent to the follower.
         let payload = AppendEntriesRequest {
             vote: self.session_id.vote_ref().clone(),
             prev_log_id: sending_range.prev.clone(),
             leader_commit: self.committed.clone(),
             entries: logs,
         };
+        Ok((payload, sending_range))
+    }
 
-        // Send the payload.
-        // Idem: the timeout is `Config::append_entries_timeout()` (was `heartbeat_interval`).
-        let the_timeout = self.config.append_entries_timeout();
-        tracing::debug!(
-            payload=%payload.summary(),
-            now = debug(leader_time),
-            "start sending append_entries, timeout: {:?}",
-            the_timeout
-        );
+    // Idem: split out of `send_log_entries`.
+    /// The error an AppendEntries that got no answer within `the_timeout` ends with.
+    fn append_timeout<E: std::error::Error>(&self, the_timeout: Duration) -> RPCError<C::NodeId, C::Node, E> {
+        RPCError::Timeout(Timeout {
+            action: RPCTypes::AppendEntries,
+            id: self.session_id.vote_ref().leader_id().voted_for().unwrap(),
+            target: self.target.clone(),
+            timeout: the_timeout,
+        })
+    }
 
-        let option = RPCOption::new(the_timeout);
-        let res = C::timeout(the_timeout, self.network.append_entries(payload, option)).await;
-
-        tracing::debug!("append_entries res: {:?}", res);
-
-        let append_res = res.map_err(|_e| {
-            let to = Timeout {
-                action: RPCTypes::AppendEntries,
-                id: self.session_id.vote_ref().leader_id().voted_for().unwrap(),
-                target: self.target.clone(),
-                timeout: the_timeout,
-            };
-            RPCError::Timeout(to)
-        })?; // return Timeout error
-
+    // Idem: split out of `send_log_entries`, which pipelined replication shares.
+    /// Reports the answer to an AppendEntries sent at `leader_time` with the entries of
+    /// `sending_range` (part of `log_ids`) to RaftCore; returns what of `log_ids` is left to
+    /// send.
+    #[allow(clippy::type_complexity)]
+    fn handle_append_answer(
+        &mut self,
+        append_res: Result<AppendEntriesResponse<C::NodeId>, RPCError<C::NodeId, C::Node, RaftError<C::NodeId>>>,
+        leader_time: InstantOf<C>,
+        sending_range: LogIdRange<C::NodeId>,
+        log_ids: DataWithId<LogIdRange<C::NodeId>>,
+    ) -> Result<Option<Data<C>>, ReplicationError<C::NodeId, C::Node>> {
+        let request_id = log_ids.request_id();
         let append_resp = DecomposeResult::<C, _, _>::decompose_infallible(append_res)?;
 
         tracing::debug!(
@@ -724,6 +1071,17 @@ where
                 }
             }
             Replicate::Data(d) => {
+                // Idem: with AppendEntries pipelined, logs are handed over while others are in
+                // flight.
+                let d = if self.config.max_inflight_appends() > 1 {
+                    match self.pipelined_data(d) {
+                        Some(d) => d,
+                        None => return,
+                    }
+                } else {
+                    d
+                };
+
                 // TODO: Currently there is at most 1 in flight data. But in future RaftCore may send next data
                 //       actions without waiting for the previous to finish.
                 debug_assert!(
@@ -752,6 +1110,34 @@ where
                 self.next_action = Some(d);
             }
         }
+    }
+
+    // Idem: added.
+    /// With AppendEntries pipelined: drops data under a request id given up; joins logs handed
+    /// over under the request id of the logs still to send (RaftCore widened what it has in
+    /// flight) to them; drops what was sent under an older request id (RaftCore no longer waits
+    /// for it). What is left to do, if anything.
+    fn pipelined_data(&mut self, d: Data<C>) -> Option<Data<C>> {
+        let id = d.request_id().request_id();
+        if id.is_some() && id <= self.given_up && !matches!(d, Data::SnapshotCallback(_)) {
+            tracing::debug!(data = display(&d), "dropped: its request id was given up");
+            return None;
+        }
+        let Data::Logs(added) = d else {
+            return Some(d);
+        };
+        if let Some(Data::Logs(rest)) = &self.next_action {
+            if rest.request_id() == added.request_id() && rest.data().last == added.data().prev {
+                let joined = LogIdRange::new(rest.data().prev.clone(), added.data().last.clone());
+                self.next_action = Some(Data::new_logs(added.request_id(), joined));
+                return None;
+            }
+        }
+        self.sent.retain(|s| s.log_ids.request_id() == RequestId::HeartBeat || s.log_ids.request_id().request_id() >= id);
+        if matches!(&self.next_action, Some(Data::Logs(rest)) if rest.request_id() != added.request_id()) {
+            self.next_action = None;
+        }
+        Some(Data::Logs(added))
     }
 
     #[tracing::instrument(level = "info", skip_all)]

@@ -7,6 +7,7 @@ use std::fmt::Formatter;
 use validit::Validate;
 
 use crate::display_ext::DisplayOptionExt;
+use crate::log_id_range::LogIdRange;
 use crate::progress::inflight::Inflight;
 use crate::progress::inflight::InflightError;
 use crate::raft_state::LogStateReader;
@@ -251,6 +252,42 @@ impl<NID: NodeId> ProgressEntry<NID> {
         self.inflight = Inflight::logs(prev, last).with_id(self.curr_inflight_id);
 
         Ok(&self.inflight)
+    }
+
+    // Idem: added.
+    /// With AppendEntries pipelined (`Config::max_inflight_appends` above one): while logs are in
+    /// flight right after the follower's known matching log id, widens them to the entries
+    /// appended since (at most `max_entries` more) and returns the added range, under the same
+    /// request id, to be sent before the answer to what is already in flight. `None` while the
+    /// matching log id is still searched for, while nothing or a snapshot is in flight, or when
+    /// nothing was appended.
+    ///
+    /// Answers come in the order sent, each acknowledging its own range
+    /// ([`Inflight::ack`] keeps the rest in flight), so the request id stays the same until all
+    /// is answered; a conflict or an error for any part ends it all.
+    pub(crate) fn extend_inflight(
+        &mut self,
+        log_state: &impl LogStateReader<NID>,
+        max_entries: u64,
+    ) -> Option<Inflight<NID>> {
+        let Inflight::Logs { id, log_id_range } = &mut self.inflight else {
+            return None;
+        };
+        if log_id_range.prev != self.matching || self.matching.next_index() != self.searching_end {
+            return None;
+        }
+        let from = log_id_range.last.next_index();
+        let last_next = log_state.last_log_id().next_index();
+        if from >= last_next {
+            return None;
+        }
+        let end = std::cmp::min(from + max_entries.max(1), last_next);
+        let added = LogIdRange::new(log_id_range.last.clone(), log_state.prev_log_id(end));
+        log_id_range.last = added.last.clone();
+        Some(Inflight::Logs {
+            id: *id,
+            log_id_range: added,
+        })
     }
 
     /// Return the index range(`[start,end]`) of the first log in the next AppendEntries.

@@ -343,3 +343,59 @@ fn test_next_send() -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+// Idem: added.
+#[test]
+fn test_extend_inflight() -> anyhow::Result<()> {
+    // Logs in flight right after the known matching log id: widened to what was appended since;
+    // the added range goes under the same request id.
+    {
+        let mut pe = ProgressEntry::new(Some(log_id(10)));
+        pe.inflight = inflight_logs(10, 12).with_id(7);
+
+        let added = pe.extend_inflight(&LogState::new(6, 10, 20), 100);
+        assert_eq!(Some(inflight_logs(12, 20).with_id(7)), added);
+        assert_eq!(inflight_logs(10, 20).with_id(7), pe.inflight);
+
+        // Nothing appended since: nothing to add.
+        assert_eq!(None, pe.extend_inflight(&LogState::new(6, 10, 20), 100));
+
+        // At most `max_entries` more.
+        let added = pe.extend_inflight(&LogState::new(6, 10, 30), 4);
+        assert_eq!(Some(inflight_logs(20, 24).with_id(7)), added);
+        assert_eq!(inflight_logs(10, 24).with_id(7), pe.inflight);
+
+        // Each answer acknowledges its own part, in order; the rest stays in flight under the
+        // same id until all is answered.
+        pe.update_matching(7, Some(log_id(12)))?;
+        assert_eq!(inflight_logs(12, 24).with_id(7), pe.inflight);
+        pe.update_matching(7, Some(log_id(20)))?;
+        assert_eq!(inflight_logs(20, 24).with_id(7), pe.inflight);
+        pe.update_matching(7, Some(log_id(24)))?;
+        assert_eq!(Inflight::None, pe.inflight);
+        assert_eq!(Some(log_id(24)), pe.matching);
+        assert_eq!(25, pe.searching_end);
+    }
+
+    // While the matching log id is searched for, nothing is added: a probe that conflicts
+    // would make whatever was sent after it useless.
+    {
+        let mut pe = ProgressEntry::empty(20);
+        pe.inflight = inflight_logs(10, 12).with_id(1);
+        assert_eq!(None, pe.extend_inflight(&LogState::new(6, 10, 30), 100));
+        assert_eq!(inflight_logs(10, 12).with_id(1), pe.inflight);
+    }
+
+    // Nothing, or a snapshot, in flight: nothing to widen (`next_send()` starts anew).
+    {
+        let mut pe = ProgressEntry::new(Some(log_id(10)));
+        assert_eq!(None, pe.extend_inflight(&LogState::new(6, 10, 30), 100));
+        assert_eq!(Inflight::None, pe.inflight);
+
+        pe.inflight = Inflight::snapshot(Some(log_id(20))).with_id(3);
+        assert_eq!(None, pe.extend_inflight(&LogState::new(6, 10, 30), 100));
+        assert_eq!(Inflight::snapshot(Some(log_id(20))).with_id(3), pe.inflight);
+    }
+
+    Ok(())
+}

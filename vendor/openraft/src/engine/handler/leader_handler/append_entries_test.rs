@@ -14,6 +14,7 @@ use crate::engine::Engine;
 use crate::entry::RaftEntry;
 use crate::progress::entry::ProgressEntry;
 use crate::progress::Inflight;
+use crate::progress::Progress;
 use crate::raft_state::LogStateReader;
 use crate::testing::blank_ent;
 use crate::testing::log_id;
@@ -257,6 +258,60 @@ fn test_leader_append_entries_with_membership_log() -> anyhow::Result<()> {
         ],
         eng.output.take_commands()
     );
+
+    Ok(())
+}
+
+// Idem: added.
+/// With AppendEntries pipelined (`max_inflight_appends` above one), entries appended while logs
+/// are in flight to a follower whose matching log id is known go to it at once, under the
+/// request id in flight; a follower whose matching log id is still searched for gets nothing
+/// more until it answers. One at a time, nobody gets more until the answer.
+#[test]
+fn test_leader_append_entries_pipelined() -> anyhow::Result<()> {
+    fn replicated(cmds: Vec<Command<UTConfig>>) -> Vec<Command<UTConfig>> {
+        cmds.into_iter().filter(|c| matches!(c, Command::Replicate { .. })).collect()
+    }
+
+    let mut eng = eng();
+    eng.config.max_inflight_appends = 4;
+    // Node 2 is known to hold the log up to index 3; node 3's matching log id is searched for.
+    {
+        let l = eng.leader_handler()?;
+        let _ = l.leader.progress.update(&2, ProgressEntry::new(Some(log_id(2, 1, 3))));
+    }
+    eng.output.clear_commands();
+
+    eng.leader_handler()?.leader_append_entries(vec![blank_ent(1, 1, 1), blank_ent(1, 1, 1)]);
+    let cmds = replicated(eng.output.take_commands());
+    assert_eq!(
+        Some(&Command::Replicate {
+            target: 2,
+            req: Inflight::logs(Some(log_id(2, 1, 3)), Some(log_id(3, 1, 5))).with_id(1),
+        }),
+        cmds.first()
+    );
+    assert_eq!(2, cmds.len(), "node 3 is sent a probe: {:?}", cmds);
+
+    eng.leader_handler()?.leader_append_entries(vec![blank_ent(1, 1, 1)]);
+    assert_eq!(
+        vec![Command::Replicate {
+            target: 2,
+            req: Inflight::logs(Some(log_id(3, 1, 5)), Some(log_id(3, 1, 6))).with_id(1),
+        }],
+        replicated(eng.output.take_commands())
+    );
+    {
+        let l = eng.leader_handler()?;
+        assert_eq!(
+            &Inflight::logs(Some(log_id(2, 1, 3)), Some(log_id(3, 1, 6))).with_id(1),
+            &l.leader.progress.get(&2).inflight
+        );
+    }
+
+    eng.config.max_inflight_appends = 1;
+    eng.leader_handler()?.leader_append_entries(vec![blank_ent(1, 1, 1)]);
+    assert_eq!(Vec::<Command<UTConfig>>::new(), replicated(eng.output.take_commands()));
 
     Ok(())
 }

@@ -324,6 +324,12 @@ where C: RaftTypeConfig
                 Self::send_to_target(self.output, &target, inflight);
             } else {
                 tracing::debug!("nothing to send to target={target}, progress:{}", p);
+                // Idem: the answer may have ended a search for the matching log id.
+                if self.config.max_inflight_appends > 1 {
+                    if let Some(added) = p.extend_inflight(self.state.deref(), self.config.max_payload_entries) {
+                        Self::send_to_target(self.output, &target, &added);
+                    }
+                }
             }
         }
     }
@@ -365,6 +371,13 @@ where C: RaftTypeConfig
             match t {
                 Ok(inflight) => {
                     Self::send_to_target(self.output, id, inflight);
+                }
+                // Idem: with AppendEntries pipelined, logs in flight are widened to what was
+                // appended since, and the added range sent at once.
+                Err(Inflight::Logs { .. }) if self.config.max_inflight_appends > 1 => {
+                    if let Some(added) = prog_entry.extend_inflight(self.state, self.config.max_payload_entries) {
+                        Self::send_to_target(self.output, id, &added);
+                    }
                 }
                 Err(e) => {
                     tracing::debug!(
