@@ -1223,7 +1223,7 @@ pub struct PeerClient {
     /// The connection, and the cluster id this node had when it opened it.
     conn: Option<(Conn, Option<ClusterId>)>,
     /// The connection pipelined AppendEntries go on, once there is one.
-    pipe: Option<mpsc::UnboundedSender<Piped>>,
+    pipe: Option<mpsc::Sender<Piped>>,
 }
 
 /// An AppendEntries handed to a pipe ([`run_pipe`]).
@@ -1254,7 +1254,7 @@ impl PeerClient {
     /// The pipe to send pipelined AppendEntries on: the one open, or one
     /// made of the connection kept from the last call. `None` when there
     /// is neither: the next call is made alone, and connects.
-    fn pipe(&mut self) -> Option<&mpsc::UnboundedSender<Piped>> {
+    fn pipe(&mut self) -> Option<&mpsc::Sender<Piped>> {
         if self.pipe.as_ref().is_some_and(|p| !p.is_closed()) {
             return self.pipe.as_ref();
         }
@@ -1264,7 +1264,7 @@ impl PeerClient {
         if opened != cluster {
             return None;
         }
-        let (tx, rx) = mpsc::unbounded_channel();
+        let (tx, rx) = mpsc::channel(READ_AHEAD);
         tokio::spawn(run_pipe(conn, rx, Arc::clone(&self.peers)));
         self.pipe = Some(tx);
         self.pipe.as_ref()
@@ -1522,7 +1522,7 @@ impl PeerClient {
 /// (the peer answers in the order it reads). Ends, failing every request
 /// still unanswered, when the connection fails, when the oldest request's
 /// answer is not in by its deadline, or when its client is dropped.
-async fn run_pipe(mut conn: Conn, mut rx: mpsc::UnboundedReceiver<Piped>, peers: Arc<Peers>) {
+async fn run_pipe(mut conn: Conn, mut rx: mpsc::Receiver<Piped>, peers: Arc<Peers>) {
     let node = peers.node_id;
     type Waiting = std::collections::VecDeque<(
         tokio::time::Instant,
@@ -1569,27 +1569,42 @@ async fn run_pipe(mut conn: Conn, mut rx: mpsc::UnboundedReceiver<Piped>, peers:
                     return;
                 };
                 // This request and any others queued meanwhile, then one
-                // flush.
-                let mut next = Some(first);
-                let mut written = Ok(());
-                while let Some(p) = next.take() {
-                    if isolated(node) {
-                        written = Err(cut_off());
+                // flush; all by the oldest deadline (a peer that stops
+                // reading does not hold the pipe).
+                let due = waiting
+                    .front()
+                    .map_or(first.deadline, |(d, _)| *d)
+                    .min(first.deadline);
+                let written = tokio::time::timeout_at(due, async {
+                    let mut next = Some(first);
+                    let mut written = Ok(());
+                    while let Some(p) = next.take() {
+                        if p.entries && !waiting.is_empty() {
+                            peers
+                                .appends_pipelined
+                                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        }
+                        waiting.push_back((p.deadline, p.answer));
+                        if isolated(node) {
+                            written = Err(cut_off());
+                        }
+                        if written.is_ok() {
+                            written = conn.feed(p.bytes).await;
+                        }
+                        next = rx.try_recv().ok();
                     }
                     if written.is_ok() {
-                        written = conn.feed(p.bytes).await;
+                        written = SinkExt::<Bytes>::flush(&mut conn).await;
                     }
-                    if p.entries && !waiting.is_empty() {
-                        peers
-                            .appends_pipelined
-                            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    }
-                    waiting.push_back((p.deadline, p.answer));
-                    next = rx.try_recv().ok();
-                }
-                if written.is_ok() {
-                    written = SinkExt::<Bytes>::flush(&mut conn).await;
-                }
+                    written
+                })
+                .await
+                .unwrap_or_else(|_| {
+                    Err(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        "the peer took no more in time",
+                    ))
+                });
                 if let Err(e) = written {
                     fail(&mut waiting, &e);
                     return;
@@ -1713,16 +1728,26 @@ impl openraft::RaftNetwork<TypeConfig> for PeerClient {
             unreachable!("built above")
         };
         let counted = if rpc.entries.is_empty() { 2 } else { 1 };
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        // Full (more than a follower reads ahead) or just closed: sent
+        // alone once what is in flight is answered.
+        if pipe
+            .try_send(Piped {
+                bytes,
+                entries: counted == 1,
+                deadline: tokio::time::Instant::now() + option.soft_ttl(),
+                answer: tx,
+            })
+            .is_err()
+        {
+            let Request::Append(rpc) = req else {
+                unreachable!("built above")
+            };
+            return Err(rpc);
+        }
         for c in &peers.appends[..counted] {
             c.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        let _ = pipe.send(Piped {
-            bytes,
-            entries: counted == 1,
-            deadline: tokio::time::Instant::now() + option.soft_ttl(),
-            answer: tx,
-        });
         let target = self.target;
         let addr = self.addr.clone();
         Ok(Box::pin(async move {
@@ -1881,7 +1906,7 @@ mod tests {
     }
 
     /// A pipe and the far end of its connection, which the test plays.
-    fn pipe_to_fake_peer(dir: &Dir) -> (Arc<Peers>, mpsc::UnboundedSender<Piped>, Conn) {
+    fn pipe_to_fake_peer(dir: &Dir) -> (Arc<Peers>, mpsc::Sender<Piped>, Conn) {
         let peers = Peers::new(
             1,
             "127.0.0.1:7001".into(),
@@ -1893,7 +1918,7 @@ mod tests {
         .unwrap();
         let (near, far) = tokio::io::duplex(1 << 16);
         let conn: Conn = Framed::new(Box::new(near), codec(MAX_FRAME));
-        let (tx, rx) = mpsc::unbounded_channel();
+        let (tx, rx) = mpsc::channel(READ_AHEAD);
         tokio::spawn(run_pipe(conn, rx, Arc::clone(&peers)));
         let far: Conn = Framed::new(Box::new(far), codec(MAX_FRAME));
         (peers, tx, far)
@@ -1923,7 +1948,7 @@ mod tests {
         let mut answers = Vec::new();
         for n in 1..=3 {
             let (p, rx) = piped(n, Duration::from_secs(30));
-            pipe.send(p).unwrap();
+            pipe.try_send(p).unwrap();
             answers.push(rx);
         }
         // All three arrive before any is answered.
@@ -1953,8 +1978,8 @@ mod tests {
         let (_peers, pipe, mut far) = pipe_to_fake_peer(&dir);
         let (p1, rx1) = piped(1, Duration::from_millis(100));
         let (p2, rx2) = piped(2, Duration::from_secs(30));
-        pipe.send(p1).unwrap();
-        pipe.send(p2).unwrap();
+        pipe.try_send(p1).unwrap();
+        pipe.try_send(p2).unwrap();
         assert_eq!(&far.next().await.unwrap().unwrap()[..], &[1]);
         assert_eq!(&far.next().await.unwrap().unwrap()[..], &[2]);
         tokio::time::sleep(Duration::from_millis(150)).await;
@@ -1968,14 +1993,37 @@ mod tests {
         pipe.closed().await;
     }
 
+    #[tokio::test(start_paused = true)]
+    async fn a_pipe_whose_peer_stops_reading_fails_by_the_deadline_and_ends() {
+        let dir = Dir::new("pipe-stuck");
+        let (_peers, pipe, _far) = pipe_to_fake_peer(&dir);
+        // Far more than the connection buffers, and nobody reads it.
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        pipe.try_send(Piped {
+            bytes: Bytes::from(vec![0u8; 4 << 20]),
+            entries: true,
+            deadline: tokio::time::Instant::now() + Duration::from_millis(100),
+            answer: tx,
+        })
+        .unwrap();
+        let got = tokio::time::timeout(Duration::from_secs(10), rx)
+            .await
+            .expect("the pipe is still stuck writing past the deadline");
+        let Err(e) = got.unwrap() else {
+            panic!("answered though nothing was read")
+        };
+        assert_eq!(e.kind(), std::io::ErrorKind::TimedOut);
+        pipe.closed().await;
+    }
+
     #[tokio::test]
     async fn a_pipe_whose_peer_closes_fails_what_is_unanswered() {
         let dir = Dir::new("pipe-closed");
         let (_peers, pipe, mut far) = pipe_to_fake_peer(&dir);
         let (p1, rx1) = piped(1, Duration::from_secs(30));
         let (p2, rx2) = piped(2, Duration::from_secs(30));
-        pipe.send(p1).unwrap();
-        pipe.send(p2).unwrap();
+        pipe.try_send(p1).unwrap();
+        pipe.try_send(p2).unwrap();
         assert_eq!(&far.next().await.unwrap().unwrap()[..], &[1]);
         send(&mut far, &Response::Failed("one".into()))
             .await

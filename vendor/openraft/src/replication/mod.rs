@@ -378,6 +378,12 @@ where
     async fn main_pipelined(mut self) -> Result<(), ReplicationClosed> {
         let depth = self.config.max_inflight_appends();
         loop {
+            // As `main` does after each action: after an error, the backoff first; with nothing
+            // to do, wait for something.
+            if self.sent.is_empty() && (self.backoff.is_some() || self.next_action.is_none()) {
+                self.drain_events_with_backoff().await?;
+            }
+
             // Send what there is room for.
             while self.sent.len() < depth {
                 let Some(d) = self.next_action.take() else {
@@ -470,24 +476,33 @@ where
             }
 
             if self.sent.is_empty() {
-                // As `main` does after each action: after an error, the backoff first.
-                if self.backoff.is_some() || self.next_action.is_none() {
-                    self.drain_events_with_backoff().await?;
-                }
                 continue;
             }
 
-            // The next answer, or an event.
+            // The next answer, an event, or (with room to send) the deadline to tell the follower
+            // of a commit.
+            let commit_due = self.commit_send_deadline.clone().filter(|_| self.sent.len() < depth);
             let got = {
                 let front = self.sent.front_mut().unwrap();
                 let deadline = front.deadline.clone();
                 select! {
-                    answer = C::AsyncRuntime::timeout_at(deadline, &mut front.answer) => Ok(answer),
-                    event = self.rx_event.recv() => Err(event),
+                    answer = C::AsyncRuntime::timeout_at(deadline, &mut front.answer) => Some(Ok(answer)),
+                    event = self.rx_event.recv() => Some(Err(event)),
+                    _ = async {
+                        match commit_due {
+                            Some(due) => C::sleep_until(due).await,
+                            None => futures::future::pending::<()>().await,
+                        }
+                    } => None,
                 }
             };
             match got {
-                Ok(answer) => {
+                None => {
+                    if self.next_action.is_none() {
+                        self.next_action = Some(Data::new_heartbeat());
+                    }
+                }
+                Some(Ok(answer)) => {
                     let s = self.sent.pop_front().unwrap();
                     let res = match answer {
                         Ok(res) => res,
@@ -499,7 +514,7 @@ where
                         return Ok(());
                     }
                 }
-                Err(event) => {
+                Some(Err(event)) => {
                     let event = event.ok_or(ReplicationClosed::new("rx_repl is closed in main_pipelined()"))?;
                     self.process_event(event);
                 }
