@@ -304,30 +304,10 @@ where
                 Err(err) => {
                     tracing::warn!(error=%err, "error replication to target={}", self.target);
 
-                    match err {
-                        ReplicationError::Closed(closed) => {
-                            return Err(closed);
-                        }
-                        ReplicationError::HigherVote(h) => {
-                            let _ = self.tx_raft_core.send(Notify::Network {
-                                response: Response::HigherVote {
-                                    target: self.target,
-                                    higher: h.higher,
-                                    sender_vote: self.session_id.vote_ref().clone(),
-                                },
-                            });
-                            return Ok(());
-                        }
-                        ReplicationError::StorageError(error) => {
-                            tracing::error!(error=%error, "error replication to target={}", self.target);
-
-                            // TODO: report this error
-                            let _ = self.tx_raft_core.send(Notify::Network {
-                                response: Response::StorageError { error },
-                            });
-                            return Ok(());
-                        }
-                        ReplicationError::RPCError(err) => {
+                    // Idem: the errors that end replication are handled by `error_ends_replication`.
+                    match self.error_ends_replication(err)? {
+                        None => return Ok(()),
+                        Some(err) => {
                             tracing::error!(err = display(&err), "RPCError");
 
                             let retry = match &err {
@@ -479,9 +459,14 @@ where
                 continue;
             }
 
-            // The next answer, an event, or (with room to send) the deadline to tell the follower
-            // of a commit.
-            let commit_due = self.commit_send_deadline.clone().filter(|_| self.sent.len() < depth);
+            // The next answer, an event, or (with room to send and nothing else to) the deadline
+            // to tell the follower of a commit. Not with something waiting to be sent: a snapshot
+            // or a request the network handed back waits for the answers, and a deadline already
+            // past would wake this loop again and again without it ever waiting.
+            let commit_due = self
+                .commit_send_deadline
+                .clone()
+                .filter(|_| self.sent.len() < depth && self.next_action.is_none());
             let got = {
                 let front = self.sent.front_mut().unwrap();
                 let deadline = front.deadline.clone();
@@ -596,26 +581,9 @@ where
         if let RequestId::AppendEntries { id } = request_id {
             self.give_up(id);
         }
-        match err {
-            ReplicationError::Closed(closed) => Err(closed),
-            ReplicationError::HigherVote(h) => {
-                let _ = self.tx_raft_core.send(Notify::Network {
-                    response: Response::HigherVote {
-                        target: self.target.clone(),
-                        higher: h.higher,
-                        sender_vote: self.session_id.vote_ref().clone(),
-                    },
-                });
-                Ok(true)
-            }
-            ReplicationError::StorageError(error) => {
-                tracing::error!(error=%error, "error replication to target={}", self.target);
-                let _ = self.tx_raft_core.send(Notify::Network {
-                    response: Response::StorageError { error },
-                });
-                Ok(true)
-            }
-            ReplicationError::RPCError(err) => {
+        match self.error_ends_replication(err)? {
+            None => Ok(true),
+            Some(err) => {
                 tracing::error!(err = display(&err), "RPCError");
                 match &err {
                     RPCError::Unreachable(_) => {
@@ -630,6 +598,39 @@ where
                 self.send_progress_error(request_id, err);
                 Ok(false)
             }
+        }
+    }
+
+    // Idem: split out of `main`, which pipelined replication shares.
+    /// Tells RaftCore of an error that ends replication (a higher vote, a storage error) and
+    /// returns `None`; hands an RPC error back, for the caller to handle; a closed channel is the
+    /// error returned.
+    fn error_ends_replication(
+        &mut self,
+        err: ReplicationError<C::NodeId, C::Node>,
+    ) -> Result<Option<RPCError<C::NodeId, C::Node>>, ReplicationClosed> {
+        match err {
+            ReplicationError::Closed(closed) => Err(closed),
+            ReplicationError::HigherVote(h) => {
+                let _ = self.tx_raft_core.send(Notify::Network {
+                    response: Response::HigherVote {
+                        target: self.target.clone(),
+                        higher: h.higher,
+                        sender_vote: self.session_id.vote_ref().clone(),
+                    },
+                });
+                Ok(None)
+            }
+            ReplicationError::StorageError(error) => {
+                tracing::error!(error=%error, "error replication to target={}", self.target);
+
+                // TODO: report this error
+                let _ = self.tx_raft_core.send(Notify::Network {
+                    response: Response::StorageError { error },
+                });
+                Ok(None)
+            }
+            ReplicationError::RPCError(err) => Ok(Some(err)),
         }
     }
 
