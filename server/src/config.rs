@@ -1253,6 +1253,12 @@ mod tests {
         assert!(c.store.shards.is_power_of_two());
         assert_eq!(c.limits.max_key_bytes, 1024);
         assert_eq!(c.limits.frame.max_bulk, 1024 * 1024);
+        // One AppendEntries at a time unless asked (README: Entries in
+        // flight); up to what a follower reads ahead.
+        let mut raw = RawConfig::default();
+        assert_eq!(raw.max_inflight_appends, 1);
+        raw.set("max_inflight_appends", "16").unwrap();
+        assert_eq!(raw.validate().unwrap().raft.max_inflight_appends, 16);
     }
 
     #[test]
@@ -1315,6 +1321,9 @@ mod tests {
             ("default_lease_ms", "7200000", "default_lease_ms"),
             ("max_frame_bytes", "1000", "max_frame_bytes"),
             ("max_output_buffer_bytes", "10", "max_output_buffer_bytes"),
+            // Past what a follower reads ahead of its answers.
+            ("max_inflight_appends", "0", "max_inflight_appends"),
+            ("max_inflight_appends", "17", "max_inflight_appends"),
         ];
         for (key, value, named) in cases {
             let mut raw = RawConfig::default();
