@@ -584,16 +584,8 @@ async fn entries_go_to_followers_without_waiting_up_to_max_inflight_appends() {
                 "{k} is not held by its owner: {got:?}"
             );
         }
-        let committed: u64 = c.members[l]
-            .info("idem_commit_index")
-            .await
-            .parse()
-            .unwrap();
-        for f in c.followers().await {
-            c.members[f]
-                .caught_up_as_follower(committed, "a follower applies every pipelined entry")
-                .await;
-        }
+        c.followers_apply_what_leader_committed(l, "a follower applies every pipelined entry")
+            .await;
     }
 }
 
@@ -635,16 +627,8 @@ async fn a_commit_rides_on_the_next_entries_to_the_followers() {
         empty.saturating_sub(heartbeats) < entries,
         "{empty} empty AppendEntries ({heartbeats} heartbeats) for {entries} entries to 2 followers"
     );
-    let committed: u64 = c.members[l]
-        .info("idem_commit_index")
-        .await
-        .parse()
-        .unwrap();
-    for f in c.followers().await {
-        c.members[f]
-            .caught_up_as_follower(committed, "each follower applies the last write")
-            .await;
-    }
+    c.followers_apply_what_leader_committed(l, "each follower applies the last write")
+        .await;
 }
 
 /// A leader that logged a write, was cut off before it was committed, and

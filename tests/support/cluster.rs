@@ -326,6 +326,19 @@ impl Cluster {
         }
     }
 
+    /// Waits until every running follower has applied what member `l`
+    /// (the leader) has committed.
+    pub async fn followers_apply_what_leader_committed(&self, l: usize, what: &str) {
+        let committed: u64 = self.members[l]
+            .info("idem_commit_index")
+            .await
+            .parse()
+            .unwrap();
+        for f in self.followers().await {
+            self.members[f].caught_up_as_follower(committed, what).await;
+        }
+    }
+
     /// The indexes of the running members that do not lead.
     pub async fn followers(&self) -> Vec<usize> {
         let l = self.leader().await;
