@@ -589,6 +589,92 @@ async fn entries_go_to_followers_without_waiting_up_to_max_inflight_appends() {
     }
 }
 
+/// A member's (`wal_fsyncs_inline`, `wal_fsync_p50_us`).
+async fn inline_syncs(m: &Member) -> (u64, u64) {
+    let mut conn = m.conn().await;
+    (
+        info_field(&mut conn, "wal_fsyncs_inline").await,
+        info_field(&mut conn, "wal_fsync_p50_us").await,
+    )
+}
+
+/// Claims `n` keys one after the other through member `l` (the leader):
+/// each its own small log entry.
+async fn claim_one_by_one(c: &Cluster, l: usize, tag: &str, n: usize) {
+    let mut conn = c.members[l].conn().await;
+    for i in 0..n {
+        let k = format!("{tag}-{i}");
+        let got = claim(cmd_served(&mut conn, &["CLAIM", &k, "LEASE", "60000"]).await);
+        assert!(matches!(got, ClaimReply::Acquired { .. }), "{k}: {got:?}");
+    }
+}
+
+/// A follower sent one AppendEntries at a time (`max_inflight_appends` 1,
+/// the default) writes and syncs a small one itself instead of handing it
+/// to its log writer thread (INFO `wal_fsyncs_inline`): two thread
+/// wakeups fewer per entry on each follower. A leader never does, a
+/// follower that became leader in a failover included: its runtime sends
+/// the entries on. Followers sent several at once hand them over as
+/// before. (Only while syncs are fast: on a disk whose median sync takes
+/// 500 µs or more the follower's count is not asserted.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn followers_write_small_appends_themselves_and_leaders_never_do() {
+    let followers_inline = async |c: &Cluster, what: &str, expect: bool| {
+        for f in c.followers().await {
+            let (inlined, p50) = inline_syncs(&c.members[f]).await;
+            if !expect {
+                assert_eq!(inlined, 0, "{what}: follower {f} wrote appends itself");
+            } else if p50 < 500 {
+                assert!(
+                    inlined > 0,
+                    "{what}: follower {f} handed every append to its thread"
+                );
+            } else {
+                eprintln!("{what}: median sync {p50} µs, follower {f} wrote {inlined} itself");
+            }
+        }
+    };
+    let mut c = Cluster::start("inline-appends", 3).await;
+    let l = c.leader().await;
+    let (leader_before, _) = inline_syncs(&c.members[l]).await;
+    claim_one_by_one(&c, l, "first", 30).await;
+    c.followers_apply_what_leader_committed(l, "followers apply the claims")
+        .await;
+    assert_eq!(
+        inline_syncs(&c.members[l]).await.0,
+        leader_before,
+        "the leader wrote appends itself"
+    );
+    followers_inline(&c, "one at a time", true).await;
+    // A follower that takes over stops: once it serves, its appends go to
+    // its thread, while the remaining follower keeps writing its own.
+    c.members[l].kill().await;
+    let l2 = c.leader().await;
+    assert_ne!(l2, l);
+    let (new_leader_before, _) = inline_syncs(&c.members[l2]).await;
+    let (other_before, p50) = inline_syncs(&c.members[c.followers().await[0]]).await;
+    claim_one_by_one(&c, l2, "second", 30).await;
+    c.followers_apply_what_leader_committed(l2, "the follower applies the claims")
+        .await;
+    assert_eq!(
+        inline_syncs(&c.members[l2]).await.0,
+        new_leader_before,
+        "the new leader wrote appends itself"
+    );
+    let other = inline_syncs(&c.members[c.followers().await[0]]).await.0;
+    assert!(
+        p50 >= 500 || other > other_before,
+        "the remaining follower handed every append to its thread"
+    );
+    // Several in flight: the thread syncs together what arrives meanwhile.
+    let c = Cluster::start_with("inline-pipelined", 3, &[("IDEM_MAX_INFLIGHT_APPENDS", "2")]).await;
+    let l = c.leader().await;
+    claim_one_by_one(&c, l, "third", 30).await;
+    c.followers_apply_what_leader_committed(l, "followers apply the claims")
+        .await;
+    followers_inline(&c, "several in flight", false).await;
+}
+
 /// A follower learns that entries are committed from the entries that
 /// follow them: under load an entry costs one AppendEntries per follower,
 /// not a second one to tell of its commit (which doubled the followers'

@@ -408,9 +408,10 @@ pub fn info_text(node: &Node, wanted: &[String]) -> String {
             };
             let _ = write!(
                 o,
-                "data_dir:{}\r\nwal_fsyncs:{}\r\nwal_entries:{}\r\nwal_cmds:{}\r\nwal_cmds_per_fsync:{:.2}\r\nwal_fsync_p50_us:{}\r\nwal_fsync_p99_us:{}\r\n",
+                "data_dir:{}\r\nwal_fsyncs:{}\r\nwal_fsyncs_inline:{}\r\nwal_entries:{}\r\nwal_cmds:{}\r\nwal_cmds_per_fsync:{:.2}\r\nwal_fsync_p50_us:{}\r\nwal_fsync_p99_us:{}\r\n",
                 dir.display(),
                 r.fsyncs,
+                r.fsyncs_inline,
                 r.entries,
                 r.ops,
                 per_sync,

@@ -561,6 +561,9 @@ pub struct Watch {
     pub me: MemberAddr,
     /// Called when this node stops serving.
     pub on_demoted: Arc<dyn Fn() + Send + Sync>,
+    /// Told on every look at the metrics whether this node follows a
+    /// leader other than itself.
+    pub on_follower: Arc<dyn Fn(bool) + Send + Sync>,
 }
 
 /// Follows openraft's metrics: serves once this node leads and has applied
@@ -588,6 +591,7 @@ pub async fn watch_role(w: Arc<Watch>) {
             (m.state, m.current_leader, m.current_term)
         };
         let me = w.peers.node_id();
+        (w.on_follower)(state == ServerState::Follower && leader.is_some_and(|l| l != me));
         let leads = state == ServerState::Leader && leader == Some(me);
         let demoted = {
             let mut r = w.role.inner.write();

@@ -11,7 +11,8 @@
 //! while the thread writes them, and counts itself towards the quorum once
 //! they are flushed. A single node's core waits, so the writes that arrive
 //! meanwhile gather in the proposer's next entry.) An append smaller
-//! than [`LogStore::inline_below`] (a lightly loaded single node) is
+//! than [`LogStore::inline_below`] (a lightly loaded single node, or a
+//! follower sent one AppendEntries at a time) is
 //! written and synced by the caller itself instead (openraft's core task,
 //! on its runtime thread, which serves nothing else meanwhile) when the
 //! thread has nothing to do and the latest sync was fast: it keeps its
@@ -42,7 +43,7 @@ use std::fmt::Debug;
 use std::ops::RangeBounds;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc;
 
 use bytes::Bytes;
@@ -185,6 +186,8 @@ struct Handoff {
     /// Appends of fewer bytes are written by the caller when the writer is
     /// free and nothing waits for the thread (0: never).
     inline_below: Arc<AtomicUsize>,
+    /// Appends written that way so far.
+    inlined: Arc<AtomicU64>,
 }
 
 /// A sync slower than this (µs) sends the appends after it to the thread
@@ -211,6 +214,7 @@ impl Handoff {
             && writer.wal.last_sync_us < INLINE_MAX_SYNC_US
         {
             writer.handle(&mut vec![job]);
+            self.inlined.fetch_add(1, Ordering::Relaxed);
             return Ok(());
         }
         self.send(job)
@@ -322,6 +326,7 @@ impl LogStore {
                     writer: Arc::new(Mutex::new(writer)),
                     queued: Arc::new(AtomicUsize::new(0)),
                     inline_below: Arc::new(AtomicUsize::new(0)),
+                    inlined: Arc::default(),
                 };
                 let (writer, queued) = (Arc::clone(&handoff.writer), Arc::clone(&handoff.queued));
                 std::thread::Builder::new()
@@ -354,6 +359,16 @@ impl LogStore {
     pub fn inline_below(&self, bytes: usize) {
         if let Jobs::Thread(h) = &self.jobs {
             h.inline_below.store(bytes, Ordering::Relaxed);
+        }
+    }
+
+    /// Appends written and synced by their caller instead of the writer
+    /// thread so far ([`LogStore::inline_below`]; 0 without a writer
+    /// thread).
+    pub fn inlined(&self) -> u64 {
+        match &self.jobs {
+            Jobs::Thread(h) => h.inlined.load(Ordering::Relaxed),
+            Jobs::Inline(_) => 0,
         }
     }
 
@@ -827,6 +842,7 @@ mod tests {
             writer: Arc::new(Mutex::new(writer)),
             queued: Arc::default(),
             inline_below: Arc::new(AtomicUsize::new(4096)),
+            inlined: Arc::default(),
         };
         (dir, h, rx)
     }

@@ -72,16 +72,20 @@ pub const QUIET_SNAPSHOT_MIN_BYTES: u64 = 1 << 20;
 /// Most ops in one log entry.
 pub const MAX_BATCH_OPS: usize = 65_535;
 
-/// A single node writes and syncs an append smaller than this itself, on
-/// openraft's core task, when the log writer thread is idle and the latest
-/// sync was fast (see [`log_store`]). An append is small when few commands
-/// gathered while the previous one was written: the node is lightly
-/// loaded, little waits to be served during the sync, and the two thread
-/// wakeups of a hand-off are a large share of each command's latency
-/// (README, Performance: pipeline 1 gains throughput and a lower p99,
-/// pipeline 16's entries are larger and are handed over as before). A
-/// cluster node never does: its runtime also carries the heartbeats and
-/// replication traffic, which must not wait behind a sync.
+/// A single node, and a follower, write and sync an append smaller than
+/// this themselves, on openraft's core task, when the log writer thread is
+/// idle and the latest sync was fast (see [`log_store`]). An append is
+/// small when few commands gathered while the previous one was written:
+/// the node is lightly loaded, little waits to be served during the sync,
+/// and the two thread wakeups of a hand-off are a large share of each
+/// command's latency (README, Performance: pipeline 1 gains throughput and
+/// a lower p99, pipeline 16's entries are larger and are handed over as
+/// before). A follower does it only while `max_inflight_appends` is 1: its
+/// leader then sends the next entries after this append's answer, so
+/// nothing else waits to be written meanwhile (with several in flight, the
+/// thread syncs the appends that arrive during one sync with the next).
+/// A leader never does: its runtime sends the entries to the followers,
+/// and a sync written there would hold that up.
 pub const INLINE_APPEND_BELOW: usize = 4096;
 
 /// What the raft engine needs of the configuration.
@@ -477,6 +481,18 @@ impl RaftEngine {
             store: Arc::clone(&store),
             me,
             on_demoted,
+            on_follower: {
+                // A follower that gets one AppendEntries at a time writes
+                // small ones itself (INLINE_APPEND_BELOW); a leader, and a
+                // follower sent several at once, hand them to the thread.
+                let log = log.clone();
+                let one_at_a_time = clustered && cfg.max_inflight_appends <= 1;
+                Arc::new(move |follower: bool| {
+                    if one_at_a_time {
+                        log.inline_below(if follower { INLINE_APPEND_BELOW } else { 0 });
+                    }
+                })
+            },
         });
         tokio::spawn(cluster::watch_role(Arc::clone(&watch)));
         if clustered {
@@ -810,6 +826,7 @@ impl RaftEngine {
         let snapshots = self.sm.snapshot_stats();
         let entries = self.stats.entries.load(Ordering::Relaxed);
         let (fsyncs, fsync_p50_us, fsync_p99_us) = self.log.syncs();
+        let fsyncs_inline = self.log.inlined();
         let (log_entries, log_bytes) = self.log.held();
         let (appends_sent, appends_empty) = self.peers.appends();
         let appends_pipelined = self.peers.appends_pipelined();
@@ -838,6 +855,7 @@ impl RaftEngine {
                 .as_ref()
                 .map_or(0, |r| r.keys().filter(|id| **id != m.id).count() as u64),
             fsyncs,
+            fsyncs_inline,
             fsync_p50_us,
             fsync_p99_us,
             entries,
@@ -943,6 +961,9 @@ pub struct RaftInfo {
     pub followers: u64,
     /// Log `fdatasync`s since start.
     pub fsyncs: u64,
+    /// Of those, the ones done by the task that appended instead of the
+    /// log writer thread ([`INLINE_APPEND_BELOW`]).
+    pub fsyncs_inline: u64,
     /// Their median time, µs.
     pub fsync_p50_us: u64,
     /// Their 99th percentile time, µs.
