@@ -487,7 +487,10 @@ impl RaftEngine {
                 // follower sent several at once, hand them to the thread.
                 let log = log.clone();
                 let one_at_a_time = clustered && cfg.max_inflight_appends <= 1;
+                // Its answers to the leader go out before its applies.
+                let sm = sm.clone();
                 Arc::new(move |follower: bool| {
+                    sm.answers_first(follower);
                     if one_at_a_time {
                         log.inline_below(if follower { INLINE_APPEND_BELOW } else { 0 });
                     }

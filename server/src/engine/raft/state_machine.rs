@@ -97,6 +97,8 @@ pub struct StateMachine {
     /// How many [`SnapshotBuilder`]s live (openraft drops one only after
     /// it reported its build, and may have made the next by then).
     building: Arc<std::sync::atomic::AtomicUsize>,
+    /// Set while this node follows a leader: [`StateMachine::answers_first`].
+    answers_first: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// Why the state machine could not be opened.
@@ -384,7 +386,21 @@ impl StateMachine {
             stopped: Arc::default(),
             log: None,
             building: Arc::default(),
+            answers_first: Arc::default(),
         })
+    }
+
+    /// Whether each apply first lets the tasks already woken on its
+    /// runtime run (one yield). For a follower: a follower learns of a
+    /// commit from its leader's next AppendEntries, and openraft applies
+    /// it while that request's entries are written; when the write is
+    /// done on the runtime thread itself ([`super::INLINE_APPEND_BELOW`]),
+    /// the apply would otherwise run between the sync and the answer the
+    /// leader waits for. A follower's applies serve no one until it leads
+    /// (a new leader applies its whole log before it serves).
+    pub fn answers_first(&self, on: bool) {
+        self.answers_first
+            .store(on, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Tells `log` what the snapshot on disk covers, now and after each
@@ -736,6 +752,14 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         I: IntoIterator<Item = LogEntry> + Send,
         I::IntoIter: Send,
     {
+        if self
+            .answers_first
+            .load(std::sync::atomic::Ordering::Relaxed)
+        {
+            // The tasks already woken run first: on a follower, the answer
+            // to the AppendEntries whose flush let this apply run.
+            tokio::task::yield_now().await;
+        }
         let mut out = Vec::new();
         let mut slice = std::time::Instant::now();
         for entry in entries {

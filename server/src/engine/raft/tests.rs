@@ -258,6 +258,35 @@ async fn a_long_apply_lets_the_runtime_s_other_tasks_run() {
     );
 }
 
+/// A follower's state machine (`answers_first`) lets the tasks already
+/// woken on its runtime run before it applies (the answer to the leader
+/// among them); otherwise it applies at once.
+#[tokio::test(flavor = "current_thread")]
+async fn a_follower_s_apply_lets_the_tasks_already_woken_run_first() {
+    use openraft::storage::RaftStateMachine;
+    for first in [false, true] {
+        let dir = TempDir::new(if first {
+            "sm-answers-first"
+        } else {
+            "sm-applies-first"
+        });
+        let mut sm =
+            StateMachine::open(Arc::new(Store::new(StoreConfig::default())), &dir.0).unwrap();
+        sm.answers_first(first);
+        let woken = {
+            let sm = sm.clone();
+            tokio::spawn(async move { sm.last_applied() })
+        };
+        sm.apply(claims(&["k"])).await.unwrap();
+        let seen = woken.await.unwrap();
+        assert_eq!(
+            seen.is_none(),
+            first,
+            "answers_first {first}: the woken task saw {seen:?} applied"
+        );
+    }
+}
+
 /// The names of the files in `dir` that start with `prefix`, in order.
 fn files_named(dir: &TempDir, prefix: &str) -> Vec<String> {
     let mut names: Vec<String> = std::fs::read_dir(&dir.0)
