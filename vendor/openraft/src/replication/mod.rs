@@ -2,6 +2,7 @@
 
 pub(crate) mod callbacks;
 pub(crate) mod hint;
+mod kept_timer;
 mod replication_session_id;
 pub(crate) mod request;
 pub(crate) mod request_id;
@@ -49,6 +50,7 @@ use crate::raft::AppendEntriesRequest;
 use crate::raft::AppendEntriesResponse;
 use crate::replication::callbacks::SnapshotCallback;
 use crate::replication::hint::ReplicationHint;
+use crate::replication::kept_timer::KeptTimer;
 use crate::replication::request_id::RequestId;
 use crate::storage::RaftLogReader;
 use crate::storage::RaftLogStorage;
@@ -156,6 +158,11 @@ where
     commit_send_deadline: Option<InstantOf<C>>,
 
     // Idem: added.
+    /// What `drain_events()` waits on for `commit_send_deadline`: under load the commit
+    /// advances, and a new deadline is set, once per entry (see [`KeptTimer`]).
+    commit_timer: KeptTimer<C>,
+
+    // Idem: added.
     /// With AppendEntries pipelined (`Config::max_inflight_appends()` above one): those sent and
     /// not answered yet, oldest first. Empty otherwise.
     sent: VecDeque<Sent<C>>,
@@ -234,6 +241,7 @@ where
             next_action: None,
             entries_hint: Default::default(),
             commit_send_deadline: None,
+            commit_timer: KeptTimer::new(),
             sent: VecDeque::new(),
             given_up: None,
         };
@@ -1011,7 +1019,20 @@ where
         while self.next_action.is_none() {
             let event = match self.commit_send_deadline.clone() {
                 None => Some(self.rx_event.recv().await),
-                Some(deadline) => C::AsyncRuntime::timeout_at(deadline, self.rx_event.recv()).await.ok(),
+                Some(deadline) => {
+                    // Idem: on the kept timer; one armed for an earlier deadline, since
+                    // cleared, fires first: the wait then goes on.
+                    let timer = self.commit_timer.until(&deadline);
+                    select! {
+                        event = self.rx_event.recv() => Some(event),
+                        _ = timer.as_mut() => {
+                            if !self.commit_timer.fired(&deadline) {
+                                continue;
+                            }
+                            None
+                        }
+                    }
+                }
             };
             match event {
                 Some(event) => {
