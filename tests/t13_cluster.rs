@@ -598,15 +598,20 @@ async fn inline_syncs(m: &Member) -> (u64, u64) {
     )
 }
 
-/// Claims `n` keys one after the other through member `l` (the leader):
-/// each its own small log entry.
-async fn claim_one_by_one(c: &Cluster, l: usize, tag: &str, n: usize) {
+/// Claims 30 keys one after the other through member `l` (the leader),
+/// each its own small log entry, and waits until the followers applied
+/// them; how many appends the leader wrote itself meanwhile.
+async fn claim_one_by_one(c: &Cluster, l: usize, tag: &str) -> u64 {
+    let (before, _) = inline_syncs(&c.members[l]).await;
     let mut conn = c.members[l].conn().await;
-    for i in 0..n {
+    for i in 0..30 {
         let k = format!("{tag}-{i}");
         let got = claim(cmd_served(&mut conn, &["CLAIM", &k, "LEASE", "60000"]).await);
         assert!(matches!(got, ClaimReply::Acquired { .. }), "{k}: {got:?}");
     }
+    c.followers_apply_what_leader_committed(l, "followers apply the claims")
+        .await;
+    inline_syncs(&c.members[l]).await.0 - before
 }
 
 /// A follower sent one AppendEntries at a time (`max_inflight_appends` 1,
@@ -636,13 +641,9 @@ async fn followers_write_small_appends_themselves_and_leaders_never_do() {
     };
     let mut c = Cluster::start("inline-appends", 3).await;
     let l = c.leader().await;
-    let (leader_before, _) = inline_syncs(&c.members[l]).await;
-    claim_one_by_one(&c, l, "first", 30).await;
-    c.followers_apply_what_leader_committed(l, "followers apply the claims")
-        .await;
     assert_eq!(
-        inline_syncs(&c.members[l]).await.0,
-        leader_before,
+        claim_one_by_one(&c, l, "first").await,
+        0,
         "the leader wrote appends itself"
     );
     followers_inline(&c, "one at a time", true).await;
@@ -651,14 +652,10 @@ async fn followers_write_small_appends_themselves_and_leaders_never_do() {
     c.members[l].kill().await;
     let l2 = c.leader().await;
     assert_ne!(l2, l);
-    let (new_leader_before, _) = inline_syncs(&c.members[l2]).await;
     let (other_before, p50) = inline_syncs(&c.members[c.followers().await[0]]).await;
-    claim_one_by_one(&c, l2, "second", 30).await;
-    c.followers_apply_what_leader_committed(l2, "the follower applies the claims")
-        .await;
     assert_eq!(
-        inline_syncs(&c.members[l2]).await.0,
-        new_leader_before,
+        claim_one_by_one(&c, l2, "second").await,
+        0,
         "the new leader wrote appends itself"
     );
     let other = inline_syncs(&c.members[c.followers().await[0]]).await.0;
@@ -669,9 +666,7 @@ async fn followers_write_small_appends_themselves_and_leaders_never_do() {
     // Several in flight: the thread syncs together what arrives meanwhile.
     let c = Cluster::start_with("inline-pipelined", 3, &[("IDEM_MAX_INFLIGHT_APPENDS", "2")]).await;
     let l = c.leader().await;
-    claim_one_by_one(&c, l, "third", 30).await;
-    c.followers_apply_what_leader_committed(l, "followers apply the claims")
-        .await;
+    claim_one_by_one(&c, l, "third").await;
     followers_inline(&c, "several in flight", false).await;
 }
 
