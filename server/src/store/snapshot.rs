@@ -171,7 +171,9 @@ impl SnapshotCopy {
                     .filter_map(|(id, body)| Some((shard.get(id)? as *const Record, body)))
             })
             .collect();
-        for (_, rec) in order {
+        for i in 0..order.len() {
+            ahead(&order, i);
+            let rec = order[i].1;
             let p = rec.parts();
             let large = match rec.is_large() {
                 true => large_bodies.get(&(rec as *const Record)).copied(),
@@ -237,26 +239,35 @@ impl SnapshotCopy {
             let Some(first) = group.first().map(key) else {
                 continue;
             };
-            // Every key of the group matches the first over `depth` bytes
-            // (zero-padded): only the bytes after those are compared, so a
-            // group split over many levels is not scanned from its start
-            // at each.
-            let mut shared = first.len();
-            for e in &group[1..] {
-                if shared <= depth {
-                    break;
-                }
-                let k = key(e);
-                shared = match k.get(depth..) {
-                    Some(tail) if !tail.is_empty() => {
-                        depth + common_prefix(&first[depth..shared], tail)
-                    }
-                    _ => depth,
-                };
+            // How far past `depth` the keys go on alike, as a few of them
+            // spread over the group go on like the first; then one pass
+            // takes every key's 8 bytes from there, and checks it does
+            // start like the first that far (if one does not, a second
+            // pass takes them from `depth`). A scan of every key for the
+            // bytes they share made each read wait for the one before.
+            let mut at = first.len().max(depth);
+            let step = (group.len() / SAMPLES).max(1);
+            for e in group.iter().step_by(step).take(SAMPLES) {
+                at = depth
+                    + common_prefix(
+                        first.get(depth..at).unwrap_or_default(),
+                        key(e).get(depth..).unwrap_or_default(),
+                    );
             }
-            let at = shared.max(depth);
-            for e in group.iter_mut() {
-                e.0 = window(key(e), at);
+            let claimed = first.get(depth..at).unwrap_or_default();
+            let mut alike = true;
+            for i in 0..group.len() {
+                ahead(group, i);
+                let k = key(&group[i]);
+                group[i].0 = window(k, at);
+                alike &= at == depth || k.get(depth..at) == Some(claimed);
+            }
+            if !alike {
+                at = depth;
+                for i in 0..group.len() {
+                    ahead(group, i);
+                    group[i].0 = window(key(&group[i]), at);
+                }
             }
             group.sort_unstable_by_key(|e| e.0);
             let mut i = 0;
@@ -276,6 +287,27 @@ impl SnapshotCopy {
         order
     }
 }
+
+/// How many records ahead of the one read [`ahead`] asks for: the record's
+/// slot this far ahead, and its bytes half as far (their address is in the
+/// slot).
+const AHEAD: usize = 16;
+
+/// Asks the CPU for what the loop reading `order[i]` will read soon (see
+/// [`AHEAD`]): records taken in key order are spread over the whole store.
+#[inline(always)]
+fn ahead(order: &[(u64, &Record)], i: usize) {
+    if let Some(e) = order.get(i + AHEAD) {
+        super::record::prefetch(e.1);
+    }
+    if let Some(e) = order.get(i + AHEAD / 2) {
+        e.1.prefetch_data();
+    }
+}
+
+/// How many keys of a group [`SnapshotCopy::key_order`] reads first to
+/// guess how far they all go on alike.
+const SAMPLES: usize = 16;
 
 /// How many bytes `a` and `b` start with alike.
 fn common_prefix(a: &[u8], b: &[u8]) -> usize {
