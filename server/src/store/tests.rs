@@ -883,5 +883,8 @@ fn a_snapshot_keeps_key_order_when_one_key_parts_early_among_many_alike() {
         assert_eq!(restored.snapshot(), snap);
         snapshots.push(snap);
     }
-    assert!(snapshots[0] == snapshots[1], "the same bytes whatever the shards");
+    assert!(
+        snapshots[0] == snapshots[1],
+        "the same bytes whatever the shards"
+    );
 }
