@@ -202,16 +202,12 @@ const SUSPENSION_NOISE_US: u64 = 1_000;
 /// read one after the other: a read that straddled a preemption is taken
 /// again.
 fn suspended_us() -> u64 {
-    use rustix::time::{ClockId, clock_gettime};
-    let us = |t: rustix::time::Timespec| {
-        u64::try_from(t.tv_sec).unwrap_or(0) * 1_000_000
-            + u64::try_from(t.tv_nsec).unwrap_or(0) / 1_000
-    };
+    use rustix::time::ClockId;
     let mut best = u64::MAX;
     for _ in 0..4 {
-        let before = us(clock_gettime(ClockId::Monotonic));
-        let boot = us(clock_gettime(ClockId::Boottime));
-        let after = us(clock_gettime(ClockId::Monotonic));
+        let before = clock_us(ClockId::Monotonic);
+        let boot = clock_us(ClockId::Boottime);
+        let after = clock_us(ClockId::Monotonic);
         // Between `before` and `after`: `boot - after` is never more than
         // the time suspended.
         best = best.min(boot.saturating_sub(after));
@@ -225,16 +221,18 @@ fn suspended_us() -> u64 {
 /// [`suspended_us`] read fast, for every command: `CLOCK_BOOTTIME`, then
 /// `CLOCK_MONOTONIC`, once each. Never more than the time suspended (a
 /// preemption between the two reads only makes it less), so it tells when
-/// the careful read is worth taking: three reads of the clocks a command
-/// were a few percent of a busy leader's CPU.
+/// the careful read is worth taking: its three reads of the clocks for
+/// every command were a few percent of a busy leader's CPU.
 fn suspended_us_fast() -> u64 {
-    use rustix::time::{ClockId, clock_gettime};
-    let us = |t: rustix::time::Timespec| {
-        u64::try_from(t.tv_sec).unwrap_or(0) * 1_000_000
-            + u64::try_from(t.tv_nsec).unwrap_or(0) / 1_000
-    };
-    let boot = us(clock_gettime(ClockId::Boottime));
-    boot.saturating_sub(us(clock_gettime(ClockId::Monotonic)))
+    use rustix::time::ClockId;
+    let boot = clock_us(ClockId::Boottime);
+    boot.saturating_sub(clock_us(ClockId::Monotonic))
+}
+
+/// The clock `id` now, µs.
+fn clock_us(id: rustix::time::ClockId) -> u64 {
+    let t = rustix::time::clock_gettime(id);
+    u64::try_from(t.tv_sec).unwrap_or(0) * 1_000_000 + u64::try_from(t.tv_nsec).unwrap_or(0) / 1_000
 }
 
 /// Who serves, shared by the engine, the proposer and the role watcher.
