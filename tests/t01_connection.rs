@@ -98,6 +98,31 @@ async fn hello_2_is_a_flat_array() {
 }
 
 #[tokio::test]
+async fn client_list_shows_how_long_each_connection_has_been_idle() {
+    let s = Idemd::start().await;
+    let mut quiet = s.conn().await;
+    let quiet_id = int(&quiet.cmd(&["CLIENT", "ID"]).await);
+    let mut busy = s.conn().await;
+    let busy_id = int(&busy.cmd(&["CLIENT", "ID"]).await);
+    tokio::time::sleep(std::time::Duration::from_millis(1_300)).await;
+    let list = bulk(&busy.cmd(&["CLIENT", "LIST"]).await);
+    let field = |id: i64, name: &str| -> String {
+        let line = list
+            .lines()
+            .find(|l| l.starts_with(&format!("id={id} ")))
+            .unwrap_or_else(|| panic!("no line for {id} in {list}"));
+        line.split(' ')
+            .find_map(|f| f.strip_prefix(&format!("{name}=")))
+            .unwrap_or_else(|| panic!("no {name} in {line}"))
+            .to_owned()
+    };
+    assert_eq!(field(busy_id, "idle"), "0", "{list}");
+    assert_eq!(field(busy_id, "cmd"), "client", "{list}");
+    assert_eq!(field(quiet_id, "idle"), "1", "{list}");
+    assert_eq!(field(quiet_id, "age"), "1", "{list}");
+}
+
+#[tokio::test]
 async fn client_info_dbsize_command_config() {
     let s = Idemd::start().await;
     let mut c = s.conn().await;

@@ -175,10 +175,7 @@ pub fn dispatch(node: &Node, session: &mut Session, cmd: Command) -> Action {
 
 fn run(node: &Node, session: &mut Session, cmd: Command) -> Action {
     bump(&node.metrics().commands);
-    {
-        let mut last = session.info.last.lock();
-        *last = (cmd.name(), session.info.since.elapsed().as_millis() as u64);
-    }
+    session.info.ran(cmd.name());
     if let Err(closed) = refresh_user(node, session) {
         return closed;
     }
