@@ -14,8 +14,7 @@ use parking_lot::Mutex;
 /// note when it ran (a precise read for each was over 1% of a busy
 /// leader's CPU, for a `CLIENT LIST` idle time shown in seconds).
 pub fn coarse_ms() -> u64 {
-    let t = rustix::time::clock_gettime(rustix::time::ClockId::MonotonicCoarse);
-    u64::try_from(t.tv_sec).unwrap_or(0) * 1_000 + u64::try_from(t.tv_nsec).unwrap_or(0) / 1_000_000
+    crate::clock::clock_us(rustix::time::ClockId::MonotonicCoarse) / 1_000
 }
 
 /// What the server shows of one connection.

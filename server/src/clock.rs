@@ -9,6 +9,13 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use tokio::time::Instant;
 
+/// The system clock `id` now, µs (`CLOCK_BOOTTIME`, `CLOCK_MONOTONIC_COARSE`
+/// and the like, which std and tokio do not read).
+pub fn clock_us(id: rustix::time::ClockId) -> u64 {
+    let t = rustix::time::clock_gettime(id);
+    u64::try_from(t.tv_sec).unwrap_or(0) * 1_000_000 + u64::try_from(t.tv_nsec).unwrap_or(0) / 1_000
+}
+
 /// A monotonic millisecond clock anchored to the wall clock at start.
 #[derive(Debug, Clone, Copy)]
 pub struct Clock {

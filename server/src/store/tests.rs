@@ -828,26 +828,39 @@ fn a_snapshot_lists_its_keys_in_order_whatever_they_share() {
     let mut apart = shared.clone();
     apart.extend([b"A".to_vec(), b"\0".to_vec(), b"zz".to_vec()]);
     for keys in [shared, apart, vec![b"lonely".to_vec()], Vec::new()] {
-        let s = store_with(4, None, u64::MAX);
-        for k in &keys {
-            acquired(run(
-                &s,
-                Command::Claim(Claim::new(Bytes::from(k.clone()))),
-                1,
-            ));
-        }
-        let snap = s.snapshot();
-        let restored = Store::restore(
-            StoreConfig {
-                shards: 1,
-                seed: Some(9),
-            },
-            &snap,
-        )
-        .expect("the records are in key order");
-        assert_eq!(restored.snapshot(), snap);
-        assert_eq!(restored.stats().records, keys.len());
+        snapshot_of_claims(&keys, 4, 1, 9);
     }
+}
+
+/// The snapshot of a store of `shards` shards that claimed `keys`, checked
+/// to restore (the records in key order) into `restored_shards` shards
+/// seeded with `seed`, holding every key and writing the same bytes.
+fn snapshot_of_claims(
+    keys: &[Vec<u8>],
+    shards: usize,
+    restored_shards: usize,
+    seed: u64,
+) -> Vec<u8> {
+    let s = store_with(shards, None, u64::MAX);
+    for k in keys {
+        acquired(run(
+            &s,
+            Command::Claim(Claim::new(Bytes::from(k.clone()))),
+            1,
+        ));
+    }
+    let snap = s.snapshot();
+    let restored = Store::restore(
+        StoreConfig {
+            shards: restored_shards,
+            seed: Some(seed),
+        },
+        &snap,
+    )
+    .expect("the records are in key order");
+    assert_eq!(restored.snapshot(), snap);
+    assert_eq!(restored.stats().records, keys.len());
+    snap
 }
 
 #[test]
@@ -860,29 +873,10 @@ fn a_snapshot_keeps_key_order_when_one_key_parts_early_among_many_alike() {
         .map(|i| format!("service-orders-2026-{i:06}").into_bytes())
         .collect();
     keys.insert(1, b"service-z".to_vec());
-    let mut snapshots = Vec::new();
-    for shards in [1, 4] {
-        let s = store_with(shards, None, u64::MAX);
-        for k in &keys {
-            acquired(run(
-                &s,
-                Command::Claim(Claim::new(Bytes::from(k.clone()))),
-                1,
-            ));
-        }
-        let snap = s.snapshot();
-        let restored = Store::restore(
-            StoreConfig {
-                shards: 2,
-                seed: Some(3),
-            },
-            &snap,
-        )
-        .expect("the records are in key order");
-        assert_eq!(restored.stats().records, keys.len());
-        assert_eq!(restored.snapshot(), snap);
-        snapshots.push(snap);
-    }
+    let snapshots: Vec<_> = [1, 4]
+        .into_iter()
+        .map(|shards| snapshot_of_claims(&keys, shards, 2, 3))
+        .collect();
     assert!(
         snapshots[0] == snapshots[1],
         "the same bytes whatever the shards"

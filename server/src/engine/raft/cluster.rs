@@ -38,7 +38,7 @@ use tracing::{info, warn};
 
 use super::peer::{PeerClient, Peers, ProbeInfo, cluster_hex, random16};
 use super::types::{NodeId, TypeConfig};
-use crate::clock::Clock;
+use crate::clock::{Clock, clock_us};
 use crate::engine::EngineError;
 use crate::store::Store;
 
@@ -227,12 +227,6 @@ fn suspended_us_fast() -> u64 {
     use rustix::time::ClockId;
     let boot = clock_us(ClockId::Boottime);
     boot.saturating_sub(clock_us(ClockId::Monotonic))
-}
-
-/// The clock `id` now, µs.
-fn clock_us(id: rustix::time::ClockId) -> u64 {
-    let t = rustix::time::clock_gettime(id);
-    u64::try_from(t.tv_sec).unwrap_or(0) * 1_000_000 + u64::try_from(t.tv_nsec).unwrap_or(0) / 1_000
 }
 
 /// Who serves, shared by the engine, the proposer and the role watcher.
