@@ -670,6 +670,42 @@ async fn followers_write_small_appends_themselves_and_leaders_never_do() {
     followers_inline(&c, "several in flight", false).await;
 }
 
+/// A leader polls for its entries' answers (`leader_poll_us`, INFO
+/// `raft_leader_polls`): claims made one after another are answered while
+/// it polls when the poll outlasts a round (100 ms here, on a loaded
+/// machine); with `leader_poll_us` 0 it never polls. Answers are the same
+/// either way, and the followers apply every claim.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_polls_for_its_entries_answers_unless_told_not_to() {
+    let polls = async |m: &Member| {
+        let mut conn = m.conn().await;
+        (
+            info_field(&mut conn, "raft_leader_polls").await,
+            info_field(&mut conn, "raft_leader_polls_answered").await,
+        )
+    };
+    let c = Cluster::start_with("poll", 3, &[("IDEM_LEADER_POLL_US", "100000")]).await;
+    let l = c.leader().await;
+    let (before, answered_before) = polls(&c.members[l]).await;
+    claim_one_by_one(&c, l, "polled").await;
+    let (after, answered) = polls(&c.members[l]).await;
+    assert!(
+        after > before,
+        "the leader never polled: {before} -> {after}"
+    );
+    assert!(
+        answered > answered_before && answered - answered_before <= after - before,
+        "answered while polling: {answered_before} -> {answered} of {before} -> {after}"
+    );
+    for f in c.followers().await {
+        assert_eq!(polls(&c.members[f]).await, (0, 0), "follower {f} polled");
+    }
+    let c = Cluster::start_with("no-poll", 3, &[("IDEM_LEADER_POLL_US", "0")]).await;
+    let l = c.leader().await;
+    claim_one_by_one(&c, l, "slept").await;
+    assert_eq!(polls(&c.members[l]).await, (0, 0), "the leader polled");
+}
+
 /// A follower learns that entries are committed from the entries that
 /// follow them: under load an entry costs one AppendEntries per follower,
 /// not a second one to tell of its commit (which doubled the followers'

@@ -444,6 +444,7 @@ pub fn info_text(node: &Node, wanted: &[String]) -> String {
                  raft_snapshot_pause_ms:{}\r\nraft_snapshot_pause_max_ms:{}\r\n\
                  raft_log_entries:{}\r\nraft_log_bytes:{}\r\nraft_peer_timeouts:{}\r\n\
                  raft_appends_sent:{}\r\nraft_appends_empty:{}\r\nraft_appends_pipelined:{}\r\n\
+                 raft_leader_polls:{}\r\nraft_leader_polls_answered:{}\r\n\
                  raft_lease_lapses:{}\r\nraft_lease_held:{}\r\nraft_lease_held_failed:{}\r\n",
                 r.term,
                 u8::from(r.leader),
@@ -461,6 +462,8 @@ pub fn info_text(node: &Node, wanted: &[String]) -> String {
                 r.appends_sent,
                 r.appends_empty,
                 r.appends_pipelined,
+                r.leader_polls,
+                r.leader_polls_answered,
                 r.lease_lapses,
                 r.lease_held,
                 r.lease_held_failed

@@ -122,6 +122,10 @@ pub struct RawConfig {
     /// had answered: entries proposed while others are on their way go at
     /// once instead of after the previous answer (1: one at a time).
     pub max_inflight_appends: u64,
+    /// How long a leader with followers keeps polling its sockets after it
+    /// proposes an entry, while the entry awaits its quorum, instead of
+    /// sleeping, µs (0: it sleeps at once).
+    pub leader_poll_us: u64,
     /// Ops waiting to be proposed to the log, at most.
     pub max_pending_proposals: usize,
     /// Bytes of ops in one log entry, at most.
@@ -249,6 +253,7 @@ impl Default for RawConfig {
             election_timeout_ms: 300,
             append_timeout_ms: 2_000,
             max_inflight_appends: 1,
+            leader_poll_us: crate::engine::raft::LEADER_POLL_US,
             max_pending_proposals: 65_536,
             max_batch_bytes: 8 << 20,
             proposal_timeout_ms: 10_000,
@@ -493,6 +498,9 @@ fn invalid(key: &'static str, reason: impl Into<String>) -> ConfigError {
 pub const MAX_LEASE_BOUND_MS: u64 = 30 * 24 * 3_600_000;
 /// The largest `max_wait_ms` accepted: one day.
 pub const MAX_WAIT_BOUND_MS: u64 = 24 * 3_600_000;
+/// The longest `leader_poll_us` (100 ms): polling is for the time an
+/// entry's quorum takes to answer, never for a wait that long.
+pub const MAX_LEADER_POLL_US: u64 = 100_000;
 /// The largest timeout or interval a key may set (30 days): far beyond
 /// any use, and small enough to add to a clock reading.
 pub const MAX_TIMEOUT_BOUND_MS: u64 = 30 * 24 * 3_600_000;
@@ -509,6 +517,7 @@ macro_rules! numeric_keys {
             election_timeout_ms,
             append_timeout_ms,
             max_inflight_appends,
+            leader_poll_us,
             max_pending_proposals,
             max_batch_bytes,
             proposal_timeout_ms,
@@ -963,6 +972,12 @@ impl RawConfig {
                 "must be between 10 and 600000",
             ));
         }
+        if self.leader_poll_us > MAX_LEADER_POLL_US {
+            return Err(invalid(
+                "leader_poll_us",
+                format!("must be at most {MAX_LEADER_POLL_US} (100 ms); 0 turns polling off"),
+            ));
+        }
         if !(1..=crate::engine::raft::peer::READ_AHEAD as u64).contains(&self.max_inflight_appends)
         {
             return Err(invalid(
@@ -1164,6 +1179,7 @@ impl RawConfig {
                 election_timeout_ms: self.election_timeout_ms,
                 append_timeout_ms: self.append_timeout_ms,
                 max_inflight_appends: self.max_inflight_appends as usize,
+                leader_poll_us: self.leader_poll_us,
                 cluster,
                 tls,
                 max_pending_proposals: self.max_pending_proposals,
@@ -1259,6 +1275,14 @@ mod tests {
         assert_eq!(raw.max_inflight_appends, 1);
         raw.set("max_inflight_appends", "16").unwrap();
         assert_eq!(raw.validate().unwrap().raft.max_inflight_appends, 16);
+        // A leader polls for its entries' answers unless told not to.
+        let mut raw = RawConfig::default();
+        assert_eq!(raw.leader_poll_us, 600);
+        raw.set("leader_poll_us", "0").unwrap();
+        assert_eq!(raw.validate().unwrap().raft.leader_poll_us, 0);
+        let mut raw = RawConfig::default();
+        raw.set("leader_poll_us", "100000").unwrap();
+        assert_eq!(raw.validate().unwrap().raft.leader_poll_us, 100_000);
     }
 
     #[test]
@@ -1324,6 +1348,7 @@ mod tests {
             // Past what a follower reads ahead of its answers.
             ("max_inflight_appends", "0", "max_inflight_appends"),
             ("max_inflight_appends", "17", "max_inflight_appends"),
+            ("leader_poll_us", "100001", "leader_poll_us"),
         ];
         for (key, value, named) in cases {
             let mut raw = RawConfig::default();

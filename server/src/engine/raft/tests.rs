@@ -13,7 +13,7 @@ use super::log_store::LogStore;
 use super::snapshot_data::SnapshotData;
 use super::state_machine::StateMachine;
 use super::types::{StorageError, TypeConfig};
-use super::{EngineIo, RaftConfig, StartError, log_store};
+use super::{EngineIo, LEADER_POLL_US, RaftConfig, StartError, log_store};
 use crate::engine::Engine;
 use crate::store::{Defaults, Op, Store, StoreConfig};
 
@@ -83,6 +83,7 @@ fn cfg(dir: &TempDir) -> RaftConfig {
         election_timeout_ms: 500,
         append_timeout_ms: 2_000,
         max_inflight_appends: 1,
+        leader_poll_us: LEADER_POLL_US,
         cluster: Default::default(),
         tls: None,
     }
