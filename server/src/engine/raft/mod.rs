@@ -252,12 +252,13 @@ pub struct RaftStats {
 /// a time is polled for. Three nodes on loopback sharing two cores, 50
 /// connections at pipeline 1, alternating runs of 5 s: claims 40.5k/s
 /// sleeping against 43.2k polling 600 µs and 41.8k polling 1,000 µs (eight
-/// rounds), 41.7k against 47.1k polling 600 µs in ten more; the leader's
-/// wakeup after its follower's answer fell from 54 to 17 µs (median) and
-/// its CPU rose from 75% to 94% of a core. Polling 300 µs, shorter than a
-/// round here, gained nothing; polling past a slow round takes CPU the
-/// followers then need. At pipeline 16 the runtime has work anyway: 186k
-/// either way.
+/// rounds; ten rounds of a trial build polling the same way: 41.7k
+/// against 47.1k); the leader's wakeup after its follower's answer fell
+/// from 54 to 17 µs (median) and its CPU rose from 75% to 94% of a core.
+/// Polling 300 µs, shorter than a round here, gained nothing; polling past
+/// a slow round takes CPU the followers then need. At pipeline 16 the
+/// runtime has work anyway (186k either way), and claim + complete at
+/// pipeline 1 made 19.4k either way.
 pub const LEADER_POLL_US: u64 = 600;
 
 /// How long a cluster's leader lets the replicated clock stand still while
