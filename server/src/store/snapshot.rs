@@ -254,20 +254,22 @@ impl SnapshotCopy {
                         key(e).get(depth..).unwrap_or_default(),
                     );
             }
-            let claimed = first.get(depth..at).unwrap_or_default();
-            let mut alike = true;
-            for i in 0..group.len() {
-                ahead(group, i);
-                let k = key(&group[i]);
-                group[i].0 = window(k, at);
-                alike &= at == depth || k.get(depth..at) == Some(claimed);
-            }
-            if !alike {
-                at = depth;
+            // Takes each key's window at `at`; whether every key starts
+            // like the first up to it.
+            let windows = |group: &mut [(u64, &Record)], at: usize| {
+                let claimed = first.get(depth..at).unwrap_or_default();
+                let mut alike = true;
                 for i in 0..group.len() {
                     ahead(group, i);
-                    group[i].0 = window(key(&group[i]), at);
+                    let k = key(&group[i]);
+                    group[i].0 = window(k, at);
+                    alike &= at == depth || k.get(depth..at) == Some(claimed);
                 }
+                alike
+            };
+            if !windows(group, at) {
+                at = depth;
+                windows(group, at);
             }
             group.sort_unstable_by_key(|e| e.0);
             let mut i = 0;
