@@ -706,6 +706,46 @@ async fn a_leader_polls_for_its_entries_answers_unless_told_not_to() {
     assert_eq!(polls(&c.members[l]).await, (0, 0), "the leader polled");
 }
 
+/// A leader gathers each entry until as many writes as it answered since
+/// the previous one have come (`gather_idle_us`, INFO
+/// `raft_gathers_expecting`): claims made one after another each come as
+/// expected; with `gather_idle_us` 0 it takes what has arrived, and
+/// followers never gather.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_gathers_the_writes_its_answers_bring_back_unless_told_not_to() {
+    let gathers = async |m: &Member| {
+        let mut conn = m.conn().await;
+        (
+            info_field(&mut conn, "raft_gathers_expecting").await,
+            info_field(&mut conn, "raft_gathers_expecting_met").await,
+        )
+    };
+    let c = Cluster::start("gather", 3).await;
+    let l = c.leader().await;
+    let (before, met_before) = gathers(&c.members[l]).await;
+    claim_one_by_one(&c, l, "gathered").await;
+    let (after, met) = gathers(&c.members[l]).await;
+    assert!(
+        after >= before + 20,
+        "30 claims one after another, gathered expecting them: {before} -> {after}"
+    );
+    assert!(
+        met >= met_before + 20 && met - met_before <= after - before,
+        "expected writes that came: {met_before} -> {met} of {before} -> {after}"
+    );
+    for f in c.followers().await {
+        assert_eq!(
+            gathers(&c.members[f]).await,
+            (0, 0),
+            "follower {f} gathered"
+        );
+    }
+    let c = Cluster::start_with("no-gather", 3, &[("IDEM_GATHER_IDLE_US", "0")]).await;
+    let l = c.leader().await;
+    claim_one_by_one(&c, l, "taken").await;
+    assert_eq!(gathers(&c.members[l]).await, (0, 0), "the leader gathered");
+}
+
 /// A follower learns that entries are committed from the entries that
 /// follow them: under load an entry costs one AppendEntries per follower,
 /// not a second one to tell of its commit (which doubled the followers'

@@ -160,11 +160,13 @@ async fn node_main(
         ("wal_segment_bytes", "65536".to_owned()),
         ("min_free_disk_bytes", "0".to_owned()),
         ("max_inflight_appends", inflight_appends.to_string()),
-        // Polling for an answer runs on the host's clock, while the
-        // simulated network moves on only between the simulation's steps:
-        // it would never see the answer, and would make each run's
-        // schedule depend on the host's speed.
+        // Polling for an answer (and gathering the writes answers bring
+        // back) runs on the host's clock, while the simulated network
+        // moves on only between the simulation's steps: it would never see
+        // the answer, and would make each run's schedule depend on the
+        // host's speed.
         ("leader_poll_us", "0".to_owned()),
+        ("gather_idle_us", "0".to_owned()),
     ] {
         raw.set(k, &v)?;
     }

@@ -126,6 +126,10 @@ pub struct RawConfig {
     /// proposes an entry, while the entry awaits its quorum, instead of
     /// sleeping, µs (0: it sleeps at once).
     pub leader_poll_us: u64,
+    /// A leader with followers that answered N writes since its last entry
+    /// gathers the next one until N writes are waiting, or none arrived
+    /// for this long, µs (0: it takes what has arrived).
+    pub gather_idle_us: u64,
     /// Ops waiting to be proposed to the log, at most.
     pub max_pending_proposals: usize,
     /// Bytes of ops in one log entry, at most.
@@ -254,6 +258,7 @@ impl Default for RawConfig {
             append_timeout_ms: 2_000,
             max_inflight_appends: 1,
             leader_poll_us: crate::engine::raft::LEADER_POLL_US,
+            gather_idle_us: crate::engine::raft::GATHER_IDLE_US,
             max_pending_proposals: 65_536,
             max_batch_bytes: 8 << 20,
             proposal_timeout_ms: 10_000,
@@ -501,6 +506,9 @@ pub const MAX_WAIT_BOUND_MS: u64 = 24 * 3_600_000;
 /// The longest `leader_poll_us` (100 ms): polling is for the time an
 /// entry's quorum takes to answer, never for a wait that long.
 pub const MAX_LEADER_POLL_US: u64 = 100_000;
+/// The longest `gather_idle_us` (1 ms): a pause between requests longer
+/// than that is not requests on their way.
+pub const MAX_GATHER_IDLE_US: u64 = 1_000;
 /// The largest timeout or interval a key may set (30 days): far beyond
 /// any use, and small enough to add to a clock reading.
 pub const MAX_TIMEOUT_BOUND_MS: u64 = 30 * 24 * 3_600_000;
@@ -518,6 +526,7 @@ macro_rules! numeric_keys {
             append_timeout_ms,
             max_inflight_appends,
             leader_poll_us,
+            gather_idle_us,
             max_pending_proposals,
             max_batch_bytes,
             proposal_timeout_ms,
@@ -978,6 +987,14 @@ impl RawConfig {
                 format!("must be at most {MAX_LEADER_POLL_US} (100 ms); 0 turns polling off"),
             ));
         }
+        if self.gather_idle_us > MAX_GATHER_IDLE_US {
+            return Err(invalid(
+                "gather_idle_us",
+                format!(
+                    "must be at most {MAX_GATHER_IDLE_US} (1 ms); 0 takes what has arrived at once"
+                ),
+            ));
+        }
         if !(1..=crate::engine::raft::peer::READ_AHEAD as u64).contains(&self.max_inflight_appends)
         {
             return Err(invalid(
@@ -1180,6 +1197,7 @@ impl RawConfig {
                 append_timeout_ms: self.append_timeout_ms,
                 max_inflight_appends: self.max_inflight_appends as usize,
                 leader_poll_us: self.leader_poll_us,
+                gather_idle_us: self.gather_idle_us,
                 cluster,
                 tls,
                 max_pending_proposals: self.max_pending_proposals,
@@ -1283,6 +1301,15 @@ mod tests {
         let mut raw = RawConfig::default();
         raw.set("leader_poll_us", "100000").unwrap();
         assert_eq!(raw.validate().unwrap().raft.leader_poll_us, 100_000);
+        // A leader gathers the writes its answers bring back unless told
+        // not to.
+        let mut raw = RawConfig::default();
+        assert_eq!(raw.gather_idle_us, 25);
+        raw.set("gather_idle_us", "0").unwrap();
+        assert_eq!(raw.validate().unwrap().raft.gather_idle_us, 0);
+        let mut raw = RawConfig::default();
+        raw.set("gather_idle_us", "1000").unwrap();
+        assert_eq!(raw.validate().unwrap().raft.gather_idle_us, 1_000);
     }
 
     #[test]
@@ -1349,6 +1376,7 @@ mod tests {
             ("max_inflight_appends", "0", "max_inflight_appends"),
             ("max_inflight_appends", "17", "max_inflight_appends"),
             ("leader_poll_us", "100001", "leader_poll_us"),
+            ("gather_idle_us", "1001", "gather_idle_us"),
         ];
         for (key, value, named) in cases {
             let mut raw = RawConfig::default();

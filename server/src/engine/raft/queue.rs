@@ -10,6 +10,8 @@
 
 use std::collections::VecDeque;
 
+use std::time::{Duration, Instant};
+
 use parking_lot::Mutex;
 use tokio::sync::{Notify, Semaphore, TryAcquireError};
 
@@ -119,6 +121,42 @@ impl Queue {
         }
         // The wakeup that the proposals gathered here stored is spent by
         // the next `next_batch`, which finds them queued.
+    }
+
+    /// Waits for a first proposal, then lets the runtime poll its sockets
+    /// again (each poll a yield, not a timer) until `expect` proposals are
+    /// queued, or `idle` passed since the latest one came, or `max` since
+    /// the first: the requests of the clients the last entries answered
+    /// join the next batch, although they arrive spread out. Whether
+    /// `expect` were queued.
+    pub(super) async fn gather_expected(
+        &self,
+        expect: usize,
+        idle: Duration,
+        max: Duration,
+    ) -> bool {
+        loop {
+            if !self.items.lock().is_empty() || self.room.is_closed() {
+                break;
+            }
+            self.ready.notified().await;
+        }
+        let first = Instant::now();
+        let (mut queued, mut latest) = (self.items.lock().len(), first);
+        while queued < expect && !self.room.is_closed() {
+            tokio::task::yield_now().await;
+            let now = Instant::now();
+            let n = self.items.lock().len();
+            if n != queued {
+                (queued, latest) = (n, now);
+            } else if now - latest >= idle {
+                break;
+            }
+            if now - first >= max {
+                break;
+            }
+        }
+        queued >= expect
     }
 
     /// Waits for proposals, then takes them from the front: at most
@@ -308,6 +346,54 @@ mod tests {
                 tokio::task::yield_now().await;
             }
         })
+    }
+
+    /// Pushes `n` proposals, `gap` apart.
+    fn spaced(q: &Arc<Queue>, n: u8, gap: Duration) -> tokio::task::JoinHandle<()> {
+        let q = Arc::clone(q);
+        tokio::spawn(async move {
+            for k in 0..n {
+                q.try_push(proposal(k, 1).0).ok().unwrap();
+                tokio::time::sleep(gap).await;
+            }
+        })
+    }
+
+    #[tokio::test]
+    async fn gathering_the_expected_waits_for_them_while_they_keep_coming() {
+        let ms = Duration::from_millis;
+        // Five expected, coming 2 ms apart: all five, however long that
+        // takes within `max`.
+        let q = Arc::new(Queue::new(100));
+        let producer = spaced(&q, 5, ms(2));
+        q.gather_expected(5, ms(50), ms(5_000)).await;
+        assert_eq!(q.items.lock().len(), 5);
+        producer.await.unwrap();
+        q.next_batch(100, usize::MAX).await.unwrap();
+        // Five expected, two come, then nothing for longer than `idle`:
+        // the two, once `idle` passed.
+        let producer = spaced(&q, 2, ms(1));
+        let started = Instant::now();
+        q.gather_expected(5, ms(30), ms(5_000)).await;
+        let took = started.elapsed();
+        assert_eq!(q.items.lock().len(), 2);
+        assert!(took >= ms(30) && took < ms(2_000), "took {took:?}");
+        producer.await.unwrap();
+        q.next_batch(100, usize::MAX).await.unwrap();
+        // More expected than come within `max`, though they keep coming:
+        // what came by then.
+        let producer = spaced(&q, 100, ms(5));
+        let started = Instant::now();
+        q.gather_expected(100, ms(1_000), ms(40)).await;
+        let (took, got) = (started.elapsed(), q.items.lock().len());
+        assert!(took >= ms(40) && took < ms(2_000), "took {took:?}");
+        assert!((2..100).contains(&got), "{got} gathered");
+        producer.abort();
+        // A closed queue: no wait.
+        q.close();
+        tokio::time::timeout(ms(5_000), q.gather_expected(1_000, ms(1_000), ms(1_000)))
+            .await
+            .expect("gathering waited on a closed queue");
     }
 
     #[tokio::test]

@@ -84,6 +84,7 @@ fn cfg(dir: &TempDir) -> RaftConfig {
         append_timeout_ms: 2_000,
         max_inflight_appends: 1,
         leader_poll_us: LEADER_POLL_US,
+        gather_idle_us: super::GATHER_IDLE_US,
         cluster: Default::default(),
         tls: None,
     }
