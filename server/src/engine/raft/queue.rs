@@ -9,7 +9,6 @@
 //! goes quiet.
 
 use std::collections::VecDeque;
-
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
