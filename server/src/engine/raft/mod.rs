@@ -1448,9 +1448,9 @@ const GATHER_POLLS: usize = 4;
 /// (55.8k against 56.5k) is shorter than the gaps between requests, 50 µs
 /// (57.4k against 55.0k, eight rounds) and 100 µs (54.7k against 53.6k)
 /// wait on stragglers longer than they gain. Claim + complete at pipeline 1
-/// and claims at pipeline 16 within the noise (26.4k against 26.6k,
-/// 240.5k against 232.6k at 50 µs; 23.4k against 24.4k, 244.0k against
-/// 252.2k at 25 µs, four or five rounds each). Nothing waits when no
+/// 26.1k against 29.2k (six rounds; four rounds before, 24.4k against
+/// 23.4k), claims at pipeline 16 within the noise (240.5k against 232.6k
+/// at 50 µs, 244.0k against 252.2k at 25 µs, four or five rounds). Nothing waits when no
 /// writes were answered (a lone request goes at once), nor on a single
 /// node, whose log write is not a network round.
 pub const GATHER_IDLE_US: u64 = 25;
