@@ -100,15 +100,7 @@ impl Queue {
     /// Each poll is a yield, not a timer: when nothing more has arrived,
     /// the batch goes at once.
     pub(super) async fn gather(&self, polls: usize) {
-        loop {
-            if !self.items.lock().is_empty() || self.room.is_closed() {
-                break;
-            }
-            // A proposal queued since the check above left its wakeup
-            // stored: this returns at once.
-            self.ready.notified().await;
-        }
-        let mut queued = self.items.lock().len();
+        let mut queued = self.first_proposal().await;
         for _ in 0..polls {
             // Runs again once the runtime has polled its I/O driver.
             tokio::task::yield_now().await;
@@ -120,6 +112,20 @@ impl Queue {
         }
         // The wakeup that the proposals gathered here stored is spent by
         // the next `next_batch`, which finds them queued.
+    }
+
+    /// Waits until a proposal is queued (or the queue is closed); how many
+    /// are queued then.
+    async fn first_proposal(&self) -> usize {
+        loop {
+            let queued = self.items.lock().len();
+            if queued > 0 || self.room.is_closed() {
+                return queued;
+            }
+            // A proposal queued since the check above left its wakeup
+            // stored: this returns at once.
+            self.ready.notified().await;
+        }
     }
 
     /// Waits for a first proposal, then lets the runtime poll its sockets
@@ -134,14 +140,9 @@ impl Queue {
         idle: Duration,
         max: Duration,
     ) -> bool {
-        loop {
-            if !self.items.lock().is_empty() || self.room.is_closed() {
-                break;
-            }
-            self.ready.notified().await;
-        }
+        let mut queued = self.first_proposal().await;
         let first = Instant::now();
-        let (mut queued, mut latest) = (self.items.lock().len(), first);
+        let mut latest = first;
         while queued < expect && !self.room.is_closed() {
             tokio::task::yield_now().await;
             let now = Instant::now();
