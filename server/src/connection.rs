@@ -41,9 +41,6 @@ use crate::session::Session;
 
 /// Bytes read ahead while a request is parked (to notice a disconnect).
 const PARKED_READ_AHEAD: usize = 64 * 1024;
-/// How often a parked connection whose read-ahead is full looks whether
-/// its client has gone.
-const PARKED_CLOSE_CHECK: Duration = Duration::from_millis(200);
 /// Reply bytes a connection may add before counting them against the
 /// server-wide client budget (it counts at least once per turn as well).
 const ACCOUNT_STEP: u64 = 64 * 1024;
@@ -61,7 +58,10 @@ pub async fn serve(node: Node, socket: TcpStream, addr: SocketAddr, stop: watch:
     }
     let result = run(
         &node,
-        &mut TcpRead(&socket),
+        &mut TcpRead {
+            socket: &socket,
+            unsignalled: false,
+        },
         &mut TcpWrite(&socket),
         session,
         stop,
@@ -348,7 +348,7 @@ trait Reader {
     /// the peer has closed.
     async fn read_some(&mut self, buf: &mut BytesMut) -> std::io::Result<usize>;
     /// Waits for news of the peer without reading: `true` once it has
-    /// closed; `false` when only data arrived. (TLS cannot look without
+    /// closed (TCP returns nothing else). (TLS cannot look without
     /// reading: it never returns, and a TLS client that leaves while its
     /// read-ahead is full is noticed when its parked request is answered.)
     async fn read_closed(&mut self) -> std::io::Result<bool>;
@@ -372,17 +372,35 @@ trait Writer {
 }
 
 /// Plain TCP, read through readiness (both sides share the socket).
-struct TcpRead<'a>(&'a TcpStream);
+struct TcpRead<'a> {
+    socket: &'a TcpStream,
+    /// Bytes may wait in the socket whose readiness was let go of while
+    /// the connection was parked (see [`read_closed`]): the next read takes
+    /// them without waiting to be told.
+    unsignalled: bool,
+}
 /// Plain TCP, written through readiness.
 struct TcpWrite<'a>(&'a TcpStream);
 
 impl Reader for TcpRead<'_> {
     async fn read_some(&mut self, buf: &mut BytesMut) -> std::io::Result<usize> {
-        read_some(self.0, buf).await
+        if self.unsignalled {
+            match read_unsignalled(self.socket, buf) {
+                Ok(n) => {
+                    // Less than the room given: the socket is drained, and
+                    // what arrives from now on is signalled again.
+                    self.unsignalled = n == SCRATCH;
+                    return Ok(n);
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => self.unsignalled = false,
+                Err(e) => return Err(e),
+            }
+        }
+        read_some(self.socket, buf).await
     }
 
     async fn read_closed(&mut self) -> std::io::Result<bool> {
-        read_closed(self.0).await
+        read_closed(self.socket, &mut self.unsignalled).await
     }
 }
 
@@ -505,21 +523,50 @@ async fn read_some(socket: &TcpStream, buf: &mut BytesMut) -> std::io::Result<us
     }
 }
 
-/// Waits for news of the socket without reading it: `true` once the peer
-/// has closed (or reset) it; `false` when data waits to be read, after
-/// [`PARKED_CLOSE_CHECK`]. The readiness of that data is kept: readiness
-/// is edge-triggered, so data left unread under a cleared readiness is
-/// never signalled again, and the read that resumes once the parked
-/// request is answered would wait for bytes the client will never send
-/// (it waits for its replies). Looking again after a while instead of at
-/// once keeps a parked connection from spinning.
-async fn read_closed(socket: &TcpStream) -> std::io::Result<bool> {
-    let ready = socket.ready(Interest::READABLE).await?;
-    if ready.is_read_closed() || ready.is_error() {
-        return Ok(true);
+/// Waits, without reading, until the peer has closed (or reset) the
+/// socket, then returns `true`.
+///
+/// Data that waits unread (the client pipelined past the read-ahead) would
+/// keep the socket readable and hide the peer's FIN behind it; so its
+/// readiness is let go of, and only what arrives next - more data, the FIN
+/// or a reset - wakes this again (readiness is edge-triggered), at once and
+/// without polling. Data left unread under a cleared readiness is never
+/// signalled again: `unsignalled` is set so the read that resumes once the
+/// parked request is answered takes it without waiting (it would wait for
+/// bytes the client never sends: it waits for its replies). Cancel-safe.
+async fn read_closed(socket: &TcpStream, unsignalled: &mut bool) -> std::io::Result<bool> {
+    loop {
+        let ready = socket.ready(Interest::READABLE).await?;
+        if ready.is_read_closed() || ready.is_error() {
+            return Ok(true);
+        }
+        *unsignalled = true;
+        let _ = socket.try_io(Interest::READABLE, || {
+            Err::<(), _>(std::io::ErrorKind::WouldBlock.into())
+        });
     }
-    tokio::time::sleep(PARKED_CLOSE_CHECK).await;
-    Ok(false)
+}
+
+/// Reads what the socket has into `buf` (through the thread's scratch
+/// buffer) without asking its readiness, which may have been let go of
+/// with data still there (see [`read_closed`]). `WouldBlock` when nothing
+/// is there.
+fn read_unsignalled(socket: &TcpStream, buf: &mut BytesMut) -> std::io::Result<usize> {
+    SCRATCH_BUF.with(|scratch| {
+        let mut scratch = scratch.borrow_mut();
+        scratch.clear();
+        let room = &mut scratch.spare_capacity_mut()[..SCRATCH];
+        loop {
+            match rustix::net::recv(socket, &mut *room, rustix::net::RecvFlags::empty()) {
+                Ok(((got, _), _)) => {
+                    buf.extend_from_slice(got);
+                    return Ok(got.len());
+                }
+                Err(rustix::io::Errno::INTR) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+    })
 }
 
 /// Writes as much of `out` as the socket takes now, with one vectored
