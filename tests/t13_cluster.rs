@@ -746,6 +746,50 @@ async fn a_leader_gathers_the_writes_its_answers_bring_back_unless_told_not_to()
     assert_eq!(gathers(&c.members[l]).await, (0, 0), "the leader gathered");
 }
 
+/// Every node applies the same log, so every node's snapshot fell due at
+/// the same entry and all of them wrote the whole store at once. Now the
+/// voters take turns (`snapshot_turn_ms`): of nodes due together, those
+/// whose turn it is not wait (INFO `raft_snapshot_turn_waits`), and all of
+/// them still snapshot; with 0 none waits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_voters_snapshot_in_turns_unless_told_not_to() {
+    let snapshots = async |m: &Member| {
+        let mut conn = m.conn().await;
+        (
+            info_field(&mut conn, "raft_snapshots_built").await,
+            info_field(&mut conn, "raft_snapshot_turn_waits").await,
+        )
+    };
+    // Turns of 2 s: the three fall due within far less, so at most two of
+    // them have a turn then; a round (6 s) is the longest wait.
+    for turn in ["2000", "0"] {
+        let c = Cluster::start_with(
+            &format!("turns-{turn}"),
+            3,
+            &[
+                ("IDEM_SNAPSHOT_ENTRIES", "20"),
+                ("IDEM_SNAPSHOT_TURN_MS", turn),
+            ],
+        )
+        .await;
+        let l = c.leader().await;
+        claim_one_by_one(&c, l, "turns").await;
+        let mut waits = 0;
+        for (i, m) in c.members.iter().enumerate() {
+            let (_, waited) = eventually(&format!("node {i} snapshots"), async || {
+                Some(snapshots(m).await).filter(|(built, _)| *built >= 1)
+            })
+            .await;
+            waits += waited;
+        }
+        if turn == "0" {
+            assert_eq!(waits, 0, "nodes waited for turns they were not given");
+        } else {
+            assert!(waits >= 1, "three nodes due together all snapshot at once");
+        }
+    }
+}
+
 /// A follower learns that entries are committed from the entries that
 /// follow them: under load an entry costs one AppendEntries per follower,
 /// not a second one to tell of its commit (which doubled the followers'

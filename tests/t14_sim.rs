@@ -167,6 +167,8 @@ async fn node_main(
         // host's speed.
         ("leader_poll_us", "0".to_owned()),
         ("gather_idle_us", "0".to_owned()),
+        // Turns to snapshot run on the host's wall clock.
+        ("snapshot_turn_ms", "0".to_owned()),
     ] {
         raw.set(k, &v)?;
     }

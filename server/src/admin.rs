@@ -445,7 +445,7 @@ pub fn info_text(node: &Node, wanted: &[String]) -> String {
                  raft_log_entries:{}\r\nraft_log_bytes:{}\r\nraft_peer_timeouts:{}\r\n\
                  raft_appends_sent:{}\r\nraft_appends_empty:{}\r\nraft_appends_pipelined:{}\r\n\
                  raft_leader_polls:{}\r\nraft_leader_polls_answered:{}\r\n\
-                 raft_gathers_expecting:{}\r\nraft_gathers_expecting_met:{}\r\n\
+                 raft_gathers_expecting:{}\r\nraft_gathers_expecting_met:{}\r\nraft_snapshot_turn_waits:{}\r\n\
                  raft_lease_lapses:{}\r\nraft_lease_held:{}\r\nraft_lease_held_failed:{}\r\n",
                 r.term,
                 u8::from(r.leader),
@@ -467,6 +467,7 @@ pub fn info_text(node: &Node, wanted: &[String]) -> String {
                 r.leader_polls_answered,
                 r.gathers_expecting,
                 r.gathers_expecting_met,
+                r.snapshot_turn_waits,
                 r.lease_lapses,
                 r.lease_held,
                 r.lease_held_failed

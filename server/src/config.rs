@@ -145,6 +145,9 @@ pub struct RawConfig {
     /// may reach before the next, when more than `snapshot_log_bytes`
     /// (0: `snapshot_log_bytes` alone).
     pub snapshot_log_percent: u64,
+    /// The voters of a cluster take their snapshots in turns of this long,
+    /// ms, by the wall clock (0: each as soon as its snapshot is due).
+    pub snapshot_turn_ms: u64,
     /// Size at which a log segment is closed, bytes.
     pub wal_segment_bytes: u64,
     /// Free space on the data directory's filesystem below which writes get
@@ -265,6 +268,7 @@ impl Default for RawConfig {
             snapshot_entries: 100_000,
             snapshot_log_bytes: 64 << 20,
             snapshot_log_percent: 50,
+            snapshot_turn_ms: 2_000,
             wal_segment_bytes: 64 << 20,
             min_free_disk_bytes: 64 << 20,
             shards: 0,
@@ -506,6 +510,10 @@ pub const MAX_WAIT_BOUND_MS: u64 = 24 * 3_600_000;
 /// The longest `leader_poll_us` (100 ms): polling is for the time an
 /// entry's quorum takes to answer, never for a wait that long.
 pub const MAX_LEADER_POLL_US: u64 = 100_000;
+/// The longest `snapshot_turn_ms` (10 minutes): a due snapshot waits one
+/// round of turns at most, and the log grows meanwhile.
+pub const MAX_SNAPSHOT_TURN_MS: u64 = 600_000;
+
 /// The longest `gather_idle_us` (1 ms): a pause between requests longer
 /// than that is not requests on their way.
 pub const MAX_GATHER_IDLE_US: u64 = 1_000;
@@ -533,6 +541,7 @@ macro_rules! numeric_keys {
             snapshot_entries,
             snapshot_log_bytes,
             snapshot_log_percent,
+            snapshot_turn_ms,
             wal_segment_bytes,
             min_free_disk_bytes,
             shards,
@@ -1007,6 +1016,12 @@ impl RawConfig {
         }
         positive("snapshot_entries", self.snapshot_entries)?;
         positive("snapshot_log_bytes", self.snapshot_log_bytes)?;
+        if self.snapshot_turn_ms > MAX_SNAPSHOT_TURN_MS {
+            return Err(invalid(
+                "snapshot_turn_ms",
+                format!("must be at most {MAX_SNAPSHOT_TURN_MS} (10 minutes); 0 takes no turns"),
+            ));
+        }
         if self.snapshot_log_percent > 10_000 {
             return Err(invalid(
                 "snapshot_log_percent",
@@ -1206,6 +1221,7 @@ impl RawConfig {
                 snapshot_entries: self.snapshot_entries,
                 snapshot_log_bytes: self.snapshot_log_bytes,
                 snapshot_log_percent: self.snapshot_log_percent,
+                snapshot_turn_ms: self.snapshot_turn_ms,
                 segment_bytes: self.wal_segment_bytes,
                 min_free_disk_bytes: self.min_free_disk_bytes,
             },
@@ -1310,6 +1326,15 @@ mod tests {
         let mut raw = RawConfig::default();
         raw.set("gather_idle_us", "1000").unwrap();
         assert_eq!(raw.validate().unwrap().raft.gather_idle_us, 1_000);
+        // The voters snapshot in turns unless told not to.
+        let raw = RawConfig::default();
+        assert_eq!(raw.validate().unwrap().raft.snapshot_turn_ms, 2_000);
+        let mut raw = RawConfig::default();
+        raw.set("snapshot_turn_ms", "0").unwrap();
+        assert_eq!(raw.validate().unwrap().raft.snapshot_turn_ms, 0);
+        let mut raw = RawConfig::default();
+        raw.set("snapshot_turn_ms", "600000").unwrap();
+        assert_eq!(raw.validate().unwrap().raft.snapshot_turn_ms, 600_000);
     }
 
     #[test]
@@ -1377,6 +1402,7 @@ mod tests {
             ("max_inflight_appends", "17", "max_inflight_appends"),
             ("leader_poll_us", "100001", "leader_poll_us"),
             ("gather_idle_us", "1001", "gather_idle_us"),
+            ("snapshot_turn_ms", "600001", "snapshot_turn_ms"),
         ];
         for (key, value, named) in cases {
             let mut raw = RawConfig::default();

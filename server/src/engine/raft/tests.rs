@@ -78,6 +78,7 @@ fn cfg(dir: &TempDir) -> RaftConfig {
         snapshot_entries: 50,
         snapshot_log_bytes: 1 << 30,
         snapshot_log_percent: 0,
+        snapshot_turn_ms: 0,
         segment_bytes: 1 << 16,
         min_free_disk_bytes: 0,
         election_timeout_ms: 500,
@@ -533,6 +534,46 @@ fn snapshot_thresholds_grow_with_the_latest_snapshot() {
         ..every
     };
     assert_eq!(most.thresholds(u64::MAX), (100, u64::MAX / 100));
+    // Twice the thresholds: taken without waiting for a turn.
+    assert!(!every.overdue(199, 1_999, 0));
+    assert!(every.overdue(200, 0, 0));
+    assert!(every.overdue(0, 2_000, 0));
+    assert!(!every.overdue(0, 9_999, 10_000));
+    assert!(every.overdue(0, 10_000, 10_000));
+    assert!(most.overdue(0, u64::MAX, u64::MAX));
+}
+
+/// The voters snapshot in turns by their rank: one turn in `voters` is
+/// each one's, in order, round after round; a single node, or no turns
+/// (0), always has its turn.
+#[test]
+fn snapshot_turns_go_round_the_voters() {
+    use std::time::Duration;
+    let turns = super::SnapshotTurns {
+        turn: Duration::from_millis(2_000),
+    };
+    let at = |ms: u64| Duration::from_millis(ms);
+    let owner = |ms: u64| {
+        (0..3)
+            .filter(|&r| turns.mine(at(ms), r, 3))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(owner(0), [0]);
+    assert_eq!(owner(1_999), [0]);
+    assert_eq!(owner(2_000), [1]);
+    assert_eq!(owner(5_999), [2]);
+    assert_eq!(owner(6_000), [0]);
+    // Whatever the time, exactly one voter of five has its turn.
+    for ms in (0..100_000).step_by(700) {
+        assert_eq!((0..5).filter(|&r| turns.mine(at(ms), r, 5)).count(), 1);
+    }
+    assert_eq!(turns.round(3), Duration::from_millis(6_000));
+    assert!(turns.mine(at(2_000), 0, 1));
+    let none = super::SnapshotTurns {
+        turn: Duration::ZERO,
+    };
+    assert!((0..3).all(|r| none.mine(at(2_000), r, 3)));
+    assert_eq!(none.round(3), Duration::ZERO);
 }
 
 /// A snapshot writes the whole store, so at a fixed spacing a large store
