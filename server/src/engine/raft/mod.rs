@@ -548,6 +548,21 @@ impl RaftEngine {
         if clustered {
             tokio::spawn(cluster::record_incarnations(watch));
         }
+        let stats = Arc::new(RaftStats::default());
+        tokio::spawn(snapshot_when_due(
+            raft.clone(),
+            log.clone(),
+            sm.clone(),
+            SnapshotEvery {
+                entries: cfg.snapshot_entries,
+                bytes: cfg.snapshot_log_bytes,
+                percent: cfg.snapshot_log_percent,
+            },
+            SnapshotTurns {
+                turn: Duration::from_millis(cfg.snapshot_turn_ms),
+            },
+            Arc::clone(&stats),
+        ));
         if !clustered {
             // A single node serves once it leads and has applied its log.
             let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
@@ -568,21 +583,6 @@ impl RaftEngine {
             }
         }
         let proposals = Arc::new(queue::Queue::new(cfg.max_pending_proposals));
-        let stats = Arc::new(RaftStats::default());
-        tokio::spawn(snapshot_when_due(
-            raft.clone(),
-            log.clone(),
-            sm.clone(),
-            SnapshotEvery {
-                entries: cfg.snapshot_entries,
-                bytes: cfg.snapshot_log_bytes,
-                percent: cfg.snapshot_log_percent,
-            },
-            SnapshotTurns {
-                turn: Duration::from_millis(cfg.snapshot_turn_ms),
-            },
-            Arc::clone(&stats),
-        ));
         tokio::spawn(propose(
             Proposer {
                 raft: raft.clone(),
