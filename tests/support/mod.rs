@@ -299,15 +299,26 @@ pub const POLL_DEADLINE: Duration = Duration::from_secs(10);
 /// Polls `check` every few milliseconds until it returns `Some`, and returns
 /// that; panics naming `what` if that does not happen within
 /// [`POLL_DEADLINE`]. Used instead of fixed sleeps to order events.
-pub async fn eventually<T>(what: &str, mut check: impl AsyncFnMut() -> Option<T>) -> T {
-    let deadline = tokio::time::Instant::now() + POLL_DEADLINE;
+pub async fn eventually<T>(what: &str, check: impl AsyncFnMut() -> Option<T>) -> T {
+    eventually_within(POLL_DEADLINE, what, check).await
+}
+
+/// [`eventually`] with a deadline of its own: for a step that waits on a
+/// cluster's membership changing, which takes several rounds among
+/// several processes.
+pub async fn eventually_within<T>(
+    within: Duration,
+    what: &str,
+    mut check: impl AsyncFnMut() -> Option<T>,
+) -> T {
+    let deadline = tokio::time::Instant::now() + within;
     loop {
         if let Some(v) = check().await {
             return v;
         }
         assert!(
             tokio::time::Instant::now() < deadline,
-            "timed out after {POLL_DEADLINE:?} waiting for {what}"
+            "timed out after {within:?} waiting for {what}"
         );
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
