@@ -97,10 +97,20 @@ impl Member {
     }
 
     /// Starts (or restarts) the process.
+    ///
+    /// Without turns to snapshot unless `env` sets `IDEM_SNAPSHOT_TURN_MS`:
+    /// tests that snapshot every few entries expect a due snapshot to be
+    /// taken at once, not up to a round of 2 s turns later (a wait that
+    /// on a loaded CI machine outlasted their deadlines); the turns have a
+    /// test of their own.
     pub async fn start(&mut self, initial: Option<&str>, env: &[(&str, &str)]) {
         let args = self.args(initial);
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        self.proc = Some(Idemd::start_with(env, &args).await);
+        let env: Vec<(&str, &str)> = [("IDEM_SNAPSHOT_TURN_MS", "0")]
+            .into_iter()
+            .chain(env.iter().copied())
+            .collect();
+        self.proc = Some(Idemd::start_with(&env, &args).await);
     }
 
     /// [`start`](Self::start) with an owned environment.
