@@ -670,6 +670,15 @@ async fn followers_write_small_appends_themselves_and_leaders_never_do() {
     followers_inline(&c, "several in flight", false).await;
 }
 
+/// Two INFO fields of member `m`, read over one connection.
+async fn info_pair(m: &Member, a: &str, b: &str) -> (u64, u64) {
+    let mut conn = m.conn().await;
+    (
+        info_field(&mut conn, a).await,
+        info_field(&mut conn, b).await,
+    )
+}
+
 /// A leader polls for its entries' answers (`leader_poll_us`, INFO
 /// `raft_leader_polls`): claims made one after another are answered while
 /// it polls when the poll outlasts a round (100 ms here, on a loaded
@@ -677,13 +686,8 @@ async fn followers_write_small_appends_themselves_and_leaders_never_do() {
 /// either way, and the followers apply every claim.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leader_polls_for_its_entries_answers_unless_told_not_to() {
-    let polls = async |m: &Member| {
-        let mut conn = m.conn().await;
-        (
-            info_field(&mut conn, "raft_leader_polls").await,
-            info_field(&mut conn, "raft_leader_polls_answered").await,
-        )
-    };
+    let polls =
+        async |m: &Member| info_pair(m, "raft_leader_polls", "raft_leader_polls_answered").await;
     let c = Cluster::start_with("poll", 3, &[("IDEM_LEADER_POLL_US", "100000")]).await;
     let l = c.leader().await;
     let (before, answered_before) = polls(&c.members[l]).await;
@@ -714,11 +718,7 @@ async fn a_leader_polls_for_its_entries_answers_unless_told_not_to() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leader_gathers_the_writes_its_answers_bring_back_unless_told_not_to() {
     let gathers = async |m: &Member| {
-        let mut conn = m.conn().await;
-        (
-            info_field(&mut conn, "raft_gathers_expecting").await,
-            info_field(&mut conn, "raft_gathers_expecting_met").await,
-        )
+        info_pair(m, "raft_gathers_expecting", "raft_gathers_expecting_met").await
     };
     let c = Cluster::start("gather", 3).await;
     let l = c.leader().await;
@@ -753,13 +753,8 @@ async fn a_leader_gathers_the_writes_its_answers_bring_back_unless_told_not_to()
 /// them still snapshot; with 0 none waits.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_voters_snapshot_in_turns_unless_told_not_to() {
-    let snapshots = async |m: &Member| {
-        let mut conn = m.conn().await;
-        (
-            info_field(&mut conn, "raft_snapshots_built").await,
-            info_field(&mut conn, "raft_snapshot_turn_waits").await,
-        )
-    };
+    let snapshots =
+        async |m: &Member| info_pair(m, "raft_snapshots_built", "raft_snapshot_turn_waits").await;
     // Turns of 2 s: the three fall due within far less, so at most two of
     // them have a turn then; a round (6 s) is the longest wait.
     for turn in ["2000", "0"] {
