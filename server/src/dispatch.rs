@@ -481,7 +481,8 @@ fn record_routed(node: &Node, session: &Session, cmd: Command, may_hold: bool) -
             return Action::Reply(reply);
         }
     }
-    match engine.submit(op) {
+    // Routed above, and nothing awaited since.
+    match engine.submit_routed(op) {
         Submission::Ready(Some(Ok(applied))) => Action::Reply(applied.reply),
         // Not proposed yet (the queue is full): nothing after it on this
         // connection may run before it, or it could be overtaken.

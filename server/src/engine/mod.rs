@@ -295,12 +295,22 @@ impl Engine {
     /// Stamps, orders and applies `op`.
     pub fn submit(&self, op: Op) -> Submission {
         match &self.inner {
+            Inner::Raft { engine, .. } => engine.submit(op),
+            Inner::Memory(_) => self.submit_routed(op),
+        }
+    }
+
+    /// [`Engine::submit`] right after [`Engine::route`] found that this
+    /// node serves `op`'s key (nothing awaited in between): the routing
+    /// is not checked again.
+    pub fn submit_routed(&self, op: Op) -> Submission {
+        match &self.inner {
             Inner::Memory(m) => {
                 let applied = m.apply(self.now_ms(), &op);
                 self.publish(&applied);
                 Submission::Ready(Some(Ok(applied)))
             }
-            Inner::Raft { engine, .. } => engine.submit(op),
+            Inner::Raft { engine, .. } => engine.submit_routed(op),
         }
     }
 

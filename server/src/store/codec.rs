@@ -65,6 +65,31 @@ fn put_opt_bytes(out: &mut Vec<u8>, b: Option<&Bytes>) {
     }
 }
 
+/// Checks that `buf` starts like an entry this build can apply: its
+/// format and state-machine version (what tells a newer build's entries).
+///
+/// # Errors
+///
+/// [`CodecError::Format`] or [`CodecError::StateMachine`] for an entry
+/// this build cannot read, [`CodecError::Malformed`] if `buf` is shorter
+/// than the header.
+pub fn check_entry_header(buf: &[u8]) -> Result<(), CodecError> {
+    let (&format, rest) = buf
+        .split_first()
+        .ok_or(CodecError::Malformed("cut short"))?;
+    if format != ENTRY_FORMAT {
+        return Err(CodecError::Format(format));
+    }
+    let sm = rest
+        .get(..2)
+        .map(|b| u16::from_le_bytes([b[0], b[1]]))
+        .ok_or(CodecError::Malformed("cut short"))?;
+    if sm == 0 || sm > STATE_MACHINE_VERSION {
+        return Err(CodecError::StateMachine(sm));
+    }
+    Ok(())
+}
+
 /// Appends the encoding of `entry` to `out`.
 pub fn encode_entry(entry: &Entry, out: &mut Vec<u8>) {
     out.put_u8(ENTRY_FORMAT);
@@ -263,15 +288,10 @@ impl Reader {
 /// Decodes an entry (sharing `buf` for keys and values), checking that
 /// this build can apply it.
 pub fn decode_entry(buf: Bytes) -> Result<Entry, CodecError> {
+    check_entry_header(&buf)?;
     let mut r = Reader { buf };
-    let format = r.u8()?;
-    if format != ENTRY_FORMAT {
-        return Err(CodecError::Format(format));
-    }
-    let sm = r.u16()?;
-    if sm == 0 || sm > STATE_MACHINE_VERSION {
-        return Err(CodecError::StateMachine(sm));
-    }
+    r.u8()?;
+    r.u16()?;
     let stamp_ms = r.u64()?;
     let n = r.u32()? as usize;
     // Each op takes at least its tag.

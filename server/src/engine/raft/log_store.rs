@@ -54,7 +54,9 @@ use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use tokio::sync::oneshot;
 
-use super::types::{LogEntry, LogId, StorageError, TypeConfig, Vote, storage_err};
+use super::types::{
+    LogEntry, LogId, StorageError, TypeConfig, Vote, decode_sharing, encoded_size_hint, storage_err,
+};
 use super::wal::{SyncTimes, Wal, WalError, read_meta, write_meta};
 
 /// What the metadata file holds.
@@ -301,7 +303,8 @@ impl LogStore {
             if meta.purged.is_some() && index <= purged {
                 continue;
             }
-            let entry: LogEntry = postcard::from_bytes(&payload).map_err(|e| OpenError::Entry {
+            let payload = Bytes::from(payload);
+            let entry: LogEntry = decode_sharing(&payload).map_err(|e| OpenError::Entry {
                 path: dir.to_owned(),
                 index,
                 reason: e.to_string(),
@@ -314,7 +317,7 @@ impl LogStore {
                 });
             }
             bytes += payload.len() as u64;
-            hold(&mut entries, entry.log_id, Bytes::from(payload));
+            hold(&mut entries, entry.log_id, payload);
         }
         let sync_times = wal.sync_times();
         let writer = Writer::new(wal, dir.to_owned());
@@ -660,7 +663,8 @@ impl RaftLogReader<TypeConfig> for LogStore {
         range: RB,
     ) -> Result<Vec<LogEntry>, StorageError> {
         // Copied out under the lock (cheap: reference counts), decoded
-        // outside it.
+        // outside it; the batches share the held bytes (nothing is copied
+        // or decoded to replicate an entry).
         let held: Vec<Bytes> = {
             let state = self.state.lock();
             state
@@ -670,7 +674,7 @@ impl RaftLogReader<TypeConfig> for LogStore {
                 .collect()
         };
         held.iter()
-            .map(|b| postcard::from_bytes(b).map_err(|e| storage_err(StorageIOError::read_logs, e)))
+            .map(|b| decode_sharing(b).map_err(|e| storage_err(StorageIOError::read_logs, e)))
             .collect()
     }
 }
@@ -731,11 +735,11 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         let mut records = Vec::new();
         let mut held = Vec::new();
         for e in entries {
-            // Cut to size: held in memory until purged.
+            // Sized up front (a batch's bytes and a few more), so neither
+            // grown nor cut to size: held in memory until purged.
             let bytes = Bytes::from(
-                postcard::to_allocvec(&e)
-                    .map_err(|err| storage_err(StorageIOError::write_logs, err))?
-                    .into_boxed_slice(),
+                postcard::to_extend(&e, Vec::with_capacity(encoded_size_hint(&e)))
+                    .map_err(|err| storage_err(StorageIOError::write_logs, err))?,
             );
             records.push((e.log_id.index, bytes.clone()));
             held.push((e.log_id, bytes));

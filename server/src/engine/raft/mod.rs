@@ -644,6 +644,14 @@ impl RaftEngine {
         if let Err(e) = self.route(op.key().map(|k| &k[..])) {
             return super::Submission::Ready(Some(Err(e)));
         }
+        self.submit_routed(op)
+    }
+
+    /// [`RaftEngine::submit`] for a caller that has just found that this
+    /// node serves `op`'s key ([`RaftEngine::route`]), with nothing in
+    /// between that could wait: the check is not made twice (each reads
+    /// the clocks, for every command).
+    pub fn submit_routed(&self, op: Op) -> super::Submission {
         let (tx, rx) = oneshot::channel();
         let bytes = op_size(&op);
         let state = Arc::new(AtomicU8::new(QUEUED));
@@ -1424,7 +1432,7 @@ async fn propose(p: Proposer, proposals: Arc<queue::Queue>, limits: Limits, stat
             ops,
         };
         stats.last_stamp_ms.store(entry.stamp_ms, Ordering::Relaxed);
-        let rx = match raft.client_write_ff(Batch(entry)).await {
+        let rx = match raft.client_write_ff(Batch::new(&entry)).await {
             Ok(rx) => rx,
             Err(e) => {
                 warn!(error = %e, "the raft core stopped");

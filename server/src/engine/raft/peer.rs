@@ -64,7 +64,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_util::codec::{Framed, LengthDelimitedCodec};
 use tracing::{debug, info, warn};
 
-use super::types::{NodeId, TypeConfig};
+use super::types::{NodeId, TypeConfig, decode_sharing, encoded_size_hint};
 
 /// The peer protocol version.
 pub const PEER_PROTOCOL: u32 = 2;
@@ -258,6 +258,18 @@ enum Request {
     Vote(VoteRequest<NodeId>),
     Snapshot(InstallSnapshotRequest<TypeConfig>),
     Probe,
+}
+
+impl Request {
+    /// About how many bytes it takes encoded: a buffer of this capacity
+    /// is seldom grown (entries can make a request megabytes long).
+    fn size_hint(&self) -> usize {
+        match self {
+            Request::Append(r) => r.entries.iter().map(encoded_size_hint).sum::<usize>() + 256,
+            Request::Snapshot(r) => r.data.len() + 512,
+            Request::Vote(_) | Request::Probe => 256,
+        }
+    }
 }
 
 type SnapshotResult =
@@ -1099,10 +1111,14 @@ async fn serve_conn(
         };
         let (req, bytes): (Request, usize) = match got {
             None => return Ok(()),
-            Some(Some(Ok(frame))) => (
-                postcard::from_bytes(&frame).map_err(std::io::Error::other)?,
-                frame.len(),
-            ),
+            Some(Some(Ok(frame))) => {
+                // The batches it carries share the frame's bytes.
+                let frame = frame.freeze();
+                (
+                    decode_sharing(&frame).map_err(std::io::Error::other)?,
+                    frame.len(),
+                )
+            }
             Some(Some(Err(e))) => return Err(e),
             Some(None) => return Ok(()),
         };
@@ -1438,7 +1454,7 @@ impl PeerClient {
             return Err(CallError::Unreachable(cut_off()));
         }
         let bytes = Bytes::from(
-            postcard::to_allocvec(&req)
+            postcard::to_extend(&req, Vec::with_capacity(req.size_hint()))
                 .map_err(|e| CallError::Network(std::io::Error::other(e)))?,
         );
         let deadline = tokio::time::Instant::now() + ttl;
@@ -1708,7 +1724,7 @@ impl openraft::RaftNetwork<TypeConfig> for PeerClient {
             return Err(rpc);
         }
         let req = Request::Append(rpc);
-        let bytes = match postcard::to_allocvec(&req) {
+        let bytes = match postcard::to_extend(&req, Vec::with_capacity(req.size_hint())) {
             Ok(b) => Bytes::from(b),
             Err(_) => {
                 let Request::Append(rpc) = req else {

@@ -767,7 +767,11 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                 EntryPayload::Blank => Replies::default(),
                 EntryPayload::Normal(batch) => {
                     let started = std::time::Instant::now();
-                    let applied = self.store.apply(&batch.0);
+                    // Checked as it came in; decoded only here.
+                    let decoded = batch.entry().map_err(|e| StorageError::IO {
+                        source: StorageIOError::apply(entry.log_id, openraft::AnyError::error(e)),
+                    })?;
+                    let applied = self.store.apply(&decoded);
                     let took = started.elapsed();
                     if took > std::time::Duration::from_millis(2) {
                         tracing::debug!(

@@ -7,20 +7,119 @@ use bytes::Bytes;
 use serde::de::{self, Deserializer, Visitor};
 use serde::{Deserialize, Serialize, Serializer};
 
-use crate::store::codec::{decode_entry, encode_entry};
+use crate::store::codec::{CodecError, check_entry_header, decode_entry, encode_entry};
 use crate::store::{Applied, Entry};
 
 /// A batch of ops stamped by the leader: the application data of one Raft
-/// log entry. Serialized in the store's own versioned entry format.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Batch(pub Entry);
+/// log entry, held in the store's own versioned entry format
+/// ([`crate::store::codec`]).
+///
+/// It stays encoded on its way through the log and to the followers: the
+/// leader encodes it once, as it proposes it, and every node decodes it
+/// once, as it applies it ([`Batch::entry`]). Reading entries back from the
+/// log to replicate them, and receiving them, shares the bytes they were
+/// read from ([`decode_sharing`]) instead of copying them. Only the header
+/// (format and state-machine version) is checked on the way in: a peer's
+/// entry this build cannot apply is refused before it is appended.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Batch(Bytes);
+
+impl Batch {
+    /// Encodes `entry`.
+    pub fn new(entry: &Entry) -> Batch {
+        let mut out = Vec::with_capacity(16 + entry.ops.len() * 64);
+        encode_entry(entry, &mut out);
+        Batch(Bytes::from(out))
+    }
+
+    /// Decodes the batch (keys and values share its bytes).
+    ///
+    /// # Errors
+    ///
+    /// The entry is malformed (it passed the header check, so only a
+    /// damaged or wrongly built entry fails here).
+    pub fn entry(&self) -> Result<Entry, CodecError> {
+        decode_entry(self.0.clone())
+    }
+
+    /// The encoded bytes.
+    pub fn encoded(&self) -> &Bytes {
+        &self.0
+    }
+
+    /// A batch of `encoded`, unchecked: a test's damaged entry.
+    #[cfg(test)]
+    pub(crate) fn unchecked(encoded: Bytes) -> Batch {
+        Batch(encoded)
+    }
+}
+
+impl fmt::Debug for Batch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.entry() {
+            Ok(entry) => f.debug_tuple("Batch").field(&entry).finish(),
+            Err(e) => write!(f, "Batch({} bytes: {e})", self.0.len()),
+        }
+    }
+}
 
 impl Serialize for Batch {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let mut out = Vec::with_capacity(64);
-        encode_entry(&self.0, &mut out);
-        s.serialize_bytes(&out)
+        s.serialize_bytes(&self.0)
     }
+}
+
+/// About how many bytes `entry` takes encoded (postcard): its batch's and
+/// room for the log id and the rest, so a buffer of this capacity is
+/// seldom grown.
+pub fn encoded_size_hint(entry: &LogEntry) -> usize {
+    match &entry.payload {
+        openraft::EntryPayload::Normal(batch) => batch.0.len() + 64,
+        openraft::EntryPayload::Blank => 64,
+        openraft::EntryPayload::Membership(_) => 512,
+    }
+}
+
+thread_local! {
+    /// The buffer [`decode_sharing`] is decoding from, on this thread.
+    static SHARED_SOURCE: std::cell::RefCell<Option<Bytes>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// Decodes `T` from `bytes` (postcard), every [`Batch`] in it sharing
+/// `bytes` rather than copying its part.
+///
+/// # Errors
+///
+/// What postcard returns.
+pub fn decode_sharing<T: serde::de::DeserializeOwned>(bytes: &Bytes) -> postcard::Result<T> {
+    struct Reset(Option<Bytes>);
+    impl Drop for Reset {
+        fn drop(&mut self) {
+            let previous = self.0.take();
+            SHARED_SOURCE.with(|s| *s.borrow_mut() = previous);
+        }
+    }
+    let _reset = Reset(SHARED_SOURCE.with(|s| s.borrow_mut().replace(bytes.clone())));
+    postcard::from_bytes(bytes)
+}
+
+/// `v` as a share of the buffer [`decode_sharing`] decodes from, if it
+/// lies within it; else a copy.
+fn shared_or_copied(v: &[u8]) -> Bytes {
+    SHARED_SOURCE.with(|s| {
+        let source = s.borrow();
+        match source.as_ref() {
+            Some(b)
+                if !v.is_empty()
+                    && b.as_ptr() <= v.as_ptr()
+                    && v.as_ptr() as usize + v.len() <= b.as_ptr() as usize + b.len() =>
+            {
+                b.slice_ref(v)
+            }
+            _ => Bytes::copy_from_slice(v),
+        }
+    })
 }
 
 struct BatchVisitor;
@@ -33,13 +132,13 @@ impl<'de> Visitor<'de> for BatchVisitor {
     }
 
     fn visit_bytes<E: de::Error>(self, v: &[u8]) -> Result<Batch, E> {
-        decode_entry(Bytes::copy_from_slice(v))
-            .map(Batch)
-            .map_err(E::custom)
+        check_entry_header(v).map_err(E::custom)?;
+        Ok(Batch(shared_or_copied(v)))
     }
 
     fn visit_byte_buf<E: de::Error>(self, v: Vec<u8>) -> Result<Batch, E> {
-        decode_entry(Bytes::from(v)).map(Batch).map_err(E::custom)
+        check_entry_header(&v).map_err(E::custom)?;
+        Ok(Batch(Bytes::from(v)))
     }
 
     fn visit_seq<A: de::SeqAccess<'de>>(self, mut seq: A) -> Result<Batch, A::Error> {
@@ -111,5 +210,142 @@ pub fn storage_err(
 ) -> StorageError {
     StorageError::IO {
         source: kind(openraft::AnyError::error(e)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use bytes::Bytes;
+    use idem_protocol::Command;
+    use idem_protocol::cmd::Claim;
+    use openraft::{CommittedLeaderId, EntryPayload, LogId};
+
+    use super::{Batch, LogEntry, decode_sharing};
+    use crate::store::codec::{CodecError, ENTRY_FORMAT, STATE_MACHINE_VERSION};
+    use crate::store::{Defaults, Entry, Op};
+
+    fn entry(keys: &[&str]) -> Entry {
+        let defaults = Defaults {
+            lease_ms: 1_000,
+            retain_ms: 5_000,
+        };
+        Entry {
+            stamp_ms: 42,
+            ops: keys
+                .iter()
+                .map(|k| {
+                    Op::from_command(
+                        Command::Claim(Claim::new(Bytes::from(k.to_string()))),
+                        &defaults,
+                    )
+                    .unwrap()
+                })
+                .collect(),
+        }
+    }
+
+    fn log_entry(batch: Batch) -> LogEntry {
+        openraft::Entry {
+            log_id: LogId::new(CommittedLeaderId::new(3, 1), 7),
+            payload: EntryPayload::Normal(batch),
+        }
+    }
+
+    fn batch_of(e: &LogEntry) -> &Batch {
+        match &e.payload {
+            EntryPayload::Normal(b) => b,
+            _ => panic!("not a batch"),
+        }
+    }
+
+    fn within(part: &Bytes, whole: &Bytes) -> bool {
+        let (p, w) = (part.as_ptr() as usize, whole.as_ptr() as usize);
+        p >= w && p + part.len() <= w + whole.len()
+    }
+
+    #[test]
+    fn a_batch_decodes_to_the_entry_it_was_made_of() {
+        let e = entry(&["a", "bb", "ccc"]);
+        let batch = Batch::new(&e);
+        assert_eq!(batch.entry().unwrap(), e);
+        let encoded = Bytes::from(postcard::to_allocvec(&log_entry(batch.clone())).unwrap());
+        let back: LogEntry = decode_sharing(&encoded).unwrap();
+        assert_eq!(batch_of(&back), &batch);
+        assert_eq!(batch_of(&back).entry().unwrap(), e);
+        assert_eq!(back.log_id.index, 7);
+    }
+
+    #[test]
+    fn decoding_shares_the_source_bytes_and_copies_only_without_one() {
+        let encoded = Bytes::from(
+            postcard::to_allocvec(&log_entry(Batch::new(&entry(&["k1", "k2"])))).unwrap(),
+        );
+        let shared: LogEntry = decode_sharing(&encoded).unwrap();
+        assert!(
+            within(batch_of(&shared).encoded(), &encoded),
+            "the batch was copied out of the buffer it was decoded from"
+        );
+        // Its keys, once decoded, share that buffer too.
+        let ops = batch_of(&shared).entry().unwrap().ops;
+        let Op::Claim(c) = &ops[1] else {
+            panic!("a claim")
+        };
+        assert!(within(&c.key, &encoded));
+        // A plain decode has nothing to share: it copies.
+        let copied: LogEntry = postcard::from_bytes(&encoded).unwrap();
+        assert!(!within(batch_of(&copied).encoded(), &encoded));
+        assert_eq!(batch_of(&copied), batch_of(&shared));
+        // The source is let go of afterwards: a later plain decode on this
+        // thread does not share a buffer it was not given.
+        let again: LogEntry = postcard::from_bytes(&encoded[..]).unwrap();
+        assert!(!within(batch_of(&again).encoded(), &encoded));
+    }
+
+    /// Only the header is checked as a batch comes in (from a peer or the
+    /// log): a batch for rules this build does not have is refused there,
+    /// before it is appended; one that is damaged past the header is
+    /// refused by [`Batch::entry`] as it is applied.
+    #[test]
+    fn a_batch_this_build_cannot_apply_is_refused_as_it_comes_in() {
+        let good = Batch::new(&entry(&["k"]));
+        let with_header = |format: u8, sm: u16| {
+            let mut b = good.encoded().to_vec();
+            b[0] = format;
+            b[1..3].copy_from_slice(&sm.to_le_bytes());
+            b
+        };
+        // A log entry as a peer or the log would hand it over, with `batch`.
+        let arriving = |batch: &[u8]| {
+            let mut encoded = postcard::to_allocvec(&log_entry(good.clone())).unwrap();
+            let at = encoded.len() - good.encoded().len();
+            encoded.truncate(at - 1);
+            encoded.push(u8::try_from(batch.len()).unwrap());
+            encoded.extend_from_slice(batch);
+            decode_sharing::<LogEntry>(&Bytes::from(encoded))
+        };
+        assert_eq!(batch_of(&arriving(good.encoded()).unwrap()), &good);
+        let cases: [(Vec<u8>, &str); 4] = [
+            (
+                with_header(ENTRY_FORMAT, STATE_MACHINE_VERSION + 1),
+                "a newer state machine",
+            ),
+            (
+                with_header(ENTRY_FORMAT + 1, STATE_MACHINE_VERSION),
+                "a newer entry format",
+            ),
+            (with_header(ENTRY_FORMAT, 0), "state machine version 0"),
+            (vec![ENTRY_FORMAT, 1], "a header cut short"),
+        ];
+        for (bytes, why) in cases {
+            assert!(arriving(&bytes).is_err(), "{why} was taken in");
+        }
+        // Damage past the header: taken in, refused when decoded.
+        let mut damaged = good.encoded().to_vec();
+        damaged.truncate(damaged.len() - 2);
+        let taken = arriving(&damaged).unwrap();
+        assert_eq!(
+            batch_of(&taken).entry(),
+            Err(CodecError::Malformed("cut short"))
+        );
     }
 }
