@@ -729,11 +729,11 @@ async fn a_restart_does_not_hold_the_snapshot_beside_the_store() {
     let env = [
         ("IDEM_SNAPSHOT_LOG_BYTES", "1048576"),
         ("IDEM_SNAPSHOT_LOG_PERCENT", "0"),
-        // A restart reads each log segment whole, the part the snapshot
-        // covers too: in the default 64 MiB segment, the whole fill's log
-        // (up to 35 MB past the peak measured with small segments, which
-        // made this figure one of the log, not of the snapshot).
-        ("IDEM_WAL_SEGMENT_BYTES", "1048576"),
+        // The default 64 MiB log segment, which holds the whole fill's
+        // log: a restart copied every record out of it, the ones the
+        // snapshot covers too (38-62 MB here); now only those it keeps
+        // (the unit test `records_a_snapshot_covers_are_checked_but_not_
+        // copied_out` pins that down; this peak swings too much to).
     ];
     let s = raft_with(&dir, &env).await;
     let mut c = s.conn().await;
@@ -755,14 +755,15 @@ async fn a_restart_does_not_hold_the_snapshot_beside_the_store() {
     let s = raft_with(&dir, &env).await;
     let mut c = s.conn().await;
     assert_eq!(int(&c.cmd(&["DBSIZE"]).await), 300_000);
-    // Measured (debug build): the restart's peak grew the server by 1.7
-    // to 1.8 times the records' accounted bytes (the store's own overhead
-    // and up to 4 MiB of log replayed); with the file and the decoded
-    // records held, 3.4.
+    // Measured (debug build): the restart's peak grew the server by 1.5
+    // times the records' accounted bytes (the store's own overhead and up
+    // to 4 MiB of log replayed; 33-37 MB for 24 MB); with the log the
+    // snapshot covers copied out too, 1.6-2.6; with the file and the
+    // decoded records held, 3.4.
     let peak = s.peak_rss().saturating_sub(base);
     eprintln!("restart peak: {peak} bytes past an empty server for {used} bytes of records");
     assert!(
-        peak < used * 5 / 2,
+        peak < used * 11 / 5,
         "loading {used} bytes of records took the server {peak} bytes past an empty one"
     );
 }

@@ -295,7 +295,9 @@ impl LogStore {
             })?,
             None => Meta::default(),
         };
-        let (wal, records) = Wal::open(dir, segment_bytes)?;
+        // Records a snapshot covers (up to the purge) are not copied out.
+        let keep_from = meta.purged.map_or(0, |l| l.index + 1);
+        let (wal, records) = Wal::open_from(dir, segment_bytes, keep_from)?;
         let purged = meta.purged.map_or(0, |l| l.index);
         let mut entries = BTreeMap::new();
         let mut bytes = 0;

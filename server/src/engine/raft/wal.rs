@@ -221,6 +221,18 @@ impl Wal {
     /// it holds, in index order. A torn tail is cut off; any other damage
     /// is an error.
     pub fn open(dir: &Path, segment_bytes: u64) -> Result<(Wal, Records), WalError> {
+        Wal::open_from(dir, segment_bytes, 0)
+    }
+
+    /// [`Wal::open`], returning only the records from index `keep_from`
+    /// on: those before it (a snapshot covers them) are checked like every
+    /// other, but not copied out, so a restart holds only the records it
+    /// keeps beside the segment it is reading.
+    pub fn open_from(
+        dir: &Path,
+        segment_bytes: u64,
+        keep_from: u64,
+    ) -> Result<(Wal, Records), WalError> {
         fs::create_dir_all(dir).map_err(io_err("create", dir))?;
         let mut firsts = Vec::new();
         for entry in fs::read_dir(dir).map_err(io_err("read directory", dir))? {
@@ -259,19 +271,17 @@ impl Wal {
             let last = n + 1 == count;
             // Indexes run on from one segment to the next: a missing or
             // stray segment is an error, not a gap to skip.
-            if let Some(&(prev, _)) = records.last()
-                && first != prev + 1
-            {
-                return Err(corrupt(
-                    &path,
-                    0,
-                    format!(
-                        "segment starts at index {first} where {} was expected",
-                        prev + 1
-                    ),
-                ));
+            if !wal.slots.is_empty() {
+                let next = wal.first + wal.slots.len() as u64;
+                if first != next {
+                    return Err(corrupt(
+                        &path,
+                        0,
+                        format!("segment starts at index {first} where {next} was expected"),
+                    ));
+                }
             }
-            let valid_len = wal.load_segment(&path, first, last, &mut records)?;
+            let valid_len = wal.load_segment(&path, first, last, keep_from, &mut records)?;
             wal.segments.push(Segment {
                 first,
                 path: path.clone(),
@@ -296,6 +306,7 @@ impl Wal {
         path: &Path,
         first: u64,
         last: bool,
+        keep_from: u64,
         out: &mut Vec<(u64, Vec<u8>)>,
     ) -> Result<u64, WalError> {
         let mut buf = Vec::new();
@@ -349,14 +360,16 @@ impl Wal {
                             format!("record index {index} where {expect} was expected"),
                         ));
                     }
-                    if out.is_empty() && self.slots.is_empty() {
+                    if self.slots.is_empty() {
                         self.first = index;
                     }
                     self.slots.push(Slot {
                         segment,
                         offset: at as u64,
                     });
-                    out.push((index, payload.to_vec()));
+                    if index >= keep_from {
+                        out.push((index, payload.to_vec()));
+                    }
                     expect += 1;
                     at += len;
                 }

@@ -76,6 +76,47 @@ fn records_survive_reopening_across_segments() {
     assert_eq!(wal.next_index(), 21);
 }
 
+/// A restart that keeps only the records past a snapshot gets only those
+/// (the rest are not copied out of the segments), still checks every
+/// record, and can append and truncate as if it had read them all.
+#[test]
+fn records_a_snapshot_covers_are_checked_but_not_copied_out() {
+    let d = TempDir::new("keep-from");
+    drop(fill(&d.0, 300, &[1..10, 10..25]));
+    let (mut wal, recs) = Wal::open_from(&d.0, 300, 18).unwrap();
+    assert_eq!(indexes(&recs), (18..25).collect::<Vec<_>>());
+    for (i, p) in &recs {
+        assert_eq!(p, &payload(*i));
+    }
+    assert_eq!(
+        wal.first_index(),
+        1,
+        "the records before are still in the log"
+    );
+    assert_eq!(wal.next_index(), 25);
+    wal.truncate_from(20).unwrap();
+    wal.append([(20, &b"after"[..])]).unwrap();
+    drop(wal);
+    let (_, recs) = Wal::open_from(&d.0, 300, 0).unwrap();
+    assert_eq!(indexes(&recs), (1..21).collect::<Vec<_>>());
+    assert_eq!(recs.last().map(|r| &r.1[..]), Some(&b"after"[..]));
+    // Past the end: nothing copied, the log as it was.
+    let (wal, recs) = Wal::open_from(&d.0, 300, 1_000).unwrap();
+    assert!(recs.is_empty());
+    assert_eq!((wal.first_index(), wal.next_index()), (1, 21));
+    drop(wal);
+    // A damaged record the snapshot covers is still an error.
+    let first = d.0.join(super::segment_name(1));
+    let mut bytes = fs::read(&first).unwrap();
+    let ends = record_ends(&bytes);
+    bytes[ends[0] + 12] ^= 0x55;
+    fs::write(&first, &bytes).unwrap();
+    assert!(matches!(
+        Wal::open_from(&d.0, 300, 18),
+        Err(WalError::Corrupt { .. })
+    ));
+}
+
 #[test]
 fn truncate_and_purge() {
     let d = TempDir::new("trunc");
