@@ -245,7 +245,7 @@ redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save '' --appendonly yes --
 REDIS_PID=$!
 until_ping "$REDIS_PORT" > /dev/null
 ./target/release/idem-bench --idem "127.0.0.1:$LEADER" --redis "127.0.0.1:$REDIS_PORT" \
-  --workloads claim,cycle --connections 50 --pipeline 1,16 \
+  --workloads claim,cycle --connections 50 --pipeline 1,16 --goals replicated \
   --duration "$DURATION" --rounds "$ROUNDS" --json "${JSON%.json}-cluster.json" "$@"
 kill "$REDIS_PID"; wait "$REDIS_PID" 2>/dev/null || true; REDIS_PID=""
 PRIMARY=$(free_port); REPLICA=$(free_port)
@@ -260,7 +260,7 @@ for _ in $(seq 100); do
   redis-cli -p "$PRIMARY" info replication | grep -q 'connected_slaves:1' && break; sleep 0.1
 done
 ./target/release/idem-bench --idem "127.0.0.1:$LEADER" --redis "127.0.0.1:$PRIMARY" --redis-wait 1 \
-  --workloads claim,cycle --connections 50 --pipeline 1,16 \
+  --workloads claim,cycle --connections 50 --pipeline 1,16 --goals replicated \
   --duration "$DURATION" --rounds "$ROUNDS" --json "${JSON%.json}-cluster-wait.json" "$@"
 kill "$REPLICA_PID" 2>/dev/null; wait "$REPLICA_PID" 2>/dev/null || true
 stop_servers

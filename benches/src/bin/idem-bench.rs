@@ -21,7 +21,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
 use clap::Parser;
-use idem_benches::report::{Report, Row};
+use idem_benches::report::{Goals, Report, Row};
 use idem_benches::workload::{Flavor, Measured, Prepared, Spec, Workload, prepare, run};
 use idem_benches::{herd, memory};
 
@@ -95,6 +95,11 @@ struct Args {
     /// N replicas have it (a replicated Redis, to compare with a cluster).
     #[arg(long)]
     redis_wait: Option<u32>,
+    /// The goals the printed ratios are held to: the memory engine's
+    /// (against Redis without persistence) or a replicated cluster's
+    /// (against Redis with `appendfsync always`).
+    #[arg(long, value_enum, default_value_t = Goals::Memory)]
+    goals: Goals,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -236,7 +241,7 @@ async fn bench(args: Args) -> anyhow::Result<()> {
                 }
             }
         }
-        report.compute_ratios();
+        report.compute_ratios_for(args.goals);
     }
     if args.herd > 0 {
         report.herds.push(
