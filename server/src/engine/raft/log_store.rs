@@ -737,12 +737,17 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         let mut records = Vec::new();
         let mut held = Vec::new();
         for e in entries {
-            // Sized up front (a batch's bytes and a few more), so neither
-            // grown nor cut to size: held in memory until purged.
-            let bytes = Bytes::from(
-                postcard::to_extend(&e, Vec::with_capacity(encoded_size_hint(&e)))
-                    .map_err(|err| storage_err(StorageIOError::write_logs, err))?,
-            );
+            // Sized up front (a batch's bytes and a few more), so not grown
+            // as it is written; held in memory until purged, so cut to size
+            // where the room left over is more than an eighth of it (small
+            // entries: a large one's few spare bytes are not worth a copy).
+            let encoded = postcard::to_extend(&e, Vec::with_capacity(encoded_size_hint(&e)))
+                .map_err(|err| storage_err(StorageIOError::write_logs, err))?;
+            let bytes = if encoded.capacity() - encoded.len() > encoded.len() / 8 {
+                Bytes::from(encoded.into_boxed_slice())
+            } else {
+                Bytes::from(encoded)
+            };
             records.push((e.log_id.index, bytes.clone()));
             held.push((e.log_id, bytes));
         }
