@@ -298,13 +298,9 @@ impl LogStore {
         // Records a snapshot covers (up to the purge) are not copied out.
         let keep_from = meta.purged.map_or(0, |l| l.index + 1);
         let (wal, records) = Wal::open_from(dir, segment_bytes, keep_from)?;
-        let purged = meta.purged.map_or(0, |l| l.index);
         let mut entries = BTreeMap::new();
         let mut bytes = 0;
         for (index, payload) in records {
-            if meta.purged.is_some() && index <= purged {
-                continue;
-            }
             let payload = Bytes::from(payload);
             let entry: LogEntry = decode_sharing(&payload).map_err(|e| OpenError::Entry {
                 path: dir.to_owned(),
