@@ -91,6 +91,13 @@ fn cfg(dir: &TempDir) -> RaftConfig {
     }
 }
 
+/// A single-node engine on `dir` with [`cfg`], started.
+async fn started(dir: &TempDir) -> Engine {
+    Engine::raft(cfg(dir), StoreConfig::default(), EngineIo::default())
+        .await
+        .unwrap()
+}
+
 async fn run(e: &Engine, cmd: Command) -> Reply {
     let op = Op::from_command(cmd, &DEFAULTS).unwrap();
     e.submit(op).await.unwrap().reply
@@ -101,9 +108,7 @@ async fn records_survive_a_restart_and_fences_keep_increasing() {
     let dir = TempDir::new("restart");
     let mut last_fence = 0;
     for round in 0..3u64 {
-        let e = Engine::raft(cfg(&dir), StoreConfig::default(), EngineIo::default())
-            .await
-            .unwrap();
+        let e = started(&dir).await;
         // Everything completed before is replayed.
         for r in 0..round {
             for i in 0..40 {
@@ -147,9 +152,7 @@ async fn records_survive_a_restart_and_fences_keep_increasing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_engine_on_one_data_dir_is_refused() {
     let dir = TempDir::new("lock");
-    let first = Engine::raft(cfg(&dir), StoreConfig::default(), EngineIo::default())
-        .await
-        .unwrap();
+    let first = started(&dir).await;
     let second = Engine::raft(cfg(&dir), StoreConfig::default(), EngineIo::default()).await;
     assert!(
         matches!(second, Err(StartError::Locked(_))),
@@ -163,9 +166,7 @@ async fn a_second_engine_on_one_data_dir_is_refused() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hot_lapsed_key_is_proposed_for_expiry_once_at_a_time() {
     let dir = TempDir::new("expire-once");
-    let e = Engine::raft(cfg(&dir), StoreConfig::default(), EngineIo::default())
-        .await
-        .unwrap();
+    let e = started(&dir).await;
     let before = e.raft_info().unwrap().0.ops;
     let key = Bytes::from_static(b"hot");
     for _ in 0..1000 {
@@ -232,9 +233,7 @@ fn claims(keys: &[&str]) -> Vec<super::types::LogEntry> {
 async fn entries_read_back_from_the_log_share_its_bytes() {
     use openraft::storage::RaftLogReader;
     let dir = TempDir::new("sharing");
-    let e = Engine::raft(cfg(&dir), StoreConfig::default(), EngineIo::default())
-        .await
-        .unwrap();
+    let e = started(&dir).await;
     for i in 0..5 {
         let k = Bytes::from(format!("k{i}"));
         assert!(matches!(
