@@ -25,7 +25,9 @@
 # as put-if-absent transactions with a lease; installs etcd-server and
 # protobuf-compiler if missing and builds idem-bench with its etcd
 # feature), SLOW_FAILOVER_MS (default 2000: a failover that takes longer
-# keeps the nodes' logs and what each try got under target/).
+# keeps the nodes' logs and what each try got under target/),
+# FAILOVER_GIVE_UP_S (default 60: with no write acknowledged that long
+# after a kill, the logs are kept and the run stops).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -319,17 +321,23 @@ for round in 1 2 3; do
   for i in 1 2 3; do [ "$i" != "$DEAD" ] && SURVIVORS="$SURVIVORS ${CPORT[$i]}"; done
   echo "round $round: kill -9 node $DEAD at $(date -u +%H:%M:%S.%N)" > "$WORK/failover.trace"
   kill -9 "${CLUSTER_PIDS[$DEAD]}"
-  # Exits 3 when the failover took over SLOW_FAILOVER_MS (default 2000):
-  # the nodes' logs and what each try got are then kept under target/.
+  # Exits 3 when the failover took over SLOW_FAILOVER_MS (default 2000),
+  # 4 when no write was acknowledged within FAILOVER_GIVE_UP_S (default
+  # 60): the nodes' logs and what each try got are then kept under
+  # target/ (and the section stops after a 4).
   TOOK=0
-  python3 - "${SLOW_FAILOVER_MS:-2000}" $SURVIVORS 2>> "$WORK/failover.trace" <<'PY' || TOOK=$?
+  python3 - "${SLOW_FAILOVER_MS:-2000}" "${FAILOVER_GIVE_UP_S:-60}" $SURVIVORS 2>> "$WORK/failover.trace" <<'PY' || TOOK=$?
 import re, socket, sys, time
 t0 = time.monotonic()
 n = 0
 last = {}
 slow_ms = int(sys.argv[1])
+give_up_s = float(sys.argv[2])
 while True:
-    for port in sys.argv[2:]:
+    if time.monotonic() - t0 > give_up_s:
+        print(f"failover: no write acknowledged within {give_up_s:g} s of the leader's kill")
+        sys.exit(4)
+    for port in sys.argv[3:]:
         n += 1
         try:
             with socket.create_connection(("127.0.0.1", int(port)), timeout=1) as s:
@@ -349,10 +357,14 @@ while True:
             last[port] = seen
     time.sleep(0.005)
 PY
-  if [ "$TOOK" = 3 ]; then
+  if [ "$TOOK" = 3 ] || [ "$TOOK" = 4 ]; then
     KEEP="target/compare-slow-failover-$(date -u +%Y%m%dT%H%M%S)"
     mkdir -p "$KEEP" && cp "$WORK"/cluster-n*.log "$WORK/failover.trace" "$KEEP/"
+    for i in 1 2 3; do
+      { echo "node $i:"; redis-cli -p "${CPORT[$i]}" cluster info 2>&1 || true; } >> "$KEEP/cluster-info.txt"
+    done
     echo "failover over ${SLOW_FAILOVER_MS:-2000} ms: the nodes' logs and the tries are kept in $KEEP"
+    [ "$TOOK" = 4 ] && exit 4
   elif [ "$TOOK" != 0 ]; then
     cat "$WORK/failover.trace" >&2
     exit "$TOOK"
