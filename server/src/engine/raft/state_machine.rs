@@ -330,9 +330,8 @@ impl Staged {
 /// Where the file system allows it, the file is written directly
 /// (`O_DIRECT`) a [`DIRECT_CHUNK`] at a time, its last partial block
 /// through the page cache: a snapshot is written once and read rarely, and
-/// copying it into the page cache was nearly half of a large snapshot's
-/// CPU (the kernel's copy into new cache pages), taken from the serving
-/// threads on a small machine. [`SyncingAsItGoes::finish`] writes what is
+/// copying it into new page-cache pages was the kernel's share of a
+/// snapshot's CPU, taken from the serving threads on a small machine. [`SyncingAsItGoes::finish`] writes what is
 /// still gathered; a file system that refuses a direct write makes the
 /// rest go through the page cache.
 struct SyncingAsItGoes<'a> {
@@ -1119,10 +1118,6 @@ async fn on_own_thread<T: Send + 'static>(
 mod tests {
     use super::*;
 
-    /// A snapshot file is written a stretch of [`SYNC_EVERY`] bytes at a
-    /// time, each synced; once the engine stopped, the next stretch's end
-    /// gives the write up (a snapshot of a large store that nothing will
-    /// keep is not written to its end).
     /// A snapshot file written directly (where the file system allows it)
     /// holds every byte written to it, in order, whatever the sizes of the
     /// writes: whole chunks, bytes left over across them, and a last
@@ -1178,6 +1173,10 @@ mod tests {
         }
     }
 
+    /// A snapshot file is written a stretch of [`SYNC_EVERY`] bytes at a
+    /// time, each synced; once the engine stopped, the next stretch's end
+    /// gives the write up (a snapshot of a large store that nothing will
+    /// keep is not written to its end).
     #[test]
     fn a_snapshot_s_write_stops_within_a_stretch_of_the_engine_stopping() {
         let path = std::env::temp_dir().join(format!("idem-sm-stretch-{}", std::process::id()));
