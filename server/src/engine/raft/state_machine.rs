@@ -302,6 +302,13 @@ const SYNC_EVERY: u64 = 8 << 20;
 /// [`DIRECT_ALIGN`].
 const DIRECT_CHUNK: usize = 1 << 20;
 
+/// A snapshot of fewer records than this is written through the page
+/// cache: too small for direct writes to save much, and the buffer they
+/// gather in (a [`DIRECT_CHUNK`]) would be most of what its write
+/// allocates. A snapshot installed from the leader: below [`SYNC_EVERY`]
+/// bytes.
+const DIRECT_MIN_RECORDS: usize = 100_000;
+
 /// What direct writes are aligned to: their file offsets, lengths and
 /// buffer addresses (the largest logical block size of common disks).
 const DIRECT_ALIGN: usize = 4096;
@@ -604,10 +611,12 @@ impl StateMachine {
     /// build takes seconds on a large store, and an install, a stop or
     /// another build does not wait for it ([`StateMachine::make_current`]
     /// decides which is kept). The file is removed if it cannot be
-    /// written.
+    /// written. Written directly if `direct` (a large snapshot) and the
+    /// file system allows it ([`SyncingAsItGoes`]).
     pub(super) fn write_file(
         &self,
         meta: &SnapshotMeta,
+        direct: bool,
         body: impl FnOnce(&mut dyn Write) -> std::io::Result<()>,
     ) -> Result<WrittenFile, String> {
         let head = file_head_bytes(meta).map_err(|e| e.to_string())?;
@@ -617,7 +626,7 @@ impl StateMachine {
             current: false,
         };
         write_synced(&file.path, |f| {
-            let mut out = SyncingAsItGoes::new(f, &self.stopped, true);
+            let mut out = SyncingAsItGoes::new(f, &self.stopped, direct);
             let mut crc = crc32fast::Hasher::new();
             crc.update(&head);
             out.write_all(&head)?;
@@ -787,7 +796,9 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
                 // Encoded straight into its file, a part at a time: the
                 // snapshot is never whole in memory beside the store.
                 let saved = sm
-                    .write_file(&file_meta, |mut w| copy.encode_to(&mut w).map(drop))
+                    .write_file(&file_meta, copy.len() >= DIRECT_MIN_RECORDS, |mut w| {
+                        copy.encode_to(&mut w).map(drop)
+                    })
                     .and_then(|file| sm.make_current(file, &file_meta, true));
                 match saved {
                     Ok(true) => {
@@ -1029,9 +1040,14 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                 return Err(stopped());
             }
             let written = match data {
-                Received::Mem(data) => sm.write_file(&meta, |w| w.write_all(&data)),
+                Received::Mem(data) => sm.write_file(&meta, data.len() as u64 >= SYNC_EVERY, |w| {
+                    w.write_all(&data)
+                }),
                 Received::File(file) => match fs::File::open(&file.0) {
-                    Ok(mut from) => sm.write_file(&meta, |w| std::io::copy(&mut from, w).map(drop)),
+                    Ok(mut from) => {
+                        let large = from.metadata().is_ok_and(|m| m.len() >= SYNC_EVERY);
+                        sm.write_file(&meta, large, |w| std::io::copy(&mut from, w).map(drop))
+                    }
                     Err(e) => Err(e.to_string()),
                 },
             };

@@ -533,7 +533,7 @@ async fn an_install_or_a_stop_does_not_wait_for_a_snapshot_being_written() {
     let (writing, started) = std::sync::mpsc::channel::<()>();
     let (building, meta) = (sm.clone(), older.clone());
     let write = std::thread::spawn(move || {
-        building.write_file(&meta, |w| {
+        building.write_file(&meta, false, |w| {
             writing.send(()).unwrap();
             held.recv().unwrap();
             std::io::Write::write_all(w, b"records")
