@@ -313,6 +313,21 @@ const DIRECT_MIN_RECORDS: usize = 100_000;
 /// buffer addresses (the largest logical block size of common disks).
 const DIRECT_ALIGN: usize = 4096;
 
+/// Opens `file` for direct writes (`O_DIRECT`), or closes it to them.
+///
+/// # Errors
+///
+/// What `fcntl` returns: `EINVAL` where the file system takes no direct
+/// writes (tmpfs).
+fn set_direct(file: &fs::File, on: bool) -> std::io::Result<()> {
+    let fl = rustix::fs::fcntl_getfl(file)?;
+    let fl = match on {
+        true => fl | rustix::fs::OFlags::DIRECT,
+        false => fl - rustix::fs::OFlags::DIRECT,
+    };
+    Ok(rustix::fs::fcntl_setfl(file, fl)?)
+}
+
 /// Bytes gathered for the next direct write, in a buffer whose window
 /// `at..at + DIRECT_CHUNK` starts at an aligned address.
 struct Staged {
@@ -357,10 +372,7 @@ impl<'a> SyncingAsItGoes<'a> {
         stopped: &'a std::sync::atomic::AtomicBool,
         direct: bool,
     ) -> SyncingAsItGoes<'a> {
-        let direct = direct
-            && rustix::fs::fcntl_getfl(&*file)
-                .and_then(|fl| rustix::fs::fcntl_setfl(&*file, fl | rustix::fs::OFlags::DIRECT))
-                .is_ok();
+        let direct = direct && set_direct(file, true).is_ok();
         SyncingAsItGoes {
             file,
             unsynced: 0,
@@ -417,8 +429,7 @@ impl<'a> SyncingAsItGoes<'a> {
         let Some(st) = self.direct.take() else {
             return Ok(());
         };
-        let fl = rustix::fs::fcntl_getfl(&*self.file)?;
-        rustix::fs::fcntl_setfl(&*self.file, fl - rustix::fs::OFlags::DIRECT)?;
+        set_direct(self.file, false)?;
         self.file.write_all(&st.buf[st.at..st.at + st.len])?;
         self.wrote(st.len)
     }
@@ -1148,8 +1159,7 @@ mod tests {
             // Whether this file system takes direct writes at all.
             let allowed = {
                 let probe = fs::File::create(path.with_extension("probe")).unwrap();
-                let fl = rustix::fs::fcntl_getfl(&probe).unwrap();
-                let ok = rustix::fs::fcntl_setfl(&probe, fl | rustix::fs::OFlags::DIRECT).is_ok();
+                let ok = set_direct(&probe, true).is_ok();
                 drop(probe);
                 let _ = fs::remove_file(path.with_extension("probe"));
                 ok
