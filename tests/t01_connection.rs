@@ -151,6 +151,17 @@ async fn client_info_dbsize_command_config() {
         stats.contains("claims_acquired:1") && !stats.contains("# Server"),
         "{stats}"
     );
+    // The runtime's workers: 0 (the default) is one per CPU, one on a
+    // machine of two CPUs or fewer; a number set is kept.
+    let cpus = std::thread::available_parallelism().map_or(1, usize::from);
+    let workers = if cpus <= 2 { 1 } else { cpus };
+    assert!(
+        info.contains(&format!("\r\nworker_threads:{workers}\r\n")),
+        "{info}"
+    );
+    let three = Idemd::start_with(&[("IDEM_WORKER_THREADS", "3")], &[]).await;
+    let info = bulk(&three.conn().await.cmd(&["INFO", "server"]).await);
+    assert!(info.contains("\r\nworker_threads:3\r\n"), "{info}");
     // Every command the protocol defines, written out here rather than read
     // from the table the server uses, so a command missing from it fails.
     let expected = [

@@ -368,13 +368,14 @@ pub fn info_text(node: &Node, wanted: &[String]) -> String {
     section("server", &|o| {
         let _ = write!(
             o,
-            "idem_version:{}\r\nredis_version:{REDIS_VERSION}\r\nengine:{}\r\nprocess_id:{}\r\ntcp_port:{}\r\nuptime_in_seconds:{}\r\nshards:{}\r\n",
+            "idem_version:{}\r\nredis_version:{REDIS_VERSION}\r\nengine:{}\r\nprocess_id:{}\r\ntcp_port:{}\r\nuptime_in_seconds:{}\r\nshards:{}\r\nworker_threads:{}\r\n",
             env!("CARGO_PKG_VERSION"),
             node.engine().kind().as_str(),
             std::process::id(),
             node.local_addr().port(),
             node.started().elapsed().as_secs(),
             cfg.store.shards,
+            cfg.worker_threads,
         );
     });
     section("clients", &|o| {

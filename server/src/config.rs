@@ -225,7 +225,8 @@ pub struct RawConfig {
     pub max_auth_failures_per_sec: u64,
     /// Log filter (tracing `EnvFilter` syntax); `RUST_LOG` overrides it.
     pub log: String,
-    /// Runtime worker threads (0: one per CPU).
+    /// Runtime worker threads (0: one per CPU, but one on a machine of
+    /// [`SMALL_MACHINE_CPUS`] or fewer; see [`worker_threads_for`]).
     pub worker_threads: usize,
 }
 
@@ -399,7 +400,8 @@ pub struct Config {
     pub max_auth_failures_per_sec: u64,
     /// Log filter.
     pub log: String,
-    /// Runtime worker threads (0: one per CPU).
+    /// Runtime worker threads, at least one (`worker_threads` 0 resolved by
+    /// [`worker_threads_for`]).
     pub worker_threads: usize,
     /// The raw form, for `CONFIG GET`.
     pub raw: RawConfig,
@@ -1286,15 +1288,59 @@ impl RawConfig {
                 total: self.max_waiters,
             },
             log: self.log.clone(),
-            worker_threads: self.worker_threads,
+            worker_threads: worker_threads_for(
+                self.worker_threads,
+                std::thread::available_parallelism().map_or(1, usize::from),
+            ),
             raw: kept,
         })
+    }
+}
+
+/// A machine of this many CPUs or fewer runs one worker thread unless
+/// `worker_threads` says otherwise.
+pub const SMALL_MACHINE_CPUS: usize = 2;
+
+/// The runtime worker threads for a configured `worker_threads` on a
+/// machine of `cpus` CPUs: the number configured; for 0, one per CPU, but
+/// one on a machine of [`SMALL_MACHINE_CPUS`] or fewer.
+///
+/// One worker is the single-threaded runtime, an event loop like Redis's
+/// (no work stealing, no wake-ups across threads). On a small machine a
+/// second worker mostly takes CPU from what shares it (the clients, the
+/// kernel's network work, other nodes): on 2 CPUs shared with the load
+/// generator, one worker served more in every case measured (README,
+/// Performance).
+pub fn worker_threads_for(configured: usize, cpus: usize) -> usize {
+    match configured {
+        0 if cpus <= SMALL_MACHINE_CPUS => 1,
+        0 => cpus,
+        n => n,
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `worker_threads` 0 is one per CPU, one on a small machine; a number
+    /// set is kept, and what validation gives is always at least one.
+    #[test]
+    fn worker_threads_default_to_one_on_a_small_machine() {
+        assert_eq!(worker_threads_for(0, 1), 1);
+        assert_eq!(worker_threads_for(0, 2), 1);
+        assert_eq!(worker_threads_for(0, 3), 3);
+        assert_eq!(worker_threads_for(0, 16), 16);
+        assert_eq!(worker_threads_for(1, 16), 1);
+        assert_eq!(worker_threads_for(4, 2), 4);
+        let c = RawConfig::default().validate().unwrap();
+        let cpus = std::thread::available_parallelism().map_or(1, usize::from);
+        assert_eq!(c.worker_threads, worker_threads_for(0, cpus));
+        assert!(c.worker_threads >= 1);
+        let mut raw = RawConfig::default();
+        raw.set("worker_threads", "3").unwrap();
+        assert_eq!(raw.validate().unwrap().worker_threads, 3);
+    }
 
     #[test]
     fn defaults_validate() {

@@ -273,8 +273,13 @@ fn main() -> anyhow::Result<()> {
     }
 
     // One worker: a single-threaded runtime, like an event loop (no work
-    // stealing, no cross-thread wake-ups). More (or 0, one per CPU): the
-    // work-stealing runtime.
+    // stealing, no cross-thread wake-ups). More: the work-stealing runtime.
+    // (`worker_threads` 0 is resolved by then: one per CPU, one on a small
+    // machine.)
+    tracing::debug!(
+        worker_threads = config.worker_threads,
+        "starting the runtime"
+    );
     let mut builder = match config.worker_threads {
         1 => tokio::runtime::Builder::new_current_thread(),
         _ => tokio::runtime::Builder::new_multi_thread(),
