@@ -15,6 +15,9 @@
 #   IDEMD           the idemd binary (default target/release/idemd of the
 #                   repository this script is in, built with cargo if
 #                   missing)
+#   IDEM_WORKER_THREADS  each node's worker threads (default 1: the nodes
+#                   share this machine's CPUs, and each serves from one
+#                   event loop, as a Redis node does; README, Running idemd)
 # Starting again after a stop restarts the same nodes on their data (N is
 # then read from what is there).
 set -euo pipefail
@@ -57,7 +60,7 @@ start() {
             echo "node $i already runs (pid $(cat "$d/pid"))"
             continue
         fi
-        "$IDEMD" --node-id "$i" \
+        IDEM_WORKER_THREADS=${IDEM_WORKER_THREADS:-1} "$IDEMD" --node-id "$i" \
             --listen "127.0.0.1:$((BASE_PORT + i))" \
             --peer-listen "127.0.0.1:$((PEER_BASE_PORT + i))" \
             --data-dir "$d/data" \
