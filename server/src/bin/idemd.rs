@@ -282,11 +282,12 @@ fn main() -> anyhow::Result<()> {
     );
     let mut builder = match config.worker_threads {
         1 => tokio::runtime::Builder::new_current_thread(),
-        _ => tokio::runtime::Builder::new_multi_thread(),
+        n => {
+            let mut b = tokio::runtime::Builder::new_multi_thread();
+            b.worker_threads(n);
+            b
+        }
     };
-    if config.worker_threads > 1 {
-        builder.worker_threads(config.worker_threads);
-    }
     builder.on_thread_park(collect_if_asked);
     builder.on_thread_start(idem_server::connection::reserve_read_buffer);
     if config.worker_threads == 1 {
