@@ -9,6 +9,7 @@
 //! goes quiet.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
@@ -47,6 +48,8 @@ pub(super) struct Queue {
     /// Free places: a producer takes one before it queues, the taker gives
     /// back those it takes. Closed when the queue is.
     room: Semaphore,
+    /// Proposals queued since the queue was made ([`Queue::arrived`]).
+    arrived: AtomicU64,
 }
 
 impl Queue {
@@ -56,7 +59,14 @@ impl Queue {
             items: Mutex::new(VecDeque::with_capacity(KEEP)),
             ready: Notify::new(),
             room: Semaphore::new(capacity.clamp(1, Semaphore::MAX_PERMITS)),
+            arrived: AtomicU64::new(0),
         }
+    }
+
+    /// How many proposals were ever queued: a mark to count, later, those
+    /// that came after it ([`Queue::gather_expected`]).
+    pub(super) fn arrived(&self) -> u64 {
+        self.arrived.load(Ordering::Relaxed)
     }
 
     /// Queues `p` if there is room; a full queue hands it back, to be
@@ -88,6 +98,7 @@ impl Queue {
 
     fn put(&self, p: Proposal) {
         self.items.lock().push_back(p);
+        self.arrived.fetch_add(1, Ordering::Relaxed);
         // Stores a wakeup if the taker is not waiting yet: none is lost.
         self.ready.notify_one();
     }
@@ -129,26 +140,32 @@ impl Queue {
     }
 
     /// Waits for a first proposal, then lets the runtime poll its sockets
-    /// again (each poll a yield, not a timer) until `expect` proposals are
-    /// queued, or `idle` passed since the latest one came, or `max` since
-    /// the first: the requests of the clients the last entries answered
-    /// join the next batch, although they arrive spread out. Whether
-    /// `expect` were queued.
+    /// again (each poll a yield, not a timer) until `expect` proposals
+    /// came after the mark `since` (an earlier [`Queue::arrived`]), or
+    /// `idle` passed since the latest one came, or `max` since the first:
+    /// the requests of the clients the last entries answered join the next
+    /// batch, although they arrive spread out. Proposals queued before the
+    /// mark are not counted (they are taken anyway): they come from
+    /// clients answered earlier, and counting them would stop the wait
+    /// short of as many of those just answered. Whether `expect` came.
     pub(super) async fn gather_expected(
         &self,
         expect: usize,
+        since: u64,
         idle: Duration,
         max: Duration,
     ) -> bool {
-        let mut queued = self.first_proposal().await;
+        self.first_proposal().await;
+        let came = || self.arrived().wrapping_sub(since);
+        let mut seen = came();
         let first = Instant::now();
         let mut latest = first;
-        while queued < expect && !self.room.is_closed() {
+        while seen < expect as u64 && !self.room.is_closed() {
             tokio::task::yield_now().await;
             let now = Instant::now();
-            let n = self.items.lock().len();
-            if n != queued {
-                (queued, latest) = (n, now);
+            let n = came();
+            if n != seen {
+                (seen, latest) = (n, now);
             } else if now - latest >= idle {
                 break;
             }
@@ -156,7 +173,7 @@ impl Queue {
                 break;
             }
         }
-        queued >= expect
+        seen >= expect as u64
     }
 
     /// Waits for proposals, then takes them from the front: at most
@@ -366,7 +383,7 @@ mod tests {
         // takes within `max`.
         let q = Arc::new(Queue::new(100));
         let producer = spaced(&q, 5, ms(2));
-        q.gather_expected(5, ms(50), ms(5_000)).await;
+        q.gather_expected(5, q.arrived(), ms(50), ms(5_000)).await;
         assert_eq!(q.items.lock().len(), 5);
         producer.await.unwrap();
         q.next_batch(100, usize::MAX).await.unwrap();
@@ -374,7 +391,7 @@ mod tests {
         // the two, once `idle` passed.
         let producer = spaced(&q, 2, ms(1));
         let started = Instant::now();
-        q.gather_expected(5, ms(30), ms(5_000)).await;
+        q.gather_expected(5, q.arrived(), ms(30), ms(5_000)).await;
         let took = started.elapsed();
         assert_eq!(q.items.lock().len(), 2);
         assert!(took >= ms(30) && took < ms(2_000), "took {took:?}");
@@ -384,16 +401,54 @@ mod tests {
         // what came by then.
         let producer = spaced(&q, 100, ms(5));
         let started = Instant::now();
-        q.gather_expected(100, ms(1_000), ms(40)).await;
+        q.gather_expected(100, q.arrived(), ms(1_000), ms(40)).await;
         let (took, got) = (started.elapsed(), q.items.lock().len());
         assert!(took >= ms(40) && took < ms(2_000), "took {took:?}");
         assert!((2..100).contains(&got), "{got} gathered");
         producer.abort();
         // A closed queue: no wait.
         q.close();
-        tokio::time::timeout(ms(5_000), q.gather_expected(1_000, ms(1_000), ms(1_000)))
-            .await
-            .expect("gathering waited on a closed queue");
+        tokio::time::timeout(
+            ms(5_000),
+            q.gather_expected(1_000, q.arrived(), ms(1_000), ms(1_000)),
+        )
+        .await
+        .expect("gathering waited on a closed queue");
+    }
+
+    #[tokio::test]
+    async fn gathering_the_expected_counts_only_those_queued_after_the_mark() {
+        let ms = Duration::from_millis;
+        // Three stragglers of an earlier round are queued when an entry of
+        // five is answered (the mark); those five clients' requests come
+        // back 2 ms apart. The wait is for the five, not for five in all:
+        // counting the stragglers would take three of the five and leave
+        // two for the round after, and the clients would stay split.
+        let q = Arc::new(Queue::new(100));
+        for k in 0..3 {
+            q.try_push(proposal(100 + k, 1).0).ok().unwrap();
+        }
+        let mark = q.arrived();
+        assert_eq!(mark, 3);
+        let producer = spaced(&q, 5, ms(2));
+        let met = q.gather_expected(5, mark, ms(50), ms(5_000)).await;
+        assert!(met, "the five answered came back");
+        assert_eq!(q.items.lock().len(), 8, "the stragglers and all five");
+        producer.await.unwrap();
+        let batch = q.next_batch(100, usize::MAX).await.unwrap();
+        assert_eq!(
+            batch.ops.iter().map(key).collect::<Vec<_>>(),
+            [100, 101, 102, 0, 1, 2, 3, 4],
+            "in the order they came"
+        );
+        // Arrivals keep counting across batches taken.
+        assert_eq!(q.arrived(), 8);
+        // Fewer come back than were answered: what came, after `idle`.
+        let mark = q.arrived();
+        let producer = spaced(&q, 2, ms(1));
+        assert!(!q.gather_expected(5, mark, ms(30), ms(5_000)).await);
+        assert_eq!(q.items.lock().len(), 2);
+        producer.await.unwrap();
     }
 
     #[tokio::test]
