@@ -9,7 +9,8 @@
 # connections, pipeline 1 and 16; then how fast each side restarts from its
 # log; then replicated (a three-node idemd cluster against Redis AOF-always
 # and against a Redis primary and replica with WAIT 1 0), and the failover
-# time. Prints the tables and cleans up.
+# time; the replicated claims are also driven by redis-benchmark. Prints
+# the tables and cleans up.
 #
 #   bash benches/compare.sh [extra idem-bench flags]
 #
@@ -249,6 +250,37 @@ until_ping "$REDIS_PORT" > /dev/null
 ./target/release/idem-bench --idem "127.0.0.1:$LEADER" --redis "127.0.0.1:$REDIS_PORT" \
   --workloads claim,cycle --connections 50 --pipeline 1,16 --goals replicated \
   --duration "$DURATION" --rounds "$ROUNDS" --json "${JSON%.json}-cluster.json" "$@"
+# The same claims driven by redis-benchmark, a generator neither side
+# wrote (Idem's CLAIM against Redis's SET NX PX, random keys, 50
+# connections): its turns alternate as idem-bench's do, and the ratio is
+# of the pooled rates (requests over the time they took).
+rb_turn() { # port pipeline requests command... -> "rps p50_ms p99_ms"
+  local port=$1 pipe=$2 n=$3; shift 3
+  redis-benchmark -p "$port" -c 50 -P "$pipe" -n "$n" -r 1000000000 --csv "$@" 2>/dev/null \
+    | tail -1 | tr -d '"' | awk -F, '{print $2, $5, $7}'
+}
+echo
+echo "claims driven by redis-benchmark, 50 connections: Idem (three nodes) against Redis AOF-always"
+printf '%-6s %-6s %12s %8s %8s\n' pipe target "ops/s" "p50 ms" "p99 ms"
+for pipe in 1 16; do
+  n=$(( DURATION * (pipe == 1 ? 50000 : 250000) ))
+  rb_rows=""
+  for round in $(seq "$ROUNDS"); do
+    a=$(rb_turn "$LEADER" "$pipe" "$n" CLAIM "rb:$pipe:$round:__rand_int__" LEASE 60000)
+    b=$(rb_turn "$REDIS_PORT" "$pipe" "$n" SET "rb:$pipe:$round:__rand_int__" v NX PX 60000)
+    printf '%-6s %-6s %12s %8s %8s\n' "$pipe" idem $a "$pipe" redis $b
+    rb_rows="$rb_rows $a $b"
+  done
+  python3 - "$n" $rb_rows <<'PY'
+import sys
+n = int(sys.argv[1])
+v = [float(x) for x in sys.argv[2:]]
+rows = [v[i:i + 6] for i in range(0, len(v), 6)]
+idem = len(rows) * n / sum(n / r[0] for r in rows)
+redis = len(rows) * n / sum(n / r[3] for r in rows)
+print(f"       pooled: idem {idem:,.0f} ops/s, redis {redis:,.0f} ops/s, ratio {idem / redis:.2f}")
+PY
+done
 kill "$REDIS_PID"; wait "$REDIS_PID" 2>/dev/null || true; REDIS_PID=""
 PRIMARY=$(free_port); REPLICA=$(free_port)
 redis-server --port "$PRIMARY" --bind 127.0.0.1 --save '' --appendonly yes --appendfsync always \
