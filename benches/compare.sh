@@ -268,6 +268,10 @@ for pipe in 1 16; do
   for round in $(seq "$ROUNDS"); do
     a=$(rb_turn "$LEADER" "$pipe" "$n" CLAIM "rb:$pipe:$round:__rand_int__" LEASE 60000)
     b=$(rb_turn "$REDIS_PORT" "$pipe" "$n" SET "rb:$pipe:$round:__rand_int__" v NX PX 60000)
+    if [ "$(wc -w <<< "$a $b")" != 6 ]; then
+      echo "redis-benchmark gave no result at pipeline $pipe, round $round: idem '$a', redis '$b'" >&2
+      exit 1
+    fi
     printf '%-6s %-6s %12s %8s %8s\n' "$pipe" idem $a "$pipe" redis $b
     rb_rows="$rb_rows $a $b"
   done
