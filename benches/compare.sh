@@ -275,13 +275,13 @@ for pipe in 1 16; do
     printf '%-6s %-6s %12s %8s %8s\n' "$pipe" idem $a "$pipe" redis $b
     rb_rows="$rb_rows $a $b"
   done
-  python3 - "$n" $rb_rows <<'PY'
+  # Every turn is n requests, so the pooled rate is the rates' harmonic mean.
+  python3 - $rb_rows <<'PY'
 import sys
-n = int(sys.argv[1])
-v = [float(x) for x in sys.argv[2:]]
+v = [float(x) for x in sys.argv[1:]]
 rows = [v[i:i + 6] for i in range(0, len(v), 6)]
-idem = len(rows) * n / sum(n / r[0] for r in rows)
-redis = len(rows) * n / sum(n / r[3] for r in rows)
+idem = len(rows) / sum(1 / r[0] for r in rows)
+redis = len(rows) / sum(1 / r[3] for r in rows)
 print(f"       pooled: idem {idem:,.0f} ops/s, redis {redis:,.0f} ops/s, ratio {idem / redis:.2f}")
 PY
 done
