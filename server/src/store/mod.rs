@@ -42,7 +42,7 @@ mod snapshot;
 
 use std::hash::{BuildHasher, RandomState};
 use std::sync::OnceLock;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use crossbeam_utils::CachePadded;
 use foldhash::SharedSeed;
@@ -129,6 +129,9 @@ pub struct Store {
     memory: AtomicU64,
     max_memory: AtomicU64,
     headroom: AtomicU64,
+    /// The shard the next search for expiry candidates starts in (where
+    /// the last one stopped). Node-local.
+    expiry_shard: AtomicUsize,
 }
 
 fn shared_seed() -> &'static SharedSeed {
@@ -156,6 +159,7 @@ impl Store {
             memory: AtomicU64::new(0),
             max_memory: AtomicU64::new(MemoryLimits::UNLIMITED.max_memory_bytes),
             headroom: AtomicU64::new(MemoryLimits::UNLIMITED.headroom_bytes),
+            expiry_shard: AtomicUsize::new(0),
         }
     }
 

@@ -576,6 +576,39 @@ fn sweep_reclaims_expired_records_with_bounded_work() {
 }
 
 #[test]
+fn a_search_for_expired_keys_resumes_in_the_shard_the_last_one_stopped_in() {
+    // A wave of expiry: in each of four shards, the leases of about 100
+    // records lapse at 1000 beside 100 live ones; each search takes at
+    // most 10 keys, walking a whole shard if need be. Starting every search
+    // in the first shard walked again each shard whose lapsed records were
+    // already taken (15,492 slots here for 1,024); resuming where the last
+    // search stopped walks each about once (1,159).
+    let s = store_with(4, None, 64 << 20);
+    for i in 0..400 {
+        acquired(run(&s, Command::Claim(claim(&format!("lapsed{i}"))), 0));
+    }
+    for i in 0..400 {
+        acquired(run(&s, Command::Claim(claim(&format!("live{i}"))), 900));
+    }
+    let slots: usize = s.shards.iter().map(|sh| sh.lock().slab.slots()).sum();
+    let (mut examined, mut searches) = (0, 0);
+    while s.len() > 400 {
+        let found = s.expiry_candidates(1000, usize::MAX, 10);
+        assert!(found.keys.len() <= 10);
+        examined += found.examined;
+        searches += 1;
+        assert!(searches < 1000, "the lapsed records are not reclaimed");
+        s.apply_op(1000, &Op::Expire { keys: found.keys });
+    }
+    assert_eq!(s.stats().in_flight, 400);
+    assert!(searches >= 40);
+    assert!(
+        examined <= 3 * slots + searches,
+        "{examined} slots examined for {slots} slots in {searches} searches"
+    );
+}
+
+#[test]
 fn fields_over_the_record_format_are_refused() {
     let s = store();
     let mut c = claim("k");
