@@ -1,12 +1,18 @@
 //! Clusters of real idemd processes on loopback: bootstrap, routing the way
 //! Redis Cluster clients route, failover without losing a record, nodes
 //! that rejoin, and nodes that must not.
+//!
+//! The tests that slow a node's disk, cut it off from its peers or skew its
+//! wall clock need the fault switches only debug builds of idemd have: they
+//! run in debug builds (`cargo test`) and are left out of release ones.
 
 use std::time::Duration;
 
 use idem_protocol::{ClaimReply, Frame, Outcome, key_slot};
 
-use crate::support::cluster::{Cluster, Member, SlowSyncs, assert_completed, cmd_served};
+#[cfg(debug_assertions)]
+use crate::support::cluster::SlowSyncs;
+use crate::support::cluster::{Cluster, Member, assert_completed, cmd_served};
 use crate::support::*;
 
 /// The `-MOVED` target of an error reply.
@@ -273,6 +279,7 @@ async fn followers_snapshot_by_log_bytes_too() {
 /// purge its log meanwhile: a purge waits for the stalled disk, the Raft
 /// core must not. (Debug builds slow a node's log syncs by the
 /// milliseconds in `IDEMD_UNSAFE_TEST_SLOW_SYNC_FILE`.)
+#[cfg(debug_assertions)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leader_with_a_stalled_disk_acknowledges_through_its_followers() {
     let slow = SlowSyncs::new("stalled-disk");
@@ -349,6 +356,7 @@ async fn a_leader_with_a_stalled_disk_acknowledges_through_its_followers() {
 /// followers hold under that term, and leading under it would give their
 /// log ids to other entries. Every acknowledged outcome stays, and every
 /// node ends with the same records.
+#[cfg(debug_assertions)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leader_restarted_at_once_without_its_unwritten_entries_does_not_lead_in_its_old_term() {
     let slow = SlowSyncs::new("restarted-leader");
@@ -414,6 +422,7 @@ async fn a_leader_restarted_at_once_without_its_unwritten_entries_does_not_lead_
 /// log ids the new member holds). Its syncs stall here for 1.5 s: while
 /// the CLUSTER ADD's entry is on its way to its disk, the new member has
 /// received nothing.
+#[cfg(debug_assertions)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_membership_change_is_on_the_leaders_disk_before_the_new_member_hears_of_it() {
     let slow = SlowSyncs::new("grow-stalled");
@@ -465,6 +474,7 @@ async fn a_membership_change_is_on_the_leaders_disk_before_the_new_member_hears_
 /// leader's `append_timeout_ms`: five writes, then that follower catches
 /// up; the RPCs that ran out of time on the leader meanwhile (INFO
 /// `raft_peer_timeouts`).
+#[cfg(debug_assertions)]
 async fn writes_with_a_slow_follower(name: &str, append_timeout_ms: &str) -> u64 {
     let slow = SlowSyncs::new(name);
     let c = Cluster::start_each(name, 3, |id| {
@@ -510,6 +520,7 @@ async fn writes_with_a_slow_follower(name: &str, append_timeout_ms: &str) -> u64
 /// interval, the deadline before the setting) it keeps up only through
 /// retries after a backoff, and the leader counts the calls that ran out
 /// of time.
+#[cfg(debug_assertions)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_follower_with_a_slow_disk_is_given_append_timeout_ms_to_answer() {
     assert_eq!(
@@ -531,6 +542,7 @@ async fn a_follower_with_a_slow_disk_is_given_append_timeout_ms_to_answer() {
 /// being written, every write is acknowledged and both followers apply the
 /// whole log. With `max_inflight_appends = 1` none is sent before the
 /// previous answer.
+#[cfg(debug_assertions)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn entries_go_to_followers_without_waiting_up_to_max_inflight_appends() {
     for (depth, name) in [("1", "one-at-a-time"), ("4", "pipelined")] {
@@ -833,6 +845,7 @@ async fn a_commit_rides_on_the_next_entries_to_the_followers() {
 /// one by one, and its proposer waited for its answer for good: the node
 /// led and refused nothing, yet no write went through. (Found by the
 /// simulation; the snapshot now answers the proposals it covers.)
+#[cfg(debug_assertions)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_former_leader_caught_up_by_snapshot_takes_writes_when_it_leads_again() {
     let faults = DataDir::new("snap-answer");
@@ -1203,6 +1216,7 @@ async fn a_removed_node_left_running_tells_its_clients_so() {
     drop((a, b));
 }
 
+#[cfg(debug_assertions)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leader_cut_off_from_its_peers_stops_serving_and_the_majority_takes_over() {
     let faults = DataDir::new("isolate");
@@ -1406,6 +1420,7 @@ async fn idem_client_runs_through_repeated_leader_kills() {
 
 /// The lease left on `key`, from INSPECT on `conn` (a leader just elected
 /// answers -TRYAGAIN until it has applied its log: asked again).
+#[cfg(debug_assertions)]
 async fn lease_left(conn: &mut Conn, key: &str) -> i64 {
     let mut r = conn.cmd(&["INSPECT", key]).await;
     for _ in 0..100 {
@@ -1427,6 +1442,7 @@ async fn lease_left(conn: &mut Conn, key: &str) -> i64 {
     int(&fields[i + 1])
 }
 
+#[cfg(debug_assertions)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_new_leader_with_a_skewed_wall_clock_neither_lapses_early_nor_turns_time_back() {
     // Node 1 keeps true time; nodes 2 and 3 are 10 s ahead and behind.
@@ -2152,6 +2168,7 @@ async fn a_paused_leader_resumed_after_a_failover_answers_nothing_stale() {
 /// answers again, and serves them then, instead of failing them with
 /// `-TRYAGAIN`. (An election timeout of 2.5 s: a lease of 2 s, and the
 /// followers, blocked 2.3 s in the sync, do not campaign when it ends.)
+#[cfg(debug_assertions)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leader_holds_requests_through_a_short_stall_of_its_followers_disks() {
     let slow = SlowSyncs::new("disk-hiccup");
