@@ -34,25 +34,23 @@ impl Store {
         let first = self.expiry_shard.load(Ordering::Relaxed) % n;
         for turn in 0..n {
             let at = (first + turn) % n;
-            {
-                let mut guard = self.shards[at].lock();
-                let sh = &mut *guard;
-                let slots = sh.slab.slots();
-                if sh.slab.len() == 0 {
-                    continue;
+            let mut guard = self.shards[at].lock();
+            let sh = &mut *guard;
+            let slots = sh.slab.slots();
+            if sh.slab.len() == 0 {
+                continue;
+            }
+            for _ in 0..scan_per_shard.min(slots) {
+                if found.keys.len() >= max {
+                    break;
                 }
-                for _ in 0..scan_per_shard.min(slots) {
-                    if found.keys.len() >= max {
-                        break;
-                    }
-                    let id = (sh.aux.cursor % slots) as u32;
-                    sh.aux.cursor = (sh.aux.cursor + 1) % slots;
-                    found.examined += 1;
-                    let Some(rec) = sh.slab.get(id) else { continue };
-                    seen += 1;
-                    if rec.deadline <= now_ms {
-                        found.keys.push(Bytes::copy_from_slice(rec.key()));
-                    }
+                let id = (sh.aux.cursor % slots) as u32;
+                sh.aux.cursor = (sh.aux.cursor + 1) % slots;
+                found.examined += 1;
+                let Some(rec) = sh.slab.get(id) else { continue };
+                seen += 1;
+                if rec.deadline <= now_ms {
+                    found.keys.push(Bytes::copy_from_slice(rec.key()));
                 }
             }
             if found.keys.len() >= max {
