@@ -1309,8 +1309,8 @@ pub const SMALL_MACHINE_CPUS: usize = 2;
 /// (no work stealing, no wake-ups across threads). On a small machine a
 /// second worker mostly takes CPU from what shares it (the clients, the
 /// kernel's network work, other nodes): on 2 CPUs shared with the load
-/// generator, one worker served more in every case measured (README,
-/// Performance).
+/// generator, one worker served more in every case measured
+/// (`benches/RESULTS.md`).
 pub fn worker_threads_for(configured: usize, cpus: usize) -> usize {
     match configured {
         0 if cpus <= SMALL_MACHINE_CPUS => 1,

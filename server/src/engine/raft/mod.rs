@@ -78,7 +78,7 @@ pub const MAX_BATCH_OPS: usize = 65_535;
 /// small when few commands gathered while the previous one was written:
 /// the node is lightly loaded, little waits to be served during the sync,
 /// and the two thread wakeups of a hand-off are a large share of each
-/// command's latency (README, Performance: pipeline 1 gains throughput and
+/// command's latency (`benches/RESULTS.md`: pipeline 1 gains throughput and
 /// a lower p99, pipeline 16's entries are larger and are handed over as
 /// before). A follower does it only while `max_inflight_appends` is 1: its
 /// leader then sends the next entries after this append's answer, so
