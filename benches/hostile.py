@@ -26,7 +26,9 @@ The server runs on 127.0.0.1:PORT with process id PID (for /proc). Cases:
       is meant to be started with a low open files limit, e.g.
       `prlimit --nofile=256 idemd ...`).
 
-Every case opens its own connections; run each on a fresh server.
+Every case opens its own connections; run each on a fresh server. Only
+amplify writes (its setup CLAIM and COMPLETE): against a cluster, give it
+the leader's port; the other cases send PING and run against any node.
 """
 import multiprocessing
 import os
@@ -113,7 +115,15 @@ def amplify(conns=100, replays=30):
         c.sendall(command(b"CLAIM", b"amp"))
         got = b""
         while got.count(b"\r\n") < 3:
-            got += c.recv(256)
+            chunk = c.recv(256)
+            if not chunk:
+                raise ConnectionError("closed")
+            got += chunk
+            if got.startswith(b"-") and got.endswith(b"\r\n"):
+                # e.g. -MOVED from a cluster's follower: the setup write
+                # must go to the leader.
+                sys.exit("amplify: the setup CLAIM was refused: %s (run it against "
+                         "a single node or a cluster's leader)" % got.strip().decode())
         fence = got.split(b"\r\n")[2].lstrip(b":")
         c.sendall(command(b"COMPLETE", b"amp", fence, value))
         read = command(b"CLAIM", b"amp")
