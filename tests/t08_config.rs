@@ -28,6 +28,35 @@ fn invalid_settings_exit_with_a_clear_message() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("cannot read config file"));
 }
 
+/// A refusal is one line naming the setting and every cause, whatever
+/// `RUST_BACKTRACE` says: a configuration mistake is not a crash, and a
+/// backtrace after it only buries the message.
+#[test]
+fn a_refusal_is_one_line_with_its_causes_and_no_backtrace() {
+    let out = idemd(
+        &["--config", "/nonexistent/idem.toml"],
+        &[("RUST_BACKTRACE", "1"), ("RUST_LIB_BACKTRACE", "1")],
+    );
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.starts_with("idemd: error: cannot read config file /nonexistent/idem.toml: "),
+        "{stderr}"
+    );
+    // The cause (the OS error) is on the same line.
+    assert!(stderr.contains("No such file or directory"), "{stderr}");
+    assert!(!stderr.contains("backtrace"), "{stderr}");
+
+    let out = idemd(&["--listen", "127.0.0.1:99999"], &[("RUST_BACKTRACE", "1")]);
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        stderr.trim_end(),
+        "idemd: error: invalid value for listen: '127.0.0.1:99999' is not HOST:PORT (an IP address and a port)"
+    );
+}
+
 #[tokio::test]
 async fn file_then_env_then_flags() {
     let dir = std::env::temp_dir().join(format!("idem-t08-{}", std::process::id()));

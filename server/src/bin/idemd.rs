@@ -214,7 +214,36 @@ struct Args {
     config: Option<PathBuf>,
 }
 
-fn main() -> anyhow::Result<()> {
+/// Runs idemd; a refusal or failure is reported as one line (the error
+/// and its causes, each once) and exit code 1. Not as `main`'s `Err`,
+/// which prints a multi-line debug form and, with `RUST_BACKTRACE` set, a
+/// backtrace: a configuration mistake is not a crash.
+fn main() -> std::process::ExitCode {
+    match run() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("idemd: error: {}", one_line(&e));
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+/// `e` and its causes joined with ": ", leaving out a cause whose text
+/// the message before it already ends with (errors that print their
+/// source themselves).
+fn one_line(e: &anyhow::Error) -> String {
+    let mut line = e.to_string();
+    for cause in e.chain().skip(1) {
+        let cause = cause.to_string();
+        if !line.ends_with(&cause) {
+            line.push_str(": ");
+            line.push_str(&cause);
+        }
+    }
+    line
+}
+
+fn run() -> anyhow::Result<()> {
     let args = Args::parse();
     let path = args
         .config
