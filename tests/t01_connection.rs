@@ -165,9 +165,30 @@ async fn client_info_dbsize_command_config() {
     // Every command the protocol defines, written out here rather than read
     // from the table the server uses, so a command missing from it fails.
     let expected = [
-        "claim", "settle", "complete", "renew", "journal", "release", "abandon", "inspect",
-        "forget", "ping", "echo", "hello", "auth", "quit", "info", "dbsize", "client", "command",
-        "config", "cluster", "select", "acl",
+        "claim",
+        "settle",
+        "complete",
+        "renew",
+        "journal",
+        "release",
+        "abandon",
+        "inspect",
+        "forget",
+        "ping",
+        "echo",
+        "hello",
+        "auth",
+        "quit",
+        "info",
+        "dbsize",
+        "client",
+        "command",
+        "config",
+        "cluster",
+        "select",
+        "acl",
+        "readonly",
+        "readwrite",
     ];
     assert_eq!(
         int(&c.cmd(&["COMMAND", "COUNT"]).await),

@@ -1673,6 +1673,67 @@ async fn redis_py_cluster_client_follows_the_leader_through_a_failover() {
     assert!(n > 10, "only {n} keys went through");
 }
 
+/// Cluster clients set to read from replicas (redis-py's
+/// `read_from_replicas`, ioredis's `scaleReads`, go-redis's `ReadOnly`)
+/// send READONLY on every connection and give a node up if it refuses it.
+/// Every node accepts READONLY and READWRITE, and a follower still sends
+/// every record command and read to the leader.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_that_read_from_replicas_connect_and_still_reach_the_leader() {
+    let c = Cluster::start("readonly", 3).await;
+    let l = c.leader().await;
+    let leader = c.members[l].client.to_string();
+    for f in c.followers().await {
+        let mut conn = c.members[f].conn().await;
+        assert_eq!(conn.cmd(&["READONLY"]).await, ok());
+        for args in [
+            vec!["INSPECT", "ro-a"],
+            vec!["SETTLE", "ro-b"],
+            vec!["CLAIM", "ro-c", "LEASE", "5000"],
+        ] {
+            let r = conn.cmd(&args).await;
+            assert_eq!(
+                moved(&r),
+                (key_slot(args[1].as_bytes()), leader.clone()),
+                "{args:?}"
+            );
+        }
+        assert_eq!(conn.cmd(&["readwrite"]).await, ok());
+        let e = err(&conn.cmd(&["READONLY", "x"]).await);
+        assert!(e.contains("wrong number of arguments"), "{e}");
+    }
+    let mut conn = c.members[l].conn().await;
+    assert_eq!(conn.cmd(&["READONLY"]).await, ok());
+    assert!(matches!(
+        claim(conn.cmd(&["CLAIM", "ro-d", "LEASE", "5000"]).await),
+        ClaimReply::Acquired { .. }
+    ));
+    assert_eq!(conn.cmd(&["READWRITE"]).await, ok());
+
+    let Some(py) = python_with_redis() else {
+        return;
+    };
+    let f = c.followers().await[0];
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../tests/fixtures/redis_py_replicas.py"
+    );
+    let out = tokio::process::Command::new(py)
+        .args([script, &c.members[f].client.port().to_string(), "20"])
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(60), out)
+        .await
+        .expect("the script ends")
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.trim() == "ok 20",
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// Owner load from eight clients against a cluster, following `-MOVED`,
 /// while the leader is killed (SIGKILL) at a random moment, `rounds` times;
 /// the killed node restarts on its data each time. After every failover a

@@ -205,7 +205,7 @@ async fn acl_list_users_cat_and_log() {
     assert!(
         lines.contains(&format!(
             "user tenant-a on #{a_hash} ~tenant-a:* -@all +claim +settle +complete +renew +journal \
-             +release +abandon +inspect +ping +echo +select +command +client|id +client|setname \
+             +release +abandon +inspect +ping +echo +select +readonly +readwrite +command +client|id +client|setname \
              +client|getname +client|info +client|setinfo +cluster|info +cluster|nodes \
              +cluster|myid +cluster|slots +cluster|shards +cluster|keyslot +acl|whoami +acl|cat"
         )),

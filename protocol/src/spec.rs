@@ -50,6 +50,10 @@ pub enum CommandId {
     Select,
     /// `ACL`
     Acl,
+    /// `READONLY`
+    ReadOnly,
+    /// `READWRITE`
+    ReadWrite,
 }
 
 /// Command flags (a bit set).
@@ -156,6 +160,8 @@ pub const COMMANDS: &[CommandSpec] = &[
     spec(CommandId::Cluster, "cluster", -2, A, 0),
     spec(CommandId::Select, "select", 2, C, 0),
     spec(CommandId::Acl, "acl", -2, A, 0),
+    spec(CommandId::ReadOnly, "readonly", 1, C, 0),
+    spec(CommandId::ReadWrite, "readwrite", 1, C, 0),
 ];
 
 /// The spec of the command named `name` (any case).

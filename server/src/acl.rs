@@ -104,6 +104,8 @@ const UNITS: &[Unit] = &[
     unit("ping", CONN),
     unit("echo", CONN),
     unit("select", CONN),
+    unit("readonly", CONN),
+    unit("readwrite", CONN),
     unit("command", CONNECTION | SLOW),
     unit("client|id", CONN),
     unit("client|setname", CONNECTION | SLOW),

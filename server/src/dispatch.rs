@@ -225,6 +225,13 @@ fn run(node: &Node, session: &mut Session, cmd: Command) -> Action {
         Command::Acl(c) => admin::acl(node, session, c),
         Command::Select(0) => Reply::Ok,
         Command::Select(_) => err("DB index is out of range"),
+        // Redis Cluster clients set to read from replicas (redis-py's
+        // `read_from_replicas`, ioredis's `scaleReads`, Lettuce's
+        // `ReadFrom`, go-redis's `ReadOnly`) send READONLY on every
+        // connection and give the node up if it is refused. Every node
+        // accepts both; a follower still redirects every record command
+        // and read to the leader, which alone answers them (linearizable).
+        Command::ReadOnly | Command::ReadWrite => Reply::Ok,
         _ => err("unsupported command"),
     })
 }

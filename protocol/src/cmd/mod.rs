@@ -82,6 +82,13 @@ pub enum Command {
     Select(u64),
     /// `ACL WHOAMI|LIST|USERS|CAT|LOAD|LOG`
     Acl(AclCmd),
+    /// `READONLY`: accepted for Redis Cluster clients that read from
+    /// replicas; a follower still redirects every record command and read
+    /// to the leader.
+    ReadOnly,
+    /// `READWRITE`: the counterpart of [`Command::ReadOnly`], accepted
+    /// likewise.
+    ReadWrite,
 }
 
 impl Command {
@@ -150,6 +157,14 @@ impl Command {
                 Command::Select(parse_u64(&index).ok_or(CommandError::NotAnInteger("DB index"))?)
             }
             CommandId::Acl => parse!(Acl, AclCmd, "acl"),
+            CommandId::ReadOnly => {
+                Args::new("readonly", it).finish()?;
+                Command::ReadOnly
+            }
+            CommandId::ReadWrite => {
+                Args::new("readwrite", it).finish()?;
+                Command::ReadWrite
+            }
         };
         Ok(cmd)
     }
@@ -180,6 +195,8 @@ impl Command {
             Command::Cluster(c) => c.write_args(&mut out),
             Command::Select(i) => out.extend([word("SELECT"), num(*i)]),
             Command::Acl(c) => c.write_args(&mut out),
+            Command::ReadOnly => out.push(word("READONLY")),
+            Command::ReadWrite => out.push(word("READWRITE")),
         }
         Frame::Array(out)
     }
@@ -209,6 +226,8 @@ impl Command {
             Command::Cluster(_) => CommandId::Cluster,
             Command::Select(_) => CommandId::Select,
             Command::Acl(_) => CommandId::Acl,
+            Command::ReadOnly => CommandId::ReadOnly,
+            Command::ReadWrite => CommandId::ReadWrite,
         }
     }
 

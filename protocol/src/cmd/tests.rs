@@ -130,6 +130,8 @@ pub(crate) fn all_commands() -> Vec<Command> {
         Command::Acl(AclCmd::Log(None)),
         Command::Acl(AclCmd::Log(Some(5))),
         Command::Acl(AclCmd::LogReset),
+        Command::ReadOnly,
+        Command::ReadWrite,
     ]
 }
 
@@ -197,6 +199,8 @@ variants! {
     "acl load" => Command::Acl(AclCmd::Load),
     "acl log" => Command::Acl(AclCmd::Log(_)),
     "acl log reset" => Command::Acl(AclCmd::LogReset),
+    "readonly" => Command::ReadOnly,
+    "readwrite" => Command::ReadWrite,
 }
 
 #[test]
