@@ -1673,6 +1673,122 @@ async fn redis_py_cluster_client_follows_the_leader_through_a_failover() {
     assert!(n > 10, "only {n} keys went through");
 }
 
+/// Claims and completes `key` through redis-rs's cluster client, retrying
+/// (with the same attempt id, so a lost reply never makes a second owner)
+/// what fails while the cluster elects a leader.
+async fn redis_rs_claim_complete(
+    conn: &mut redis::cluster_async::ClusterConnection,
+    key: &str,
+    value: &str,
+) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let r: redis::RedisResult<redis::Value> = async {
+            let r: redis::Value = redis::cmd("CLAIM")
+                .arg(key)
+                .arg("LEASE")
+                .arg(30_000)
+                .arg("ATTEMPT")
+                .arg(key)
+                .query_async(conn)
+                .await?;
+            let redis::Value::Array(items) = &r else {
+                return Ok(r);
+            };
+            if let [redis::Value::SimpleString(s), redis::Value::Int(fence)] = &items[..] {
+                assert_eq!(s, "ACQUIRED", "{key}: {r:?}");
+                redis::cmd("COMPLETE")
+                    .arg(key)
+                    .arg(*fence)
+                    .arg(value)
+                    .query_async(conn)
+                    .await
+            } else {
+                Ok(r)
+            }
+        }
+        .await;
+        match r {
+            Ok(redis::Value::Okay) => return,
+            Ok(redis::Value::Array(items)) => {
+                // The retried claim found its own completion.
+                assert_eq!(
+                    items,
+                    vec![
+                        redis::Value::SimpleString("COMPLETED".into()),
+                        redis::Value::Okay,
+                        redis::Value::BulkString(value.as_bytes().to_vec()),
+                    ],
+                    "{key}"
+                );
+                return;
+            }
+            Ok(other) => panic!("{key}: {other:?}"),
+            Err(e) => {
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "{key}: still failing: {e}"
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
+/// redis-rs's async cluster client follows the leader with no
+/// Idem-specific code, through a kill -9 of the leader: one client given
+/// a follower's address alone, one given every node and reading from
+/// replicas (it sends READONLY on each connection).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_rs_cluster_client_follows_the_leader_through_a_failover() {
+    use redis::cluster::ClusterClientBuilder;
+    let mut c = Cluster::start("redis-rs", 3).await;
+    let f = c.followers().await[0];
+    let url = |m: &Member| format!("redis://{}/", m.client);
+    let plain = ClusterClientBuilder::new(vec![url(&c.members[f])])
+        .build()
+        .unwrap();
+    let replicas = ClusterClientBuilder::new(c.members.iter().map(url).collect::<Vec<_>>())
+        .read_routing_strategy(redis::cluster_read_routing::RandomReplicaStrategy)
+        .build()
+        .unwrap();
+    let mut conns = [
+        plain.get_async_connection().await.unwrap(),
+        replicas.get_async_connection().await.unwrap(),
+    ];
+    let prefix = key("rs");
+    let mut done = Vec::new();
+    for phase in ["before", "after"] {
+        if phase == "after" {
+            let l = c.leader().await;
+            c.members[l].kill().await;
+        }
+        for (n, conn) in conns.iter_mut().enumerate() {
+            for i in 0..10 {
+                let k = format!("{prefix}-{phase}-{n}-{i}");
+                let v = format!("v-{k}");
+                redis_rs_claim_complete(conn, &k, &v).await;
+                done.push((k, v));
+            }
+        }
+    }
+    // Every completion replays through either client, on the new leader.
+    for conn in &mut conns {
+        for (k, v) in &done {
+            let r: redis::Value = redis::cmd("CLAIM").arg(k).query_async(conn).await.unwrap();
+            assert_eq!(
+                r,
+                redis::Value::Array(vec![
+                    redis::Value::SimpleString("COMPLETED".into()),
+                    redis::Value::Okay,
+                    redis::Value::BulkString(v.as_bytes().to_vec()),
+                ]),
+                "{k}"
+            );
+        }
+    }
+}
+
 /// Cluster clients set to read from replicas (redis-py's
 /// `read_from_replicas`, ioredis's `scaleReads`, go-redis's `ReadOnly`)
 /// send READONLY on every connection and give a node up if it refuses it.
