@@ -1,5 +1,5 @@
 //! Real Redis tools against idemd: redis-cli and redis-benchmark (Debian
-//! package redis-tools; CI installs it).
+//! package redis-tools) and prometheus-redis-exporter (CI installs both).
 
 use std::process::Command;
 
@@ -102,4 +102,114 @@ async fn redis_benchmark_drives_idemd() {
     );
     let mut c = s.conn().await;
     assert!(info_field(&mut c, "claims_acquired").await > 1000);
+}
+
+/// prometheus-redis-exporter (Debian's package of the usual way to watch
+/// Redis from Prometheus; CI installs it) scrapes a durable idemd with no
+/// Idem-specific setting: it is up, its records are db0's keys, a record
+/// removed by its lease running out counts as an expired key, and the
+/// instance carries idemd's run id and mode.
+#[tokio::test]
+async fn redis_exporter_scrapes_idemd() {
+    const EXPORTER: &str = "prometheus-redis-exporter";
+    let found = Command::new("sh")
+        .arg("-c")
+        .arg(format!("command -v {EXPORTER}"))
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !found {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "{EXPORTER} is required in CI (apt-get install {EXPORTER})"
+        );
+        eprintln!("skipping: {EXPORTER} is not installed (apt-get install {EXPORTER})");
+        return;
+    }
+    let dir = DataDir::new("exporter");
+    let s = Idemd::start_with(&[], &["--engine", "raft", "--data-dir", dir.arg()]).await;
+    let mut c = s.conn().await;
+    let k = key("exp");
+    for i in 0..3 {
+        let r = claim(
+            c.cmd(&["CLAIM", &format!("{k}-{i}"), "LEASE", "60000"])
+                .await,
+        );
+        assert!(matches!(r, idem_protocol::ClaimReply::Acquired { .. }));
+    }
+    let r = claim(c.cmd(&["CLAIM", &format!("{k}-short"), "LEASE", "1"]).await);
+    assert!(matches!(r, idem_protocol::ClaimReply::Acquired { .. }));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while info_field(&mut c, "expired_keys").await == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the short lease never lapsed"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let info = bulk(&c.cmd(&["INFO", "server"]).await);
+    let run_id = info
+        .lines()
+        .find_map(|l| l.strip_prefix("run_id:"))
+        .expect("INFO has run_id")
+        .trim()
+        .to_owned();
+    assert_eq!(run_id.len(), 40, "{run_id}");
+    assert!(run_id.bytes().all(|b| b.is_ascii_hexdigit()), "{run_id}");
+
+    let web = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let _exporter = tokio::process::Command::new(EXPORTER)
+        .arg(format!("--redis.addr=redis://{}", s.addr))
+        .arg(format!("--web.listen-address={web}"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("the exporter starts");
+    let page = scrape(web).await;
+    let value = |name: &str| -> f64 {
+        page.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in\n{page}"))
+    };
+    assert_eq!(value("redis_up"), 1.0);
+    assert_eq!(value("redis_db_keys{db=\"db0\"}"), 3.0);
+    assert_eq!(value("redis_db_keys_expiring{db=\"db0\"}"), 3.0);
+    assert!(value("redis_expired_keys_total") >= 1.0);
+    assert_eq!(value("redis_evicted_keys_total"), 0.0);
+    assert!(value("redis_connected_clients") >= 1.0);
+    let instance = page
+        .lines()
+        .find(|l| l.starts_with("redis_instance_info{"))
+        .unwrap_or_else(|| panic!("no redis_instance_info in\n{page}"));
+    assert!(instance.contains("redis_mode=\"cluster\""), "{instance}");
+    assert!(
+        instance.contains(&format!("run_id=\"{run_id}\"")),
+        "{instance}"
+    );
+}
+
+/// `GET /metrics` from `addr`, retried until the server there answers.
+async fn scrape(addr: std::net::SocketAddr) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        if let Ok(mut s) = tokio::net::TcpStream::connect(addr).await {
+            s.write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n")
+                .await
+                .unwrap();
+            let mut out = String::new();
+            s.read_to_string(&mut out).await.unwrap();
+            if out.starts_with("HTTP/1.0 200") || out.starts_with("HTTP/1.1 200") {
+                return out;
+            }
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the exporter never answered on {addr}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
 }

@@ -368,10 +368,18 @@ pub fn info_text(node: &Node, wanted: &[String]) -> String {
     section("server", &|o| {
         let _ = write!(
             o,
-            "idem_version:{}\r\nredis_version:{REDIS_VERSION}\r\nengine:{}\r\nprocess_id:{}\r\ntcp_port:{}\r\nuptime_in_seconds:{}\r\nshards:{}\r\nworker_threads:{}\r\n",
+            "idem_version:{}\r\nredis_version:{REDIS_VERSION}\r\nredis_mode:{}\r\nengine:{}\r\nprocess_id:{}\r\nrun_id:{}\r\ntcp_port:{}\r\nuptime_in_seconds:{}\r\nshards:{}\r\nworker_threads:{}\r\n",
             env!("CARGO_PKG_VERSION"),
+            // What Redis calls it: the raft engine is a cluster (of one or
+            // more), as `cluster_enabled` says.
+            if node.engine().raft_engine().is_some() {
+                "cluster"
+            } else {
+                "standalone"
+            },
             node.engine().kind().as_str(),
             std::process::id(),
+            node.run_id(),
             node.local_addr().port(),
             node.started().elapsed().as_secs(),
             cfg.store.shards,
@@ -482,7 +490,8 @@ pub fn info_text(node: &Node, wanted: &[String]) -> String {
             "total_connections_received:{}\r\nrejected_connections:{}\r\ntotal_commands_processed:{}\r\n\
              claims_acquired:{}\r\nclaims_recovered:{}\r\nreplays:{}\r\nhits_after_wait:{}\r\nwaits_parked:{}\r\n\
              waits_timed_out:{}\r\nwaits_refused:{}\r\ninflight_conflicts:{}\r\nfenced:{}\r\nlease_lapses:{}\r\nmismatches:{}\r\n\
-             oom_refusals:{}\r\nrecords_completed:{}\r\nexpired_records:{}\r\ntoobig_refusals:{}\r\n\
+             oom_refusals:{}\r\nrecords_completed:{}\r\nexpired_records:{}\r\nexpired_keys:{}\r\nevicted_keys:0\r\n\
+             toobig_refusals:{}\r\n\
              protocol_errors:{}\r\noutput_limit_disconnects:{}\r\nclient_budget_disconnects:{}\r\n\
              client_write_timeouts:{}\r\nauth_failures:{}\r\nprotected_mode_refusals:{}\r\n\
              acl_access_denied_auth:{}\r\nacl_access_denied_cmd:{}\r\nacl_access_denied_key:{}\r\n\
@@ -504,6 +513,7 @@ pub fn info_text(node: &Node, wanted: &[String]) -> String {
             c.oom,
             c.completed,
             c.expired,
+            c.dropped,
             get(&m.toobig),
             get(&m.protocol_errors),
             get(&m.output_limit_disconnects),
@@ -523,6 +533,12 @@ pub fn info_text(node: &Node, wanted: &[String]) -> String {
             "records:{}\r\nrecords_in_flight:{}\r\nrecords_abandoned:{}\r\nrecords_completed_now:{}\r\nlast_fence:{}\r\napplied_index:{}\r\n",
             st.records, st.in_flight, st.abandoned, st.completed, st.last_fence, st.applied_index
         );
+        // Redis's line, which monitoring (redis_exporter's
+        // `redis_db_keys`) reads. Every record expires (its lease or its
+        // retention ends), and Redis leaves an empty database out.
+        if st.records > 0 {
+            let _ = write!(o, "db0:keys={0},expires={0},avg_ttl=0\r\n", st.records);
+        }
     });
     // Redis's field: cluster clients (redis-py's RedisCluster) check it
     // before CLUSTER SLOTS. The raft engine is a cluster, of one or more.

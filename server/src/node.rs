@@ -27,6 +27,8 @@ struct Inner {
     clients: Clients,
     metrics: Metrics,
     started: Instant,
+    /// 40 random hex digits, new at each start (INFO's `run_id`).
+    run_id: String,
     /// The address configured, until the listener is bound.
     configured: SocketAddr,
     bound: OnceLock<SocketAddr>,
@@ -108,6 +110,7 @@ impl Node {
             clients,
             metrics: Metrics::default(),
             started: Instant::now(),
+            run_id: new_run_id(),
             configured: local_addr,
             bound: OnceLock::new(),
         }))
@@ -141,6 +144,12 @@ impl Node {
     /// When the node started.
     pub fn started(&self) -> Instant {
         self.0.started
+    }
+
+    /// This process's run id: 40 random hex digits, new at each start, as
+    /// Redis's INFO `run_id` (monitoring tells a restart by it).
+    pub fn run_id(&self) -> &str {
+        &self.0.run_id
     }
 
     /// The address actually bound (the configured one until then).
@@ -223,4 +232,16 @@ async fn keep_limits(engine: std::sync::Weak<Engine>, wanted: crate::store::Memo
             }
         }
     }
+}
+
+/// 40 random hex digits.
+fn new_run_id() -> String {
+    let (a, b) = (
+        crate::engine::raft::peer::random16(),
+        crate::engine::raft::peer::random16(),
+    );
+    a.iter()
+        .chain(&b[..4])
+        .map(|x| format!("{x:02x}"))
+        .collect()
 }

@@ -113,6 +113,7 @@ impl<'a> Ctx<'a> {
         } else {
             self.aux.stats.expired += 1;
         }
+        self.aux.stats.dropped += 1;
         self.remove(id);
         true
     }

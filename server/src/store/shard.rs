@@ -33,6 +33,9 @@ pub struct ShardStats {
     pub lapses: u64,
     /// Completed or abandoned records dropped at the end of retention.
     pub expired: u64,
+    /// Records removed because their deadline passed: a lease that ran out
+    /// under FREE, or the end of retention (Redis's `expired_keys`).
+    pub dropped: u64,
     /// CLAIMs refused with OOM.
     pub oom: u64,
     /// Records completed.
@@ -49,6 +52,7 @@ impl ShardStats {
         self.mismatches += o.mismatches;
         self.lapses += o.lapses;
         self.expired += o.expired;
+        self.dropped += o.dropped;
         self.oom += o.oom;
         self.completed += o.completed;
     }

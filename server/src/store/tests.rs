@@ -194,6 +194,30 @@ fn lease_lapse_free_makes_key_absent() {
 }
 
 #[test]
+fn expiry_counts_lapses_and_removed_records_apart() {
+    let s = store();
+    acquired(run(&s, Command::Claim(claim("free")), 0));
+    let mut c = claim("recover");
+    c.on_expire = Some(OnExpire::Recover);
+    acquired(run(&s, Command::Claim(c), 0));
+    let f = acquired(run(&s, Command::Claim(claim("done")), 0));
+    assert_eq!(run(&s, complete("done", f, "v"), 10), Reply::Ok);
+    // Both leases run out at 1000: under FREE the record goes (the next
+    // claim finds the key absent); under RECOVER it stays, abandoned.
+    acquired(run(&s, Command::Claim(claim("free")), 1000));
+    assert!(matches!(
+        run(&s, Command::Claim(claim("recover")), 1000),
+        Reply::Claim(ClaimReply::Recover { .. })
+    ));
+    let c = s.stats().counters;
+    assert_eq!((c.lapses, c.expired, c.dropped), (2, 0, 1));
+    // The completed record's retention (5 s) ends at 5010.
+    acquired(run(&s, Command::Claim(claim("done")), 5010));
+    let c = s.stats().counters;
+    assert_eq!((c.lapses, c.expired, c.dropped), (2, 1, 2));
+}
+
+#[test]
 fn lease_lapse_recover_abandons_and_next_claim_recovers() {
     let s = store();
     let mut c = claim("k");
