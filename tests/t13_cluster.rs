@@ -103,6 +103,53 @@ async fn a_cluster_bootstraps_and_followers_redirect_like_redis_cluster() {
     }
 }
 
+/// `raft_quick_elections` from a member's INFO (0 if unreachable).
+async fn quick_elections(m: &Member) -> u64 {
+    let Ok(Ok(_)) = tokio::time::timeout(
+        Duration::from_secs(1),
+        tokio::net::TcpStream::connect(m.client),
+    )
+    .await
+    else {
+        return 0;
+    };
+    info_field(&mut m.conn().await, "raft_quick_elections").await
+}
+
+/// When the leader's process dies its peer connections close, and the
+/// follower first in turn campaigns as soon as the lease it granted has
+/// run out, without a random election timeout on top. A follower's death
+/// starts no campaign, and neither does anything while the leader lives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn followers_campaign_once_a_dead_leaders_lease_runs_out() {
+    let mut c = Cluster::start("quick", 3).await;
+    let l = c.leader().await;
+    let term = c.members[l].info("cluster_current_epoch").await;
+    let f = c.followers().await[0];
+    c.members[f].kill().await;
+    // Longer than a quick campaign would wait (the lease, a tenth more,
+    // and the turns): nothing moves.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(c.leader().await, l);
+    assert_eq!(c.members[l].info("cluster_current_epoch").await, term);
+    c.members[f].start(None, &[]).await;
+    let applied = c.members[l].applied().await;
+    c.members[f]
+        .caught_up_as_follower(applied, "the restarted follower catches up")
+        .await;
+    for m in &c.members {
+        assert_eq!(quick_elections(m).await, 0, "node {}", m.id);
+    }
+    c.members[l].kill().await;
+    let l2 = c.leader().await;
+    assert_ne!(l2, l);
+    let mut quick = 0;
+    for m in &c.members {
+        quick += quick_elections(m).await;
+    }
+    assert!(quick >= 1, "the new leader was elected by the timers alone");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_of_the_leader_loses_no_acknowledged_record() {
     let mut c = Cluster::start("failover", 3).await;

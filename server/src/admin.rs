@@ -451,7 +451,7 @@ pub fn info_text(node: &Node, wanted: &[String]) -> String {
                 "raft_term:{}\r\nraft_leader:{}\r\nraft_last_log_index:{}\r\nraft_commit_index:{}\r\nraft_applied_index:{}\r\n\
                  raft_snapshot_index:{}\r\nraft_snapshots_built:{}\r\nraft_snapshot_time_sec:{:.3}\r\n\
                  raft_snapshot_pause_ms:{}\r\nraft_snapshot_pause_max_ms:{}\r\n\
-                 raft_log_entries:{}\r\nraft_log_bytes:{}\r\nraft_peer_timeouts:{}\r\n\
+                 raft_log_entries:{}\r\nraft_log_bytes:{}\r\nraft_peer_timeouts:{}\r\nraft_quick_elections:{}\r\n\
                  raft_appends_sent:{}\r\nraft_appends_empty:{}\r\nraft_appends_pipelined:{}\r\n\
                  raft_leader_polls:{}\r\nraft_leader_polls_answered:{}\r\n\
                  raft_gathers_expecting:{}\r\nraft_gathers_expecting_met:{}\r\nraft_snapshot_turn_waits:{}\r\n\
@@ -469,6 +469,7 @@ pub fn info_text(node: &Node, wanted: &[String]) -> String {
                 r.log_entries,
                 r.log_bytes,
                 r.peer_timeouts,
+                r.quick_elections,
                 r.appends_sent,
                 r.appends_empty,
                 r.appends_pipelined,

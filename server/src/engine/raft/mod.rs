@@ -31,6 +31,7 @@ pub mod format;
 pub mod log_store;
 pub mod peer;
 mod queue;
+mod quick_elect;
 pub mod snapshot_data;
 pub mod state_machine;
 pub mod types;
@@ -927,6 +928,7 @@ impl RaftEngine {
             log_entries,
             log_bytes,
             peer_timeouts: self.peers.timeouts(),
+            quick_elections: self.peers.quick_campaigns(),
             appends_sent,
             appends_empty,
             appends_pipelined,
@@ -1047,6 +1049,9 @@ pub struct RaftInfo {
     pub log_bytes: u64,
     /// Calls to peers that got no answer by their deadline, since start.
     pub peer_timeouts: u64,
+    /// Campaigns started because the leader's connection closed and
+    /// nothing came from it for its lease, since start.
+    pub quick_elections: u64,
     /// AppendEntries sent to peers since start.
     pub appends_sent: u64,
     /// Of those, the ones with no entries: heartbeats, and news of a

@@ -391,6 +391,23 @@ pub struct Peers {
     /// The snapshot being received, and how far (see
     /// [`Peers::check_snapshot_chunk`]).
     snapshot_in: Mutex<Option<(String, u64)>>,
+    /// What came from the leader, for campaigning as soon as it is gone.
+    watch: Arc<super::quick_elect::LeaderWatch>,
+}
+
+/// Tells the leader watch that a peer's connection closed, however its
+/// serving ended.
+struct ConnClosed<'a> {
+    peers: &'a Arc<Peers>,
+    from: NodeId,
+}
+
+impl Drop for ConnClosed<'_> {
+    fn drop(&mut self) {
+        if let Some(raft) = self.peers.raft.get() {
+            self.peers.watch.connection_closed(raft, self.from);
+        }
+    }
 }
 
 /// A peer connection let in: its place among the connections served and,
@@ -516,6 +533,7 @@ impl Peers {
             refused_answers: Mutex::new((0, None)),
             removed: std::sync::atomic::AtomicBool::new(false),
             snapshot_in: Mutex::new(None),
+            watch: Arc::default(),
         }))
     }
 
@@ -549,6 +567,13 @@ impl Peers {
         if let Some(n) = due(&self.refused_answers) {
             warn!(target, %addr, refused = n, reason = %why, "refused a peer (logged at most every 10 s)");
         }
+    }
+
+    /// Campaigns this node started because the connection from the leader
+    /// it followed closed and nothing came from it for its lease, since
+    /// start.
+    pub fn quick_campaigns(&self) -> u64 {
+        self.watch.campaigns()
     }
 
     /// Calls to peers (AppendEntries, votes, snapshots) that got no answer
@@ -970,7 +995,7 @@ fn serve_stream(
 async fn serve_conn(
     stream: Box<dyn PeerStream>,
     addr: SocketAddr,
-    peers: &Peers,
+    peers: &Arc<Peers>,
     handshake: Handshaking,
 ) -> std::io::Result<()> {
     let mut conn = Framed::new(stream, codec(MAX_HANDSHAKE_FRAME));
@@ -1086,6 +1111,7 @@ async fn serve_conn(
     }
     conn.codec_mut().set_max_frame_length(MAX_FRAME);
     let asker = hello.from;
+    let _closed = ConnClosed { peers, from: asker };
     // AppendEntries read ahead of their answers (a leader pipelines them):
     // handed to Raft in the order read, answered in that order.
     let mut pending = std::collections::VecDeque::<(usize, Answering)>::new();
@@ -1142,6 +1168,7 @@ async fn serve_conn(
         let raft = peers.raft.get();
         let req = match (req, raft) {
             (Request::Append(r), Some(raft)) => {
+                peers.watch.heard(asker);
                 let answer = raft.submit_append_entries(r);
                 pending.push_back((
                     bytes,

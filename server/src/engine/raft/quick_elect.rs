@@ -1,0 +1,134 @@
+//! Campaigning as soon as the leader is known to be gone.
+//!
+//! A follower campaigns on its own timer only after the leader lease and
+//! a random election timeout have passed without a word from the leader
+//! (300 ms and 300-600 ms by default). When the leader's process dies,
+//! its peer connections close at once: a follower that sees the
+//! connection from the leader it follows close, and hears nothing from it
+//! since, campaigns as soon as the lease it granted that leader has run
+//! out. That is the earliest any follower could grant a vote anyway (a
+//! follower refuses other candidates while the lease runs), so the dead
+//! leader can no longer be serving. The followers go in turns, by node id
+//! ([`STAGGER`] apart), so they do not split the vote; a campaign that
+//! fails leaves the ordinary timers to elect, as before.
+//!
+//! Nothing here bears on safety: an election may start at any time and
+//! votes decide it. It only moves the first campaign earlier when the
+//! leader's connection closing says it is gone; a leader alive behind a
+//! connection that closed keeps its followers, since its next
+//! AppendEntries (heartbeats every third of the lease) comes before the
+//! campaign would start.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use openraft::{Raft, ServerState};
+use parking_lot::Mutex;
+use tokio::time::Instant;
+use tracing::info;
+
+use super::types::{NodeId, TypeConfig};
+
+/// How far apart the followers' quick campaigns start, in node id order.
+pub(super) const STAGGER: Duration = Duration::from_millis(50);
+
+/// What a node heard from its peers, and the quick campaigns it made.
+#[derive(Debug, Default)]
+pub(super) struct LeaderWatch {
+    /// When each peer last sent this node an AppendEntries.
+    heard: Mutex<HashMap<NodeId, Instant>>,
+    /// The leader and term a quick campaign is waiting for (one at a time).
+    armed: Mutex<Option<(NodeId, u64)>>,
+    /// Quick campaigns started, since start.
+    campaigns: AtomicU64,
+}
+
+impl LeaderWatch {
+    /// Notes an AppendEntries from `from`.
+    pub(super) fn heard(&self, from: NodeId) {
+        self.heard.lock().insert(from, Instant::now());
+    }
+
+    /// Quick campaigns started since start.
+    pub(super) fn campaigns(&self) -> u64 {
+        self.campaigns.load(Ordering::Relaxed)
+    }
+
+    /// A peer connection from `from` closed: if `from` is the leader this
+    /// node follows as a voter, campaign once its lease has run out, unless
+    /// something comes from it (or from another leader) before then.
+    pub(super) fn connection_closed(self: &Arc<Self>, raft: &Raft<TypeConfig>, from: NodeId) {
+        let closed = Instant::now();
+        let m = raft.metrics().borrow().clone();
+        if m.state != ServerState::Follower || m.current_leader != Some(from) {
+            return;
+        }
+        let mut others: Vec<NodeId> = m
+            .membership_config
+            .membership()
+            .voter_ids()
+            .filter(|id| *id != from)
+            .collect();
+        others.sort_unstable();
+        let Some(rank) = others.iter().position(|id| *id == m.id) else {
+            return;
+        };
+        let term = m.current_term;
+        {
+            let mut armed = self.armed.lock();
+            if *armed == Some((from, term)) {
+                return;
+            }
+            *armed = Some((from, term));
+        }
+        let lease = Duration::from_millis(raft.config().leader_lease);
+        // The lease runs from the last word from the leader, which came
+        // before the connection closed; a tenth more covers another
+        // follower's clock running a little behind this one's.
+        let at = closed + lease + lease / 10 + STAGGER * rank as u32;
+        // A connection dropped while the runtime shuts down has nowhere to
+        // campaign from.
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (watch, raft) = (Arc::clone(self), raft.clone());
+        rt.spawn(async move {
+            tokio::time::sleep_until(at).await;
+            watch
+                .campaign_if_still_gone(&raft, from, term, closed)
+                .await;
+        });
+    }
+
+    async fn campaign_if_still_gone(
+        &self,
+        raft: &Raft<TypeConfig>,
+        from: NodeId,
+        term: u64,
+        closed: Instant,
+    ) {
+        {
+            let mut armed = self.armed.lock();
+            if *armed == Some((from, term)) {
+                *armed = None;
+            }
+        }
+        let m = raft.metrics().borrow().clone();
+        let still = m.state == ServerState::Follower
+            && m.current_leader == Some(from)
+            && m.current_term == term;
+        let heard_since = self.heard.lock().get(&from).is_some_and(|t| *t > closed);
+        if !still || heard_since {
+            return;
+        }
+        self.campaigns.fetch_add(1, Ordering::Relaxed);
+        info!(
+            leader = from,
+            term,
+            "the leader's connection closed and nothing came from it for its lease: campaigning now"
+        );
+        let _ = raft.trigger().elect().await;
+    }
+}
