@@ -1168,7 +1168,7 @@ async fn serve_conn(
         let raft = peers.raft.get();
         let req = match (req, raft) {
             (Request::Append(r), Some(raft)) => {
-                peers.watch.heard(asker);
+                peers.watch.heard(raft, asker);
                 let answer = raft.submit_append_entries(r);
                 pending.push_back((
                     bytes,

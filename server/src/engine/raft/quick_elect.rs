@@ -37,7 +37,7 @@ pub(super) const STAGGER: Duration = Duration::from_millis(50);
 /// What a node heard from its peers, and the quick campaigns it made.
 #[derive(Debug, Default)]
 pub(super) struct LeaderWatch {
-    /// When each peer last sent this node an AppendEntries.
+    /// When each member last sent this node an AppendEntries.
     heard: Mutex<HashMap<NodeId, Instant>>,
     /// The leader and term a quick campaign is waiting for (one at a time).
     armed: Mutex<Option<(NodeId, u64)>>,
@@ -47,8 +47,25 @@ pub(super) struct LeaderWatch {
 
 impl LeaderWatch {
     /// Notes an AppendEntries from `from`.
-    pub(super) fn heard(&self, from: NodeId) {
-        self.heard.lock().insert(from, Instant::now());
+    pub(super) fn heard(&self, raft: &Raft<TypeConfig>, from: NodeId) {
+        let now = Instant::now();
+        let mut heard = self.heard.lock();
+        if let Some(t) = heard.get_mut(&from) {
+            *t = now;
+            return;
+        }
+        // The first from `from`: kept for a member only, so that a peer
+        // claiming id after id in its handshakes cannot grow the map.
+        let member = raft
+            .metrics()
+            .borrow()
+            .membership_config
+            .membership()
+            .get_node(&from)
+            .is_some();
+        if member {
+            heard.insert(from, now);
+        }
     }
 
     /// Quick campaigns started since start.
