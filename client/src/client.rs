@@ -859,7 +859,7 @@ impl Client {
             // MIN_LAST_TRY before the deadline, rather than no try.
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
             let backoff = cfg
-                .backoff_for(attempt)
+                .backoff_for(attempt, failover)
                 .min(left.saturating_sub(MIN_LAST_TRY));
             if left < MIN_LAST_TRY * 2 {
                 counters.failures.fetch_add(1, Ordering::Relaxed);

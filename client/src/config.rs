@@ -16,6 +16,7 @@ pub struct ClientConfig {
     pub(crate) request_timeout: Duration,
     pub(crate) backoff_min: Duration,
     pub(crate) backoff_max: Duration,
+    pub(crate) failover_backoff_max: Duration,
     pub(crate) retries: u32,
     pub(crate) max_redirects: u32,
     pub(crate) default_lease: Option<Duration>,
@@ -77,6 +78,7 @@ impl Default for ClientConfig {
             request_timeout: Duration::from_secs(5),
             backoff_min: Duration::from_millis(20),
             backoff_max: Duration::from_secs(1),
+            failover_backoff_max: Duration::from_millis(100),
             retries: 5,
             max_redirects: 5,
             default_lease: None,
@@ -109,6 +111,18 @@ impl ClientConfig {
     pub fn backoff(mut self, min: Duration, max: Duration) -> Self {
         self.backoff_min = min;
         self.backoff_max = max.max(min);
+        self
+    }
+
+    /// The longest wait between tries while a cluster changes leader (a
+    /// seed refuses the connection, answers `-TRYAGAIN` or `-CLUSTERDOWN`,
+    /// or redirects to a node that is gone): default 100 ms, so that a
+    /// call finds the new leader within a tenth of a second of its
+    /// election (about 0.3 s after a leader's process dies) rather than
+    /// after a doubled backoff. The backoff still starts at its minimum
+    /// and doubles up to this.
+    pub fn failover_backoff_max(mut self, d: Duration) -> Self {
+        self.failover_backoff_max = d;
         self
     }
 
@@ -240,10 +254,39 @@ impl ClientConfig {
         self
     }
 
-    pub(crate) fn backoff_for(&self, attempt: u32) -> Duration {
+    /// The wait before retry `attempt + 1`: doubling from the minimum, at
+    /// most the maximum, or the failover maximum while a cluster changes
+    /// leader.
+    pub(crate) fn backoff_for(&self, attempt: u32, failover: bool) -> Duration {
         let factor = 1u32.checked_shl(attempt.min(16)).unwrap_or(u32::MAX);
-        self.backoff_min
-            .saturating_mul(factor)
-            .min(self.backoff_max)
+        let max = if failover {
+            self.failover_backoff_max.min(self.backoff_max)
+        } else {
+            self.backoff_max
+        };
+        self.backoff_min.saturating_mul(factor).min(max)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_to_its_maximum_and_to_less_while_a_cluster_fails_over() {
+        let cfg = ClientConfig::default();
+        let ms = |attempt, failover| cfg.backoff_for(attempt, failover).as_millis();
+        let plain: Vec<_> = (0..8).map(|a| ms(a, false)).collect();
+        assert_eq!(plain, [20, 40, 80, 160, 320, 640, 1000, 1000]);
+        let failover: Vec<_> = (0..8).map(|a| ms(a, true)).collect();
+        assert_eq!(failover, [20, 40, 80, 100, 100, 100, 100, 100]);
+        // Never above the plain maximum, and set apart from it.
+        let cfg = ClientConfig::default()
+            .backoff(Duration::from_millis(10), Duration::from_millis(50))
+            .failover_backoff_max(Duration::from_millis(200));
+        assert_eq!(cfg.backoff_for(9, true), Duration::from_millis(50));
+        let cfg = ClientConfig::default().failover_backoff_max(Duration::from_millis(30));
+        assert_eq!(cfg.backoff_for(9, true), Duration::from_millis(30));
+        assert_eq!(cfg.backoff_for(9, false), Duration::from_secs(1));
     }
 }
