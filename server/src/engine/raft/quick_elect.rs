@@ -39,8 +39,9 @@ pub(super) const STAGGER: Duration = Duration::from_millis(50);
 pub(super) struct LeaderWatch {
     /// When each member last sent this node an AppendEntries.
     heard: Mutex<HashMap<NodeId, Instant>>,
-    /// The leader and term a quick campaign is waiting for (one at a time).
-    armed: Mutex<Option<(NodeId, u64)>>,
+    /// The leader and term a quick campaign is waiting for (one at a
+    /// time), and when the latest connection from that leader closed.
+    armed: Mutex<Option<(NodeId, u64, Instant)>>,
     /// Quick campaigns started, since start.
     campaigns: AtomicU64,
 }
@@ -95,16 +96,21 @@ impl LeaderWatch {
         let term = m.current_term;
         {
             let mut armed = self.armed.lock();
-            if *armed == Some((from, term)) {
+            if let Some((f, t, latest)) = armed.as_mut()
+                && (*f, *t) == (from, term)
+            {
+                // Another connection from it: the waiting campaign checks
+                // from this later close.
+                *latest = closed;
                 return;
             }
-            *armed = Some((from, term));
+            *armed = Some((from, term, closed));
         }
         let lease = Duration::from_millis(raft.config().leader_lease);
         // The lease runs from the last word from the leader, which came
         // before the connection closed; a tenth more covers another
         // follower's clock running a little behind this one's.
-        let at = closed + lease + lease / 10 + STAGGER * rank as u32;
+        let wait = lease + lease / 10 + STAGGER * rank as u32;
         // A connection dropped while the runtime shuts down has nowhere to
         // campaign from.
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
@@ -112,7 +118,18 @@ impl LeaderWatch {
         };
         let (watch, raft) = (Arc::clone(self), raft.clone());
         rt.spawn(async move {
-            tokio::time::sleep_until(at).await;
+            let mut closed = closed;
+            loop {
+                tokio::time::sleep_until(closed + wait).await;
+                let latest = match *watch.armed.lock() {
+                    Some((f, t, latest)) if (f, t) == (from, term) => latest,
+                    _ => closed,
+                };
+                if latest <= closed {
+                    break;
+                }
+                closed = latest;
+            }
             watch
                 .campaign_if_still_gone(&raft, from, term, closed)
                 .await;
@@ -128,7 +145,7 @@ impl LeaderWatch {
     ) {
         {
             let mut armed = self.armed.lock();
-            if *armed == Some((from, term)) {
+            if armed.is_some_and(|(f, t, _)| (f, t) == (from, term)) {
                 *armed = None;
             }
         }
