@@ -5,27 +5,31 @@ use std::process::Command;
 
 use crate::support::*;
 
-pub(crate) fn tool(name: &str) -> Option<&'static str> {
+/// Debian's prometheus-redis-exporter.
+const EXPORTER: &str = "prometheus-redis-exporter";
+
+/// `name` if it is installed; CI must have it (it installs redis-tools and
+/// the exporter).
+pub(crate) fn tool(name: &'static str) -> Option<&'static str> {
+    let package = if name == EXPORTER {
+        EXPORTER
+    } else {
+        "redis-tools"
+    };
     let found = Command::new("sh")
         .arg("-c")
         .arg(format!("command -v {name}"))
         .output()
-        .map(|o| o.status.success());
-    match found {
-        Ok(true) => Some(if name == "redis-cli" {
-            "redis-cli"
-        } else {
-            "redis-benchmark"
-        }),
-        _ => {
-            assert!(
-                std::env::var_os("CI").is_none(),
-                "{name} is required in CI (apt-get install redis-tools)"
-            );
-            eprintln!("skipping: {name} is not installed (apt-get install redis-tools)");
-            None
-        }
+        .is_ok_and(|o| o.status.success());
+    if found {
+        return Some(name);
     }
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "{name} is required in CI (apt-get install {package})"
+    );
+    eprintln!("skipping: {name} is not installed (apt-get install {package})");
+    None
 }
 
 fn cli(addr: std::net::SocketAddr, args: &[&str]) -> String {
@@ -111,18 +115,7 @@ async fn redis_benchmark_drives_idemd() {
 /// instance carries idemd's run id and mode.
 #[tokio::test]
 async fn redis_exporter_scrapes_idemd() {
-    const EXPORTER: &str = "prometheus-redis-exporter";
-    let found = Command::new("sh")
-        .arg("-c")
-        .arg(format!("command -v {EXPORTER}"))
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !found {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "{EXPORTER} is required in CI (apt-get install {EXPORTER})"
-        );
-        eprintln!("skipping: {EXPORTER} is not installed (apt-get install {EXPORTER})");
+    if tool(EXPORTER).is_none() {
         return;
     }
     let dir = DataDir::new("exporter");

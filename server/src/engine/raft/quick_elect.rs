@@ -79,21 +79,24 @@ impl LeaderWatch {
     /// something comes from it (or from another leader) before then.
     pub(super) fn connection_closed(self: &Arc<Self>, raft: &Raft<TypeConfig>, from: NodeId) {
         let closed = Instant::now();
-        let m = raft.metrics().borrow().clone();
-        if m.state != ServerState::Follower || m.current_leader != Some(from) {
-            return;
-        }
-        let mut others: Vec<NodeId> = m
-            .membership_config
-            .membership()
-            .voter_ids()
-            .filter(|id| *id != from)
-            .collect();
-        others.sort_unstable();
-        let Some(rank) = others.iter().position(|id| *id == m.id) else {
-            return;
+        let (rank, term) = {
+            let m = raft.metrics();
+            let m = m.borrow();
+            if m.state != ServerState::Follower || m.current_leader != Some(from) {
+                return;
+            }
+            let mut others: Vec<NodeId> = m
+                .membership_config
+                .membership()
+                .voter_ids()
+                .filter(|id| *id != from)
+                .collect();
+            others.sort_unstable();
+            let Some(rank) = others.iter().position(|id| *id == m.id) else {
+                return;
+            };
+            (rank, m.current_term)
         };
-        let term = m.current_term;
         {
             let mut armed = self.armed.lock();
             if let Some((f, t, latest)) = armed.as_mut()
@@ -149,10 +152,13 @@ impl LeaderWatch {
                 *armed = None;
             }
         }
-        let m = raft.metrics().borrow().clone();
-        let still = m.state == ServerState::Follower
-            && m.current_leader == Some(from)
-            && m.current_term == term;
+        let still = {
+            let m = raft.metrics();
+            let m = m.borrow();
+            m.state == ServerState::Follower
+                && m.current_leader == Some(from)
+                && m.current_term == term
+        };
         let heard_since = self.heard.lock().get(&from).is_some_and(|t| *t > closed);
         if !still || heard_since {
             return;
