@@ -295,3 +295,90 @@ async fn idle_timeout_closes_quiet_connections_but_not_parked_ones() {
     );
     let _ = fence;
 }
+
+/// The `name:a=1,b=2` line of an INFO text, as a map.
+fn info_line(info: &str, name: &str) -> std::collections::HashMap<String, String> {
+    let line = info
+        .lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+        .unwrap_or_else(|| panic!("no {name} in\n{info}"));
+    line.trim()
+        .split(',')
+        .map(|kv| {
+            let (k, v) = kv.split_once('=').expect("key=value");
+            (k.to_owned(), v.to_owned())
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn info_counts_calls_errors_and_latency_by_command() {
+    let s = Idemd::start().await;
+    let mut c = s.conn().await;
+    let mut waiter = s.conn().await;
+    let k = key("cmdstats");
+    let f = c.acquire(&["CLAIM", &k, "LEASE", "60000"]).await;
+    waiter.write(&["CLAIM", &k, "WAIT", "10000"]).await;
+    wait_for_info(&mut c, "blocked_clients", 1).await;
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    // A failed call (the fence does not own the key), then the owner's.
+    assert!(err(&c.cmd(&["COMPLETE", &k, &(f + 1).to_string(), "r"]).await).starts_with("FENCED"));
+    assert_eq!(c.cmd(&["COMPLETE", &k, &f.to_string(), "r"]).await, ok());
+    assert!(matches!(
+        claim(waiter.reply().await),
+        idem_protocol::ClaimReply::Completed { .. }
+    ));
+    // Refused before running (no key), and not a command at all.
+    assert!(err(&c.cmd(&["CLAIM"]).await).starts_with("ERR wrong number"));
+    assert!(err(&c.cmd(&["NOSUCH", "x"]).await).starts_with("ERR unknown command"));
+
+    let stats = bulk(&c.cmd(&["INFO", "commandstats"]).await);
+    assert!(stats.starts_with("# Commandstats\r\n"), "{stats}");
+    let claims = info_line(&stats, "cmdstat_claim");
+    assert_eq!(claims["calls"], "2", "{stats}");
+    assert_eq!(claims["rejected_calls"], "1", "{stats}");
+    assert_eq!(claims["failed_calls"], "0", "{stats}");
+    // The waiter's claim took the 300 ms it was parked.
+    assert!(claims["usec"].parse::<u64>().unwrap() >= 300_000, "{stats}");
+    let completes = info_line(&stats, "cmdstat_complete");
+    assert_eq!(completes["calls"], "2", "{stats}");
+    assert_eq!(completes["failed_calls"], "1", "{stats}");
+    assert_eq!(completes["rejected_calls"], "0", "{stats}");
+    assert!(!stats.contains("nosuch"), "{stats}");
+
+    let errors = bulk(&c.cmd(&["INFO", "errorstats"]).await);
+    assert_eq!(
+        errors,
+        "# Errorstats\r\nerrorstat_ERR:count=2\r\nerrorstat_FENCED:count=1\r\n"
+    );
+    assert_eq!(info_field(&mut c, "total_error_replies").await, 3);
+
+    // Of the two claims, the slower one waited 300 ms: p50 is the first
+    // one's time, p99 the waiter's (within the histogram's 1/16).
+    let latency = bulk(&c.cmd(&["INFO", "latencystats"]).await);
+    let claims = info_line(&latency, "latency_percentiles_usec_claim");
+    let p = |q: &str| claims[q].parse::<f64>().unwrap();
+    assert!(p("p50") < 300_000.0, "{latency}");
+    assert!(p("p99") >= 300_000.0 * 15.0 / 16.0, "{latency}");
+    assert!(p("p99.9") >= p("p99"), "{latency}");
+
+    // As with Redis, a plain INFO leaves the long sections out.
+    let info = bulk(&c.cmd(&["INFO"]).await);
+    assert!(info.contains("# Errorstats\r\n"), "{info}");
+    assert!(!info.contains("# Commandstats") && !info.contains("# Latencystats"));
+    let every = bulk(&c.cmd(&["INFO", "everything"]).await);
+    for section in [
+        "# Commandstats",
+        "# Errorstats",
+        "# Latencystats",
+        "# Keyspace",
+    ] {
+        assert!(every.contains(section), "{section} missing from {every}");
+    }
+
+    assert_eq!(c.cmd(&["CONFIG", "RESETSTAT"]).await, ok());
+    let stats = bulk(&c.cmd(&["INFO", "commandstats", "errorstats"]).await);
+    assert!(!stats.contains("cmdstat_claim"), "{stats}");
+    assert!(!stats.contains("errorstat_"), "{stats}");
+    assert_eq!(info_field(&mut c, "total_error_replies").await, 0);
+}

@@ -131,6 +131,9 @@ async fn redis_exporter_scrapes_idemd() {
     }
     let r = claim(c.cmd(&["CLAIM", &format!("{k}-short"), "LEASE", "1"]).await);
     assert!(matches!(r, idem_protocol::ClaimReply::Acquired { .. }));
+    // A completion by a fence that does not own the key: a failed call.
+    let fenced = c.cmd(&["COMPLETE", &format!("{k}-0"), "999999", "x"]).await;
+    assert!(err(&fenced).starts_with("FENCED"), "{fenced:?}");
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     while info_field(&mut c, "expired_keys").await == 0 {
         assert!(
@@ -173,6 +176,15 @@ async fn redis_exporter_scrapes_idemd() {
     assert!(value("redis_expired_keys_total") >= 1.0);
     assert_eq!(value("redis_evicted_keys_total"), 0.0);
     assert!(value("redis_connected_clients") >= 1.0);
+    // Per-command statistics (INFO commandstats, errorstats, latencystats).
+    assert_eq!(value("redis_commands_total{cmd=\"claim\"}"), 4.0);
+    assert_eq!(
+        value("redis_commands_failed_calls_total{cmd=\"complete\"}"),
+        1.0
+    );
+    assert!(value("redis_commands_duration_seconds_total{cmd=\"claim\"}") > 0.0);
+    assert_eq!(value("redis_errors_total{err=\"FENCED\"}"), 1.0);
+    assert!(value("redis_latency_percentiles_usec{cmd=\"claim\",quantile=\"50\"}") > 0.0);
     let instance = page
         .lines()
         .find(|l| l.starts_with("redis_instance_info{"))

@@ -1862,6 +1862,16 @@ async fn clients_that_read_from_replicas_connect_and_still_reach_the_leader() {
         assert_eq!(conn.cmd(&["readwrite"]).await, ok());
         let e = err(&conn.cmd(&["READONLY", "x"]).await);
         assert!(e.contains("wrong number of arguments"), "{e}");
+        // Each redirect is a refusal in the follower's statistics, as
+        // Redis counts a -MOVED.
+        let stats = bulk(&conn.cmd(&["INFO", "commandstats", "errorstats"]).await);
+        for line in [
+            "cmdstat_inspect:calls=0,usec=0,usec_per_call=0.00,rejected_calls=1,failed_calls=0",
+            "cmdstat_claim:calls=0,usec=0,usec_per_call=0.00,rejected_calls=1,failed_calls=0",
+            "errorstat_MOVED:count=3",
+        ] {
+            assert!(stats.contains(line), "{line} missing from {stats}");
+        }
     }
     let mut conn = c.members[l].conn().await;
     assert_eq!(conn.cmd(&["READONLY"]).await, ok());

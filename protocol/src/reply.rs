@@ -181,6 +181,28 @@ pub enum ErrorCode {
 }
 
 impl ErrorCode {
+    /// Every code, in declaration order ([`ErrorCode::index`] is the
+    /// position here).
+    pub const ALL: [ErrorCode; 12] = [
+        ErrorCode::Err,
+        ErrorCode::Mismatch,
+        ErrorCode::Fenced,
+        ErrorCode::TooBig,
+        ErrorCode::Oom,
+        ErrorCode::NoAuth,
+        ErrorCode::NoPerm,
+        ErrorCode::WrongPass,
+        ErrorCode::TryAgain,
+        ErrorCode::NoProto,
+        ErrorCode::Moved,
+        ErrorCode::ClusterDown,
+    ];
+
+    /// The code's position in [`ErrorCode::ALL`].
+    pub const fn index(self) -> usize {
+        self as usize
+    }
+
     /// The wire word.
     pub fn as_str(self) -> &'static str {
         match self {

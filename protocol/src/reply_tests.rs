@@ -182,3 +182,17 @@ fn direct_encoding_matches_the_frame_encoding() {
         }
     }
 }
+
+#[test]
+fn every_error_code_is_listed_once_at_its_index_and_parses_back() {
+    for (i, code) in ErrorCode::ALL.iter().enumerate() {
+        assert_eq!(code.index(), i, "{code:?} out of place");
+        let parsed = ServerError::parse(format!("{} text", code.as_str()).as_bytes());
+        assert_eq!(parsed.code, *code);
+        assert_eq!(parsed.message, "text");
+    }
+    let mut words: Vec<_> = ErrorCode::ALL.iter().map(|c| c.as_str()).collect();
+    words.sort_unstable();
+    words.dedup();
+    assert_eq!(words.len(), ErrorCode::ALL.len());
+}

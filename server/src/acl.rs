@@ -117,6 +117,7 @@ const UNITS: &[Unit] = &[
     unit("dbsize", ADMIN | SLOW),
     unit("config|get", ADMIN | DANGEROUS | SLOW),
     unit("config|reload-tls", ADMIN | DANGEROUS | SLOW),
+    unit("config|resetstat", ADMIN | DANGEROUS | SLOW),
     unit("cluster|info", CONNECTION | SLOW),
     unit("cluster|nodes", CONNECTION | SLOW),
     unit("cluster|myid", CONNECTION | SLOW),
@@ -173,6 +174,7 @@ fn unit_of(cmd: &Command) -> Option<usize> {
             _ => "client|list",
         },
         Command::Config(ConfigCmd::Get(_)) => "config|get",
+        Command::Config(ConfigCmd::ResetStat) => "config|resetstat",
         Command::Config(_) => "config|reload-tls",
         Command::Cluster(c) => match c {
             ClusterCmd::Info => "cluster|info",

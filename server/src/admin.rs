@@ -284,6 +284,10 @@ pub fn config(node: &Node, c: ConfigCmd) -> Reply {
     let patterns = match c {
         ConfigCmd::Get(p) => p,
         ConfigCmd::ReloadTls => return reload_tls(node),
+        ConfigCmd::ResetStat => {
+            node.cmdstats().reset();
+            return Reply::Ok;
+        }
         _ => return err("unsupported CONFIG subcommand"),
     };
     // Prepared once: lowercased, runs of `*` collapsed, and the count of
@@ -332,32 +336,39 @@ pub fn info(node: &Node, sections: &[Bytes]) -> Reply {
     Reply::Frame(Frame::Bulk(Bytes::from(info_text(node, &wanted))))
 }
 
-/// The sections INFO knows, in order.
-pub const SECTIONS: [&str; 8] = [
+/// The sections INFO knows, in the order it gives them.
+pub const SECTIONS: [&str; 11] = [
     "server",
     "clients",
     "memory",
     "persistence",
-    "stats",
     "replication",
+    "stats",
+    "commandstats",
+    "errorstats",
+    "latencystats",
     "keyspace",
     "cluster",
 ];
 
-/// The INFO text for the sections asked for (all when `wanted` is empty or
-/// holds `all`, `default` or `everything`).
+/// The sections left out of a plain `INFO` (and `INFO default`), as Redis
+/// leaves them out: they are long.
+const NOT_BY_DEFAULT: [&str; 2] = ["commandstats", "latencystats"];
+
+/// The INFO text for the sections asked for: every one for `all` or
+/// `everything`, all but [`NOT_BY_DEFAULT`] when `wanted` is empty or holds
+/// `default`.
 pub fn info_text(node: &Node, wanted: &[String]) -> String {
-    let all = wanted.is_empty()
-        || wanted
-            .iter()
-            .any(|w| w == "all" || w == "default" || w == "everything");
+    let every = wanted.iter().any(|w| w == "all" || w == "everything");
+    let default = wanted.is_empty() || wanted.iter().any(|w| w == "default");
     let st = node.engine().stats();
     let w = &node.waiters().stats;
     let m = node.metrics();
     let cfg = node.config();
     let mut out = String::new();
     let mut section = |name: &str, body: &dyn Fn(&mut String)| {
-        if all || wanted.iter().any(|w| w == name) {
+        if every || wanted.iter().any(|w| w == name) || (default && !NOT_BY_DEFAULT.contains(&name))
+        {
             if !out.is_empty() {
                 out.push_str("\r\n");
             }
@@ -496,7 +507,7 @@ pub fn info_text(node: &Node, wanted: &[String]) -> String {
              protocol_errors:{}\r\noutput_limit_disconnects:{}\r\nclient_budget_disconnects:{}\r\n\
              client_write_timeouts:{}\r\nauth_failures:{}\r\nprotected_mode_refusals:{}\r\n\
              acl_access_denied_auth:{}\r\nacl_access_denied_cmd:{}\r\nacl_access_denied_key:{}\r\n\
-             tls_handshake_failures:{}\r\n",
+             tls_handshake_failures:{}\r\ntotal_error_replies:{}\r\n",
             get(&m.connections),
             get(&m.rejected),
             get(&m.commands),
@@ -526,8 +537,12 @@ pub fn info_text(node: &Node, wanted: &[String]) -> String {
             get(&m.acl_denied_cmd),
             get(&m.acl_denied_key),
             get(&m.tls_handshake_failures),
+            node.cmdstats().error_replies(),
         );
     });
+    section("commandstats", &|o| node.cmdstats().write_commandstats(o));
+    section("errorstats", &|o| node.cmdstats().write_errorstats(o));
+    section("latencystats", &|o| node.cmdstats().write_latencystats(o));
     section("keyspace", &|o| {
         let _ = write!(
             o,

@@ -24,8 +24,8 @@ use std::time::Duration;
 use bytes::{BufMut, BytesMut};
 use idem_protocol::out::MAX_SLICES;
 use idem_protocol::{
-    Command, CommandError, Decoder, ErrorCode, Flags, FrameError, OutBuf, Reply, ServerError,
-    Version,
+    Command, CommandError, CommandId, Decoder, ErrorCode, Flags, FrameError, OutBuf, Reply,
+    ServerError, Version,
 };
 use tokio::io::{AsyncWriteExt, Interest};
 use tokio::net::TcpStream;
@@ -34,6 +34,7 @@ use tokio::time::Instant;
 use tracing::{debug, warn};
 
 use crate::clients::{Accounted, ClientInfo};
+use crate::cmdstats::CmdStats;
 use crate::dispatch::{Action, Later, dispatch};
 use crate::metrics::bump;
 use crate::node::Node;
@@ -127,11 +128,19 @@ enum Owed {
     Blocking(Later),
 }
 
+/// When a request whose reply comes later was dispatched, and which
+/// command it is (for its statistics, counted once the reply is known).
+#[derive(Debug, Clone, Copy)]
+struct Started {
+    id: CommandId,
+    at: std::time::Instant,
+}
+
 /// The replies owed, in request order, each with the protocol version in
 /// force when its request was read (a later HELLO does not change it).
 #[derive(Default)]
 struct Pending {
-    queue: VecDeque<(Owed, Version)>,
+    queue: VecDeque<(Owed, Version, Option<Started>)>,
     /// A blocking request is in the queue.
     blocked: bool,
     /// Entries whose reply is not known yet (`Later` or `Blocking`).
@@ -153,20 +162,27 @@ impl Pending {
         if self.queue.is_empty() {
             out.push_reply(version, &reply);
         } else {
-            self.queue.push_back((Owed::Ready(reply), version));
+            self.queue.push_back((Owed::Ready(reply), version, None));
         }
     }
 
-    /// The reply at the front, once it is known.
-    fn poll_front(&mut self, cx: &mut std::task::Context<'_>) -> Poll<(Reply, Version)> {
+    /// The reply at the front, once it is known (counted in `stats`).
+    fn poll_front(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+        stats: &CmdStats,
+    ) -> Poll<(Reply, Version)> {
         let ready = match self.queue.front_mut() {
             None => return Poll::Pending,
-            Some((Owed::Ready(_), _)) => true,
-            Some((Owed::Later(f) | Owed::Blocking(f), v)) => match f.as_mut().poll(cx) {
+            Some((Owed::Ready(_), _, _)) => true,
+            Some((Owed::Later(f) | Owed::Blocking(f), v, started)) => match f.as_mut().poll(cx) {
                 Poll::Ready(r) => {
                     let v = *v;
+                    if let Some(s) = started {
+                        stats.record(s.id, s.at.elapsed(), &r);
+                    }
                     self.unknown -= 1;
-                    if matches!(self.queue.pop_front(), Some((Owed::Blocking(_), _))) {
+                    if matches!(self.queue.pop_front(), Some((Owed::Blocking(_), _, _))) {
                         self.blocked = false;
                     }
                     return Poll::Ready((r, v));
@@ -178,7 +194,7 @@ impl Pending {
             return Poll::Pending;
         }
         match self.queue.pop_front() {
-            Some((Owed::Ready(r), v)) => Poll::Ready((r, v)),
+            Some((Owed::Ready(r), v, _)) => Poll::Ready((r, v)),
             _ => Poll::Pending,
         }
     }
@@ -189,8 +205,9 @@ impl Pending {
         &mut self,
         cx: &mut std::task::Context<'_>,
         ready: &mut Vec<(Reply, Version)>,
+        stats: &CmdStats,
     ) -> Poll<()> {
-        while let Poll::Ready(r) = self.poll_front(cx) {
+        while let Poll::Ready(r) = self.poll_front(cx, stats) {
             ready.push(r);
         }
         if ready.is_empty() {
@@ -205,20 +222,24 @@ impl Pending {
         self.unknown > 0
     }
 
-    /// Adds a reply that comes later.
-    fn later(&mut self, owed: Owed, version: Version) {
+    /// Adds a reply that comes later, for a request dispatched as
+    /// `started` says.
+    fn later(&mut self, owed: Owed, version: Version, started: Option<Started>) {
         if matches!(owed, Owed::Blocking(_)) {
             self.blocked = true;
         }
         self.unknown += 1;
-        self.queue.push_back((owed, version));
+        self.queue.push_back((owed, version, started));
     }
 
     /// Answers blocking requests with `reply` at once (shutdown).
-    fn unblock_with(&mut self, reply: &Reply) {
-        for (owed, _) in &mut self.queue {
+    fn unblock_with(&mut self, reply: &Reply, stats: &CmdStats) {
+        for (owed, _, started) in &mut self.queue {
             if matches!(owed, Owed::Blocking(_)) {
                 *owed = Owed::Ready(reply.clone());
+                if let Some(s) = started.take() {
+                    stats.record(s.id, s.at.elapsed(), reply);
+                }
                 self.unknown -= 1;
             }
         }
@@ -237,10 +258,20 @@ impl Pending {
     /// Withdraws blocking requests (the client left).
     fn withdraw_blocking(&mut self) {
         let before = self.queue.len();
-        self.queue.retain(|(o, _)| !matches!(o, Owed::Blocking(_)));
+        self.queue
+            .retain(|(o, _, _)| !matches!(o, Owed::Blocking(_)));
         self.unknown -= before - self.queue.len();
         self.blocked = false;
     }
+}
+
+/// Counts a reply known at dispatch (`started` is `None` for a request
+/// that did not parse, counted as it was refused), and says when.
+fn record(stats: &CmdStats, started: Option<Started>, reply: &Reply) -> Option<std::time::Instant> {
+    let s = started?;
+    let now = std::time::Instant::now();
+    stats.record(s.id, now.saturating_duration_since(s.at), reply);
+    Some(now)
 }
 
 /// A command that may be answered from the store without the log (a read,
@@ -623,6 +654,7 @@ async fn run(
     let write_timeout = (config.client_write_timeout_ms > 0)
         .then(|| Duration::from_millis(config.client_write_timeout_ms));
     let info = std::sync::Arc::clone(&session.info);
+    let stats = node.cmdstats();
     // Reply bytes counted against the server-wide client budget, and since
     // when replies have been owed without the client taking any.
     let mut accounted = 0u64;
@@ -653,6 +685,9 @@ async fn run(
         // Run every complete request already buffered, unless one blocks
         // or too many replies are owed.
         let mut decoded = false;
+        // When the previous command of this turn was answered: the next one
+        // starts then (one clock read a command, not two).
+        let mut mark: Option<std::time::Instant> = None;
         while !pending.blocked && (!closing || held.is_some()) && pending.len() < max_pending {
             if held.is_some() && pending.awaits_write() {
                 break;
@@ -671,7 +706,7 @@ async fn run(
                 ) {
                     Ok(Some(frame)) => {
                         decoded = true;
-                        Command::from_frame(frame)
+                        Command::from_frame_naming(frame)
                     }
                     Ok(None) => break,
                     Err(e) => {
@@ -685,7 +720,9 @@ async fn run(
                                 ServerError::owned(ErrorCode::Err, e.to_string())
                             }
                         };
-                        pending.reply(&mut out, session.version, Reply::Error(reply));
+                        let reply = Reply::Error(reply);
+                        stats.refuse(None, &reply);
+                        pending.reply(&mut out, session.version, reply);
                         closing = true;
                         break;
                     }
@@ -699,10 +736,16 @@ async fn run(
                 break;
             }
             session.writes_pending = pending.awaits_write();
+            let started = cmd.as_ref().ok().map(|c| Started {
+                id: c.id(),
+                at: mark.take().unwrap_or_else(std::time::Instant::now),
+            });
             let action = match cmd {
                 Ok(cmd) => dispatch(node, &mut session, cmd),
-                Err(e) => {
+                Err((e, named)) => {
                     let reply = Reply::Error(ServerError::owned(ErrorCode::Err, e.to_string()));
+                    // Refused before it ran: counted here, not as a call.
+                    stats.refuse(named, &reply);
                     // A frame that is not an array of strings breaks the
                     // protocol: answer and close, like a malformed frame.
                     if e == CommandError::NotAnArray {
@@ -714,10 +757,18 @@ async fn run(
                 }
             };
             match action {
-                Action::Reply(reply) => pending.reply(&mut out, session.version, reply),
-                Action::Pending(later) => pending.later(Owed::Later(later), session.version),
-                Action::Block(later) => pending.later(Owed::Blocking(later), session.version),
+                Action::Reply(reply) => {
+                    mark = record(stats, started, &reply);
+                    pending.reply(&mut out, session.version, reply);
+                }
+                Action::Pending(later) => {
+                    pending.later(Owed::Later(later), session.version, started);
+                }
+                Action::Block(later) => {
+                    pending.later(Owed::Blocking(later), session.version, started);
+                }
                 Action::Close(reply) => {
+                    record(stats, started, &reply);
                     pending.reply(&mut out, session.version, reply);
                     closing = true;
                 }
@@ -728,9 +779,11 @@ async fn run(
             // Replies are counted against the server-wide budget as they
             // pile up, not only once the batch is done.
             let holds = client_bytes(&out, &inbuf);
-            if holds > accounted + ACCOUNT_STEP && !charge(node, &info, &mut accounted, holds).await
-            {
-                return Ok(());
+            if holds > accounted + ACCOUNT_STEP {
+                mark = None;
+                if !charge(node, &info, &mut accounted, holds).await {
+                    return Ok(());
+                }
             }
         }
         if decoded {
@@ -811,10 +864,10 @@ async fn run(
                     ErrorCode::TryAgain,
                     "server is shutting down: the request may have been applied",
                 );
-                pending.unblock_with(&Reply::Error(e));
+                pending.unblock_with(&Reply::Error(e), stats);
                 closing = true;
             }
-            () = poll_fn(|cx| pending.poll_ready(cx, &mut ready)), if !pending.is_empty() => {
+            () = poll_fn(|cx| pending.poll_ready(cx, &mut ready, stats)), if !pending.is_empty() => {
                 last_activity = Instant::now();
                 for (reply, v) in ready.drain(..) {
                     out.push_reply(v, &reply);
@@ -880,7 +933,10 @@ mod tests {
     use idem_protocol::{Frame, OutBuf, Reply, Version};
     use tokio::sync::oneshot;
 
-    use super::{Owed, Pending};
+    use idem_protocol::CommandId;
+
+    use super::{Owed, Pending, Started};
+    use crate::cmdstats::CmdStats;
 
     fn later(rx: oneshot::Receiver<Reply>) -> super::Later {
         Box::pin(async move { rx.await.unwrap_or(Reply::Ok) })
@@ -900,7 +956,7 @@ mod tests {
         let mut senders = Vec::new();
         for _ in 0..1000 {
             let (tx, rx) = oneshot::channel();
-            p.later(Owed::Later(later(rx)), v);
+            p.later(Owed::Later(later(rx)), v, None);
             senders.push(tx);
         }
         assert!(p.queue.capacity() >= 1000);
@@ -910,7 +966,7 @@ mod tests {
         let mut ready = Vec::new();
         // (in turns: the runtime's budget lets a task take 128 at a time)
         while !p.is_empty() {
-            poll_fn(|cx| p.poll_ready(cx, &mut ready)).await;
+            poll_fn(|cx| p.poll_ready(cx, &mut ready, &CmdStats::new(1))).await;
             tokio::task::yield_now().await;
         }
         assert_eq!(ready.len(), 1000);
@@ -922,9 +978,9 @@ mod tests {
         );
         ready.clear();
         let (tx, rx) = oneshot::channel();
-        p.later(Owed::Later(later(rx)), v);
+        p.later(Owed::Later(later(rx)), v, None);
         let _ = tx.send(int(1));
-        poll_fn(|cx| p.poll_ready(cx, &mut ready)).await;
+        poll_fn(|cx| p.poll_ready(cx, &mut ready, &CmdStats::new(1))).await;
         let room = p.queue.capacity();
         p.release_if_empty();
         assert_eq!(p.queue.capacity(), room, "a short queue keeps its room");
@@ -940,19 +996,20 @@ mod tests {
         assert_eq!(out.to_vec(), b":1\r\n", "nothing owed before: straight out");
         let (tx2, rx2) = oneshot::channel();
         let (tx4, rx4) = oneshot::channel();
-        p.later(Owed::Later(later(rx2)), v);
+        p.later(Owed::Later(later(rx2)), v, None);
         p.reply(&mut out, v, int(3));
-        p.later(Owed::Later(later(rx4)), Version::Resp3);
+        p.later(Owed::Later(later(rx4)), Version::Resp3, None);
         p.reply(&mut out, v, int(5));
         assert_eq!(p.len(), 4);
         // The fourth is known first: nothing can go out yet.
         tx4.send(int(4)).unwrap();
-        let front = poll_fn(|cx| std::task::Poll::Ready(p.poll_front(cx))).await;
+        let stats = CmdStats::new(1);
+        let front = poll_fn(|cx| std::task::Poll::Ready(p.poll_front(cx, &stats))).await;
         assert!(front.is_pending());
         tx2.send(int(2)).unwrap();
         let mut got = Vec::new();
         while !p.is_empty() {
-            let r = poll_fn(|cx| p.poll_front(cx)).await;
+            let r = poll_fn(|cx| p.poll_front(cx, &stats)).await;
             got.push(r);
         }
         // Each in the version of its own request.
@@ -976,15 +1033,27 @@ mod tests {
         let (_tx, rx) = oneshot::channel::<Reply>();
         let (tx2, rx2) = oneshot::channel();
         let v = Version::Resp2;
-        p.later(Owed::Later(later(rx2)), v);
-        p.later(Owed::Blocking(later(rx)), v);
+        let started = |id| {
+            Some(Started {
+                id,
+                at: std::time::Instant::now(),
+            })
+        };
+        p.later(Owed::Later(later(rx2)), v, started(CommandId::Inspect));
+        p.later(Owed::Blocking(later(rx)), v, started(CommandId::Claim));
         assert!(p.blocked);
-        p.unblock_with(&int(-1));
+        let stats = CmdStats::new(1);
+        p.unblock_with(&int(-1), &stats);
         assert!(!p.blocked);
         tx2.send(int(1)).unwrap();
-        assert_eq!(poll_fn(|cx| p.poll_front(cx)).await, (int(1), v));
-        assert_eq!(poll_fn(|cx| p.poll_front(cx)).await, (int(-1), v));
+        assert_eq!(poll_fn(|cx| p.poll_front(cx, &stats)).await, (int(1), v));
+        assert_eq!(poll_fn(|cx| p.poll_front(cx, &stats)).await, (int(-1), v));
         assert!(p.is_empty());
+        // Each counted once, when its reply was known.
+        let mut counted = String::new();
+        stats.write_commandstats(&mut counted);
+        assert!(counted.contains("cmdstat_claim:calls=1,"), "{counted}");
+        assert!(counted.contains("cmdstat_inspect:calls=1,"), "{counted}");
         p.reply(&mut out, Version::Resp2, int(7));
         assert_eq!(out.to_vec(), b":7\r\n");
     }

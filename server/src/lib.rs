@@ -43,6 +43,7 @@ pub mod admin;
 pub mod clients;
 pub mod clock;
 pub mod cluster_admin;
+pub mod cmdstats;
 pub mod config;
 pub mod connection;
 pub mod dispatch;

@@ -13,6 +13,7 @@ use crate::acl::{Acl, AclLog, Denial};
 
 use crate::clients::Clients;
 use crate::clock::Clock;
+use crate::cmdstats::CmdStats;
 use crate::config::{Config, EngineKind};
 use crate::engine::Engine;
 use crate::engine::raft::{EngineIo, StartError};
@@ -26,6 +27,9 @@ struct Inner {
     config: Config,
     clients: Clients,
     metrics: Metrics,
+    /// Calls, time and errors by command (INFO commandstats, errorstats,
+    /// latencystats).
+    cmdstats: CmdStats,
     started: Instant,
     /// 40 random hex digits, new at each start (INFO's `run_id`).
     run_id: String,
@@ -99,6 +103,7 @@ impl Node {
         let waiters = Waiters::new(Arc::clone(&engine), config.defaults, config.wait_limits);
         let clients = Clients::with_budget(config.max_client_memory_bytes);
         let acl = RwLock::new(Arc::clone(&config.acl));
+        let cmdstats = CmdStats::new(config.worker_threads);
         Node(Arc::new(Inner {
             engine,
             waiters,
@@ -109,6 +114,7 @@ impl Node {
             config,
             clients,
             metrics: Metrics::default(),
+            cmdstats,
             started: Instant::now(),
             run_id: new_run_id(),
             configured: local_addr,
@@ -139,6 +145,11 @@ impl Node {
     /// Connection-layer counters.
     pub fn metrics(&self) -> &Metrics {
         &self.0.metrics
+    }
+
+    /// Calls, time and errors by command.
+    pub fn cmdstats(&self) -> &CmdStats {
+        &self.0.cmdstats
     }
 
     /// When the node started.

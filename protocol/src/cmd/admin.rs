@@ -303,8 +303,9 @@ impl CommandCmd {
     }
 }
 
-/// `CONFIG GET pattern [pattern ...]` and `CONFIG RELOAD-TLS` (the
-/// server's configuration is otherwise read-only at run time).
+/// `CONFIG GET pattern [pattern ...]`, `CONFIG RELOAD-TLS` and
+/// `CONFIG RESETSTAT` (the server's configuration is otherwise read-only
+/// at run time).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum ConfigCmd {
@@ -313,6 +314,9 @@ pub enum ConfigCmd {
     /// `CONFIG RELOAD-TLS`: read the TLS certificate, key and CA files
     /// again.
     ReloadTls,
+    /// `CONFIG RESETSTAT`: set the per-command and per-error statistics
+    /// (`INFO commandstats`, `errorstats`, `latencystats`) back to zero.
+    ResetStat,
 }
 
 impl ConfigCmd {
@@ -327,6 +331,9 @@ impl ConfigCmd {
         } else if sub.eq_ignore_ascii_case(b"RELOAD-TLS") {
             args.finish_ref()?;
             Ok(ConfigCmd::ReloadTls)
+        } else if sub.eq_ignore_ascii_case(b"RESETSTAT") {
+            args.finish_ref()?;
+            Ok(ConfigCmd::ResetStat)
         } else {
             Err(CommandError::UnknownSubcommand {
                 command: "config",
@@ -343,6 +350,7 @@ impl ConfigCmd {
                 out.extend(p.iter().cloned().map(Frame::Bulk));
             }
             ConfigCmd::ReloadTls => out.push(word("RELOAD-TLS")),
+            ConfigCmd::ResetStat => out.push(word("RESETSTAT")),
         }
     }
 }

@@ -94,36 +94,48 @@ pub enum Command {
 impl Command {
     /// Parses a request frame (an array of bulk strings).
     pub fn from_frame(frame: Frame) -> Result<Command, CommandError> {
+        Command::from_frame_naming(frame).map_err(|(e, _)| e)
+    }
+
+    /// [`Command::from_frame`], and with an error the command the request
+    /// named, when it names one (a server counts the refusal against it).
+    pub fn from_frame_naming(frame: Frame) -> Result<Command, (CommandError, Option<CommandId>)> {
         let Frame::Array(items) = frame else {
-            return Err(CommandError::NotAnArray);
+            return Err((CommandError::NotAnArray, None));
         };
         if !items
             .iter()
             .all(|f| matches!(f, Frame::Bulk(_) | Frame::Simple(_)))
         {
-            return Err(CommandError::NotAnArray);
+            return Err((CommandError::NotAnArray, None));
         }
         Command::from_items(items)
     }
 
     /// Parses a request from its arguments, the command name first.
     pub fn from_args(args: Vec<Bytes>) -> Result<Command, CommandError> {
-        Command::from_items(args.into_iter().map(Frame::Bulk).collect())
+        Command::from_items(args.into_iter().map(Frame::Bulk).collect()).map_err(|(e, _)| e)
     }
 
-    /// Parses a request from frames already known to be strings.
-    fn from_items(items: Vec<Frame>) -> Result<Command, CommandError> {
+    /// Parses a request from frames already known to be strings; with an
+    /// error, the command named if it is one.
+    fn from_items(items: Vec<Frame>) -> Result<Command, (CommandError, Option<CommandId>)> {
         let mut it = items.into_iter();
-        let name = string(it.next()).ok_or(CommandError::Empty)?;
+        let name = string(it.next()).ok_or((CommandError::Empty, None))?;
+        let Some(spec) = crate::spec::lookup(&name) else {
+            return Err((CommandError::Unknown(name), None));
+        };
+        Command::parse_known(spec.id, it).map_err(|e| (e, Some(spec.id)))
+    }
+
+    /// Parses the arguments of command `id`.
+    fn parse_known(id: CommandId, it: std::vec::IntoIter<Frame>) -> Result<Command, CommandError> {
         macro_rules! parse {
             ($variant:ident, $ty:ty, $wire:literal) => {
                 Command::$variant(<$ty>::parse(&mut Args::new($wire, it))?)
             };
         }
-        let Some(spec) = crate::spec::lookup(&name) else {
-            return Err(CommandError::Unknown(name));
-        };
-        let cmd = match spec.id {
+        let cmd = match id {
             CommandId::Ping => parse!(Ping, Ping, "ping"),
             CommandId::Echo => parse!(Echo, Echo, "echo"),
             CommandId::Auth => parse!(Auth, Auth, "auth"),
