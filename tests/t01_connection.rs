@@ -189,6 +189,7 @@ async fn client_info_dbsize_command_config() {
         "acl",
         "readonly",
         "readwrite",
+        "latency",
     ];
     assert_eq!(
         int(&c.cmd(&["COMMAND", "COUNT"]).await),
@@ -361,6 +362,26 @@ async fn info_counts_calls_errors_and_latency_by_command() {
     assert!(p("p50") < 300_000.0, "{latency}");
     assert!(p("p99") >= 300_000.0 * 15.0 / 16.0, "{latency}");
     assert!(p("p99.9") >= p("p99"), "{latency}");
+    // The same calls as a distribution: cumulative counts at powers of two
+    // of µs, the last one all of them, past the waiter's 300 ms.
+    let Frame::Array(h) = c.cmd(&["LATENCY", "HISTOGRAM", "claim", "nosuch"]).await else {
+        panic!("LATENCY HISTOGRAM is a map")
+    };
+    assert_eq!(h.len(), 2, "{h:?}");
+    assert_eq!(h[0], Frame::bulk("claim"));
+    let Frame::Array(fields) = &h[1] else {
+        panic!("{h:?}")
+    };
+    assert_eq!(fields[..2], [Frame::bulk("calls"), Frame::Integer(2)]);
+    let Frame::Array(points) = &fields[3] else {
+        panic!("{fields:?}")
+    };
+    let points: Vec<i64> = points.iter().map(int).collect();
+    assert_eq!(points.last(), Some(&2), "{points:?}");
+    assert!(points[points.len() - 2] >= 262_144, "{points:?}");
+    // No latency monitor, as Redis by default: no events.
+    assert_eq!(c.cmd(&["LATENCY", "LATEST"]).await, Frame::Array(vec![]));
+    assert_eq!(c.cmd(&["LATENCY", "RESET"]).await, Frame::Integer(0));
 
     // As with Redis, a plain INFO leaves the long sections out.
     let info = bulk(&c.cmd(&["INFO"]).await);

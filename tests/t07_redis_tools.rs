@@ -156,11 +156,14 @@ async fn redis_exporter_scrapes_idemd() {
         .unwrap()
         .local_addr()
         .unwrap();
+    let logs = DataDir::new("exporter-log");
+    std::fs::create_dir_all(&logs.0).unwrap();
+    let log = logs.0.join("exporter.log");
     let _exporter = tokio::process::Command::new(EXPORTER)
         .arg(format!("--redis.addr=redis://{}", s.addr))
         .arg(format!("--web.listen-address={web}"))
         .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
         .kill_on_drop(true)
         .spawn()
         .expect("the exporter starts");
@@ -194,6 +197,10 @@ async fn redis_exporter_scrapes_idemd() {
         instance.contains(&format!("run_id=\"{run_id}\"")),
         "{instance}"
     );
+    // Every command the exporter sends is known (it logs an error for one
+    // that is not, such as LATENCY LATEST).
+    let log = std::fs::read_to_string(&log).unwrap();
+    assert!(!log.contains("unknown command"), "{log}");
 }
 
 /// `GET /metrics` from `addr`, retried until the server there answers.

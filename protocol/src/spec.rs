@@ -54,6 +54,8 @@ pub enum CommandId {
     ReadOnly,
     /// `READWRITE`
     ReadWrite,
+    /// `LATENCY`
+    Latency,
 }
 
 /// Command flags (a bit set).
@@ -162,6 +164,7 @@ pub const COMMANDS: &[CommandSpec] = &[
     spec(CommandId::Acl, "acl", -2, A, 0),
     spec(CommandId::ReadOnly, "readonly", 1, C, 0),
     spec(CommandId::ReadWrite, "readwrite", 1, C, 0),
+    spec(CommandId::Latency, "latency", -2, A, 0),
 ];
 
 /// The spec of the command named `name` (any case).

@@ -118,6 +118,7 @@ const UNITS: &[Unit] = &[
     unit("config|get", ADMIN | DANGEROUS | SLOW),
     unit("config|reload-tls", ADMIN | DANGEROUS | SLOW),
     unit("config|resetstat", ADMIN | DANGEROUS | SLOW),
+    unit("latency", ADMIN | DANGEROUS | SLOW),
     unit("cluster|info", CONNECTION | SLOW),
     unit("cluster|nodes", CONNECTION | SLOW),
     unit("cluster|myid", CONNECTION | SLOW),

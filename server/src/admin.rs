@@ -5,7 +5,7 @@ use std::fmt::Write;
 use std::sync::atomic::Ordering;
 
 use bytes::Bytes;
-use idem_protocol::cmd::{AclCmd, ClientCmd, CommandCmd, ConfigCmd, Hello};
+use idem_protocol::cmd::{AclCmd, ClientCmd, CommandCmd, ConfigCmd, Hello, LatencyCmd};
 use idem_protocol::spec::{COMMANDS, CommandSpec};
 use idem_protocol::{ErrorCode, Frame, Reply, ServerError, Version};
 
@@ -307,6 +307,73 @@ pub fn config(node: &Node, c: ConfigCmd) -> Reply {
         }
     }
     Reply::Frame(Frame::Map(pairs))
+}
+
+/// `LATENCY ...`. There is no latency monitor (Redis's is off by default
+/// too), so there are no events; `HISTOGRAM` reads the per-command
+/// statistics.
+pub fn latency(node: &Node, c: LatencyCmd) -> Reply {
+    Reply::Frame(match c {
+        LatencyCmd::Latest | LatencyCmd::History(_) => Frame::Array(vec![]),
+        LatencyCmd::Reset(_) => Frame::Integer(0),
+        LatencyCmd::Histogram(names) => {
+            let wanted: Vec<&CommandSpec> = if names.is_empty() {
+                COMMANDS.iter().collect()
+            } else {
+                // Unknown names are left out, as Redis does.
+                names
+                    .iter()
+                    .filter_map(|n| idem_protocol::spec::lookup(n))
+                    .collect()
+            };
+            let mut out = Vec::new();
+            for spec in wanted {
+                let Some((calls, points)) = node.cmdstats().histogram(spec.id) else {
+                    continue;
+                };
+                let buckets = points
+                    .into_iter()
+                    .map(|(us, n)| (Frame::Integer(us as i64), Frame::Integer(n as i64)))
+                    .collect();
+                out.push((
+                    Frame::bulk(spec.name),
+                    Frame::Map(vec![
+                        (Frame::bulk("calls"), Frame::Integer(calls as i64)),
+                        (Frame::bulk("histogram_usec"), Frame::Map(buckets)),
+                    ]),
+                ));
+            }
+            Frame::Map(out)
+        }
+        LatencyCmd::Doctor => Frame::Bulk(Bytes::from_static(
+            b"Idem has no latency monitor, so there are no latency events to report. \
+              Each command's calls and latency percentiles are in INFO commandstats and \
+              INFO latencystats, its latency distribution in LATENCY HISTOGRAM; the log's \
+              fsync times in INFO persistence (wal_fsync_p50_us, wal_fsync_p99_us).\n",
+        )),
+        LatencyCmd::Help => Frame::Array(
+            [
+                "LATENCY <subcommand> [<arg> ...]. Subcommands are:",
+                "LATEST",
+                "    No events: Idem has no latency monitor.",
+                "HISTORY <event>",
+                "    No events: Idem has no latency monitor.",
+                "RESET [<event> ...]",
+                "    Nothing to reset; answers 0.",
+                "DOCTOR",
+                "    Where to look for latencies.",
+                "HISTOGRAM [<command> ...]",
+                "    Calls and cumulative latency counts (µs) of the commands named, or of",
+                "    every command called. CONFIG RESETSTAT zeroes them.",
+                "HELP",
+                "    Print this help.",
+            ]
+            .into_iter()
+            .map(Frame::simple)
+            .collect(),
+        ),
+        _ => return err("unsupported LATENCY subcommand"),
+    })
 }
 
 /// `CONFIG RELOAD-TLS` (and SIGHUP): reads the TLS files again; new

@@ -295,6 +295,48 @@ impl CmdStats {
     }
 }
 
+impl CmdStats {
+    /// Command `id`'s calls and latency distribution for `LATENCY
+    /// HISTOGRAM`, as Redis gives it: at each power of two of µs (1, 2, 4,
+    /// ...) where the count grows, the calls that took about that long or
+    /// less (within the histogram's 1/16). `None` if it was never called.
+    pub fn histogram(&self, id: CommandId) -> Option<(u64, Vec<(u64, u64)>)> {
+        let mut counts = vec![0u64; BUCKETS];
+        for stripe in &*self.stripes {
+            if let Some(l) = stripe.cmds[id as usize].latencies.get() {
+                for (c, a) in counts.iter_mut().zip(l.iter()) {
+                    *c += a.load(Relaxed);
+                }
+            }
+        }
+        let calls: u64 = counts.iter().sum();
+        if calls == 0 {
+            return None;
+        }
+        let mut points = Vec::new();
+        let (mut upto, mut seen, mut last) = (0, 0, 0);
+        for exp in 0..=MAX_EXP + 1 {
+            let us = 1u64 << exp;
+            let through = bucket(us).min(BUCKETS - 1);
+            while upto <= through {
+                seen += counts[upto];
+                upto += 1;
+            }
+            if seen > last {
+                points.push((us, seen));
+                last = seen;
+            }
+            if seen == calls {
+                break;
+            }
+        }
+        if seen < calls {
+            points.push((1 << (MAX_EXP + 1), calls));
+        }
+        Some((calls, points))
+    }
+}
+
 /// The value (µs) at percentile `p` of a histogram holding `total` counts.
 fn percentile(counts: &[u64], total: u64, p: f64) -> f64 {
     // The rank of the count at `p`, from 1 (in thousandths of a percent:
@@ -372,6 +414,22 @@ mod tests {
                 980 * 10 + 19 * 1000 + 100_000,
                 (980.0 * 10.0 + 19_000.0 + 100_000.0) / 1000.0
             )
+        );
+    }
+
+    #[test]
+    fn histograms_count_calls_up_to_each_power_of_two() {
+        let stats = CmdStats::new(3);
+        assert_eq!(stats.histogram(CommandId::Claim), None);
+        for us in [0, 1, 1, 3, 40, 40, 1000] {
+            stats.record(CommandId::Claim, Duration::from_micros(us), &Reply::Ok);
+        }
+        let (calls, points) = stats.histogram(CommandId::Claim).unwrap();
+        assert_eq!(calls, 7);
+        assert_eq!(
+            points,
+            vec![(1, 3), (4, 4), (64, 6), (1024, 7)],
+            "cumulative counts where they grow"
         );
     }
 

@@ -223,6 +223,7 @@ fn run(node: &Node, session: &mut Session, cmd: Command) -> Action {
         Command::Command(c) => admin::command(c),
         Command::Config(c) => admin::config(node, c),
         Command::Acl(c) => admin::acl(node, session, c),
+        Command::Latency(c) => admin::latency(node, c),
         Command::Select(0) => Reply::Ok,
         Command::Select(_) => err("DB index is out of range"),
         // Redis Cluster clients set to read from replicas (redis-py's

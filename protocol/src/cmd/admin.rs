@@ -355,6 +355,76 @@ impl ConfigCmd {
     }
 }
 
+/// `LATENCY` subcommands. Idem has no latency monitor (Redis's is off by
+/// default too): `LATEST`, `HISTORY`, `RESET` and `DOCTOR` answer as Redis
+/// does with it off; `HISTOGRAM` gives the per-command latencies INFO latencystats
+/// is drawn from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LatencyCmd {
+    /// `LATENCY LATEST`: the latest spike of each event (none).
+    Latest,
+    /// `LATENCY HISTORY event`: an event's spikes (none).
+    History(Bytes),
+    /// `LATENCY RESET [event ...]`: forget events' spikes (0 reset).
+    Reset(Vec<Bytes>),
+    /// `LATENCY HISTOGRAM [command ...]`: commands' latency histograms
+    /// (every command called, when none is named).
+    Histogram(Vec<Bytes>),
+    /// `LATENCY DOCTOR`: a report for people.
+    Doctor,
+    /// `LATENCY HELP`.
+    Help,
+}
+
+impl LatencyCmd {
+    pub(crate) fn parse(args: &mut Args) -> Result<Self, CommandError> {
+        let sub = args.required()?;
+        let is = |w: &str| sub.eq_ignore_ascii_case(w.as_bytes());
+        let c = if is("LATEST") {
+            LatencyCmd::Latest
+        } else if is("HISTORY") {
+            let event = args
+                .next()
+                .ok_or(CommandError::WrongArity("latency|history"))?;
+            LatencyCmd::History(event)
+        } else if is("RESET") {
+            LatencyCmd::Reset(args.rest())
+        } else if is("HISTOGRAM") {
+            LatencyCmd::Histogram(args.rest())
+        } else if is("DOCTOR") {
+            LatencyCmd::Doctor
+        } else if is("HELP") {
+            LatencyCmd::Help
+        } else {
+            return Err(CommandError::UnknownSubcommand {
+                command: "latency",
+                sub,
+            });
+        };
+        args.finish_ref()?;
+        Ok(c)
+    }
+
+    pub(crate) fn write_args(&self, out: &mut Vec<Frame>) {
+        out.push(word("LATENCY"));
+        match self {
+            LatencyCmd::Latest => out.push(word("LATEST")),
+            LatencyCmd::History(e) => out.extend([word("HISTORY"), Frame::Bulk(e.clone())]),
+            LatencyCmd::Reset(e) => {
+                out.push(word("RESET"));
+                out.extend(e.iter().cloned().map(Frame::Bulk));
+            }
+            LatencyCmd::Histogram(c) => {
+                out.push(word("HISTOGRAM"));
+                out.extend(c.iter().cloned().map(Frame::Bulk));
+            }
+            LatencyCmd::Doctor => out.push(word("DOCTOR")),
+            LatencyCmd::Help => out.push(word("HELP")),
+        }
+    }
+}
+
 /// `ACL` subcommands (users are defined in the configuration or the ACL
 /// file; there is no `ACL SETUSER`).
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -17,7 +17,9 @@ mod renew;
 mod settle;
 
 pub use abandon::Abandon;
-pub use admin::{AclCmd, Auth, ClientCmd, CommandCmd, ConfigCmd, Echo, Hello, Info, Ping};
+pub use admin::{
+    AclCmd, Auth, ClientCmd, CommandCmd, ConfigCmd, Echo, Hello, Info, LatencyCmd, Ping,
+};
 pub use claim::{Claim, OnExpire};
 pub use cluster::ClusterCmd;
 pub use complete::Complete;
@@ -89,6 +91,8 @@ pub enum Command {
     /// `READWRITE`: the counterpart of [`Command::ReadOnly`], accepted
     /// likewise.
     ReadWrite,
+    /// `LATENCY LATEST|HISTORY|RESET|HISTOGRAM|HELP`
+    Latency(LatencyCmd),
 }
 
 impl Command {
@@ -169,6 +173,7 @@ impl Command {
                 Command::Select(parse_u64(&index).ok_or(CommandError::NotAnInteger("DB index"))?)
             }
             CommandId::Acl => parse!(Acl, AclCmd, "acl"),
+            CommandId::Latency => parse!(Latency, LatencyCmd, "latency"),
             CommandId::ReadOnly => {
                 Args::new("readonly", it).finish()?;
                 Command::ReadOnly
@@ -209,6 +214,7 @@ impl Command {
             Command::Acl(c) => c.write_args(&mut out),
             Command::ReadOnly => out.push(word("READONLY")),
             Command::ReadWrite => out.push(word("READWRITE")),
+            Command::Latency(c) => c.write_args(&mut out),
         }
         Frame::Array(out)
     }
@@ -240,6 +246,7 @@ impl Command {
             Command::Acl(_) => CommandId::Acl,
             Command::ReadOnly => CommandId::ReadOnly,
             Command::ReadWrite => CommandId::ReadWrite,
+            Command::Latency(_) => CommandId::Latency,
         }
     }
 

@@ -122,6 +122,14 @@ pub(crate) fn all_commands() -> Vec<Command> {
         Command::Select(0),
         Command::Config(ConfigCmd::ReloadTls),
         Command::Config(ConfigCmd::ResetStat),
+        Command::Latency(LatencyCmd::Latest),
+        Command::Latency(LatencyCmd::History(b("command"))),
+        Command::Latency(LatencyCmd::Reset(vec![])),
+        Command::Latency(LatencyCmd::Reset(vec![b("command"), b("fork")])),
+        Command::Latency(LatencyCmd::Histogram(vec![])),
+        Command::Latency(LatencyCmd::Histogram(vec![b("claim")])),
+        Command::Latency(LatencyCmd::Doctor),
+        Command::Latency(LatencyCmd::Help),
         Command::Acl(AclCmd::WhoAmI),
         Command::Acl(AclCmd::List),
         Command::Acl(AclCmd::Users),
@@ -194,6 +202,12 @@ variants! {
     "select" => Command::Select(_),
     "config reload-tls" => Command::Config(ConfigCmd::ReloadTls),
     "config resetstat" => Command::Config(ConfigCmd::ResetStat),
+    "latency latest" => Command::Latency(LatencyCmd::Latest),
+    "latency history command" => Command::Latency(LatencyCmd::History(_)),
+    "latency reset" => Command::Latency(LatencyCmd::Reset(_)),
+    "latency histogram claim settle" => Command::Latency(LatencyCmd::Histogram(_)),
+    "latency doctor" => Command::Latency(LatencyCmd::Doctor),
+    "latency help" => Command::Latency(LatencyCmd::Help),
     "acl whoami" => Command::Acl(AclCmd::WhoAmI),
     "acl list" => Command::Acl(AclCmd::List),
     "acl users" => Command::Acl(AclCmd::Users),
@@ -327,6 +341,18 @@ fn bad_commands_get_clear_errors() {
     assert_eq!(parse("SELECT 0 1"), Err(E::WrongArity("select")));
     assert_eq!(parse("ACL LOG x"), Err(E::NotAnInteger("count")));
     assert_eq!(parse("ACL WHOAMI x"), Err(E::WrongArity("acl")));
+    assert_eq!(
+        parse("LATENCY HISTORY"),
+        Err(E::WrongArity("latency|history"))
+    );
+    assert_eq!(parse("LATENCY LATEST x"), Err(E::WrongArity("latency")));
+    assert!(matches!(
+        parse("LATENCY DOCTORX"),
+        Err(E::UnknownSubcommand {
+            command: "latency",
+            ..
+        })
+    ));
     assert!(matches!(
         parse("ACL SETUSER x"),
         Err(E::UnknownSubcommand { .. })
