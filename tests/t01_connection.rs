@@ -392,10 +392,50 @@ async fn info_counts_calls_errors_and_latency_by_command() {
         "# Commandstats",
         "# Errorstats",
         "# Latencystats",
+        "# CPU",
         "# Keyspace",
     ] {
         assert!(every.contains(section), "{section} missing from {every}");
     }
+
+    // The process's CPU time and resident memory, as /proc has them.
+    let pid = s.child.id().expect("running");
+    let ticks = || -> (f64, f64) {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+        let f: Vec<f64> = stat[stat.rfind(')').unwrap() + 1..]
+            .split_whitespace()
+            .map(|v| v.parse().unwrap_or(0.0))
+            .collect();
+        let hz = rustix::param::clock_ticks_per_second() as f64;
+        (f[11] / hz, f[12] / hz)
+    };
+    let before = ticks();
+    let cpu = bulk(&c.cmd(&["INFO", "cpu"]).await);
+    let after = ticks();
+    assert!(cpu.starts_with("# CPU\r\n"), "{cpu}");
+    let seconds = |name: &str| -> f64 {
+        cpu.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+            .unwrap_or_else(|| panic!("no {name} in {cpu}"))
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    let (user, sys) = (seconds("used_cpu_user"), seconds("used_cpu_sys"));
+    assert!(
+        before.0 <= user && user <= after.0,
+        "{before:?} {after:?} {cpu}"
+    );
+    assert!(
+        before.1 <= sys && sys <= after.1,
+        "{before:?} {after:?} {cpu}"
+    );
+    let rss = info_field(&mut c, "used_memory_rss").await;
+    let real = s.rss();
+    assert!(
+        rss > real / 2 && rss < real * 2,
+        "used_memory_rss {rss}, VmRSS {real}"
+    );
 
     assert_eq!(c.cmd(&["CONFIG", "RESETSTAT"]).await, ok());
     let stats = bulk(&c.cmd(&["INFO", "commandstats", "errorstats"]).await);

@@ -179,6 +179,9 @@ async fn redis_exporter_scrapes_idemd() {
     assert!(value("redis_expired_keys_total") >= 1.0);
     assert_eq!(value("redis_evicted_keys_total"), 0.0);
     assert!(value("redis_connected_clients") >= 1.0);
+    assert!(value("redis_memory_used_rss_bytes") > 1e6);
+    assert!(value("redis_cpu_user_seconds_total") >= 0.0);
+    assert!(value("redis_cpu_sys_seconds_total") >= 0.0);
     // Per-command statistics (INFO commandstats, errorstats, latencystats).
     assert_eq!(value("redis_commands_total{cmd=\"claim\"}"), 4.0);
     assert_eq!(

@@ -404,13 +404,14 @@ pub fn info(node: &Node, sections: &[Bytes]) -> Reply {
 }
 
 /// The sections INFO knows, in the order it gives them.
-pub const SECTIONS: [&str; 11] = [
+pub const SECTIONS: [&str; 12] = [
     "server",
     "clients",
     "memory",
     "persistence",
     "replication",
     "stats",
+    "cpu",
     "commandstats",
     "errorstats",
     "latencystats",
@@ -439,7 +440,11 @@ pub fn info_text(node: &Node, wanted: &[String]) -> String {
             if !out.is_empty() {
                 out.push_str("\r\n");
             }
-            let _ = write!(out, "# {}{}\r\n", name[..1].to_uppercase(), &name[1..]);
+            if name == "cpu" {
+                out.push_str("# CPU\r\n");
+            } else {
+                let _ = write!(out, "# {}{}\r\n", name[..1].to_uppercase(), &name[1..]);
+            }
             body(&mut out);
         }
     };
@@ -483,6 +488,9 @@ pub fn info_text(node: &Node, wanted: &[String]) -> String {
             node.clients().owed(),
             cfg.max_client_memory_bytes
         );
+        if let Some(rss) = process_rss() {
+            let _ = write!(o, "used_memory_rss:{rss}\r\n");
+        }
     });
     let raft = node.engine().raft_info();
     section("persistence", &|o| {
@@ -607,6 +615,15 @@ pub fn info_text(node: &Node, wanted: &[String]) -> String {
             node.cmdstats().error_replies(),
         );
     });
+    section("cpu", &|o| {
+        if let Some((user, sys)) = process_cpu() {
+            let _ = write!(
+                o,
+                "used_cpu_sys:{sys:.6}\r\nused_cpu_user:{user:.6}\r\n\
+                 used_cpu_sys_children:0.000000\r\nused_cpu_user_children:0.000000\r\n"
+            );
+        }
+    });
     section("commandstats", &|o| node.cmdstats().write_commandstats(o));
     section("errorstats", &|o| node.cmdstats().write_errorstats(o));
     section("latencystats", &|o| node.cmdstats().write_latencystats(o));
@@ -633,6 +650,26 @@ pub fn info_text(node: &Node, wanted: &[String]) -> String {
         );
     });
     out
+}
+
+/// This process's user and system CPU time since start, in seconds (from
+/// `/proc/self/stat`; `None` where there is none).
+fn process_cpu() -> Option<(f64, f64)> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // After the command name (in parentheses, which may hold spaces) come
+    // the state (field 3) and on: utime is field 14, stime field 15.
+    let mut fields = stat.get(stat.rfind(')')? + 1..)?.split_whitespace();
+    let user: u64 = fields.nth(11)?.parse().ok()?;
+    let sys: u64 = fields.next()?.parse().ok()?;
+    let hz = rustix::param::clock_ticks_per_second().max(1) as f64;
+    Some((user as f64 / hz, sys as f64 / hz))
+}
+
+/// This process's resident memory in bytes (from `/proc/self/statm`).
+fn process_rss() -> Option<u64> {
+    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
+    let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
+    Some(pages * rustix::param::page_size() as u64)
 }
 
 /// The Redis version INFO reports, for tools that check it.
