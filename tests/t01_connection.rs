@@ -190,6 +190,7 @@ async fn client_info_dbsize_command_config() {
         "readonly",
         "readwrite",
         "latency",
+        "scan",
     ];
     assert_eq!(
         int(&c.cmd(&["COMMAND", "COUNT"]).await),
@@ -442,4 +443,65 @@ async fn info_counts_calls_errors_and_latency_by_command() {
     assert!(!stats.contains("cmdstat_claim"), "{stats}");
     assert!(!stats.contains("errorstat_"), "{stats}");
     assert_eq!(info_field(&mut c, "total_error_replies").await, 0);
+}
+
+#[tokio::test]
+async fn scan_walks_the_keys_with_match_and_count() {
+    let s = Idemd::start().await;
+    let mut c = s.conn().await;
+    let (a, b) = (key("scan-a"), key("scan-b"));
+    for i in 0..50 {
+        c.acquire(&["CLAIM", &format!("{a}:{i}")]).await;
+    }
+    for i in 0..20 {
+        c.acquire(&["CLAIM", &format!("{b}:{i}")]).await;
+    }
+    let pattern = format!("{a}:*");
+    let (mut cursor, mut keys, mut steps) = ("0".to_owned(), Vec::new(), 0);
+    loop {
+        let Frame::Array(step) = c
+            .cmd(&["SCAN", &cursor, "MATCH", &pattern, "COUNT", "7"])
+            .await
+        else {
+            panic!("SCAN answers an array")
+        };
+        cursor = bulk(&step[0]);
+        let Frame::Array(got) = &step[1] else {
+            panic!("{step:?}")
+        };
+        assert!(got.len() <= 7, "{got:?}");
+        keys.extend(got.iter().map(bulk));
+        steps += 1;
+        if cursor == "0" {
+            break;
+        }
+    }
+    assert!(
+        steps >= 10,
+        "70 records looked at 7 a step took {steps} steps"
+    );
+    keys.sort();
+    let mut want: Vec<String> = (0..50).map(|i| format!("{a}:{i}")).collect();
+    want.sort();
+    assert_eq!(keys, want);
+    assert!(err(&c.cmd(&["SCAN", "0", "COUNT", "0"]).await).starts_with("ERR"));
+    assert!(err(&c.cmd(&["SCAN", "x"]).await).starts_with("ERR"));
+    let long = "*".repeat(2000);
+    assert!(err(&c.cmd(&["SCAN", "0", "MATCH", &long]).await).starts_with("TOOBIG"));
+    // redis-cli's own walk.
+    if let Some(cli) = crate::t07_redis_tools::tool("redis-cli") {
+        let out = std::process::Command::new(cli)
+            .args(["-p", &s.addr.port().to_string(), "--scan", "--pattern"])
+            .arg(format!("{b}:*"))
+            .output()
+            .unwrap();
+        let mut listed: Vec<String> = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(str::to_owned)
+            .collect();
+        listed.sort();
+        let mut want: Vec<String> = (0..20).map(|i| format!("{b}:{i}")).collect();
+        want.sort();
+        assert_eq!(listed, want);
+    }
 }

@@ -537,3 +537,53 @@ async fn idem_client_reports_noperm_as_its_own_kind() {
     let e = Client::connect(url).await.unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Auth, "{e}");
 }
+
+#[tokio::test]
+async fn scan_lists_only_the_keys_a_user_may_read() {
+    let s = Idemd::start_with(
+        &[],
+        &[
+            "--user",
+            "default off",
+            "--user",
+            "admin on >admin-pw allkeys +@all",
+            "--user",
+            "tenant-a on >a-pw ~tenant-a:* +@idem +@connection +scan",
+            "--user",
+            "no-scan on >n-pw ~tenant-a:* +@idem +@connection",
+        ],
+    )
+    .await;
+    let mut admin = login(&s, "admin", "admin-pw").await;
+    for i in 0..30 {
+        for tenant in ["tenant-a", "tenant-b"] {
+            admin.acquire(&["CLAIM", &format!("{tenant}:{i}")]).await;
+        }
+    }
+    let walk = |mut c: Conn| async move {
+        let (mut cursor, mut keys) = ("0".to_owned(), Vec::new());
+        loop {
+            let Frame::Array(step) = c.cmd(&["SCAN", &cursor, "COUNT", "8"]).await else {
+                panic!("SCAN answers an array")
+            };
+            cursor = bulk(&step[0]);
+            let Frame::Array(got) = &step[1] else {
+                panic!("{step:?}")
+            };
+            keys.extend(got.iter().map(bulk));
+            if cursor == "0" {
+                keys.sort();
+                return keys;
+            }
+        }
+    };
+    let all = walk(login(&s, "admin", "admin-pw").await).await;
+    assert_eq!(all.len(), 60, "{all:?}");
+    let mine = walk(login(&s, "tenant-a", "a-pw").await).await;
+    let mut want: Vec<String> = (0..30).map(|i| format!("tenant-a:{i}")).collect();
+    want.sort();
+    assert_eq!(mine, want);
+    let mut no = login(&s, "no-scan", "n-pw").await;
+    let e = error_text(&no.cmd(&["SCAN", "0"]).await);
+    assert!(e.starts_with("NOPERM") && e.contains("'scan'"), "{e}");
+}

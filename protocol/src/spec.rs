@@ -56,6 +56,8 @@ pub enum CommandId {
     ReadWrite,
     /// `LATENCY`
     Latency,
+    /// `SCAN`
+    Scan,
 }
 
 /// Command flags (a bit set).
@@ -165,6 +167,7 @@ pub const COMMANDS: &[CommandSpec] = &[
     spec(CommandId::ReadOnly, "readonly", 1, C, 0),
     spec(CommandId::ReadWrite, "readwrite", 1, C, 0),
     spec(CommandId::Latency, "latency", -2, A, 0),
+    spec(CommandId::Scan, "scan", -2, R, 0),
 ];
 
 /// The spec of the command named `name` (any case).

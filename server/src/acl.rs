@@ -119,6 +119,7 @@ const UNITS: &[Unit] = &[
     unit("config|reload-tls", ADMIN | DANGEROUS | SLOW),
     unit("config|resetstat", ADMIN | DANGEROUS | SLOW),
     unit("latency", ADMIN | DANGEROUS | SLOW),
+    unit("scan", READ | KEYSPACE | SLOW),
     unit("cluster|info", CONNECTION | SLOW),
     unit("cluster|nodes", CONNECTION | SLOW),
     unit("cluster|myid", CONNECTION | SLOW),
@@ -537,6 +538,12 @@ impl User {
             }
         }
         Ok(())
+    }
+
+    /// Whether a pattern grants the user read access to `key` (`SCAN`
+    /// lists only such keys).
+    pub fn may_read(&self, key: &[u8]) -> bool {
+        self.key_allowed(key, KEY_READ)
     }
 
     /// Whether the user may act as an owner of `key`: some `@write`

@@ -218,6 +218,9 @@ pub struct RawConfig {
     /// Most requests one connection may have in progress (decoded, not yet
     /// answered); when full, the connection stops reading.
     pub max_pending_per_connection: usize,
+    /// Most records one `SCAN` call looks at, whatever its COUNT asks (a
+    /// larger COUNT is taken as this: COUNT is a hint).
+    pub max_scan_count: usize,
     /// Longest connection name (`CLIENT SETNAME`, `HELLO ... SETNAME`) and
     /// library name or version (`CLIENT SETINFO`) a connection may set.
     pub max_client_name_bytes: usize,
@@ -301,6 +304,7 @@ impl Default for RawConfig {
             sweep_batch: 2000,
             expire_batch: 1000,
             max_pending_per_connection: 1024,
+            max_scan_count: 10_000,
             max_client_name_bytes: 256,
             max_auth_failures_per_sec: 100,
             // openraft logs every failed call to a peer that is down:
@@ -391,6 +395,8 @@ pub struct Config {
     pub expire_batch: usize,
     /// Most requests in progress per connection.
     pub max_pending_per_connection: usize,
+    /// Most records one `SCAN` call looks at.
+    pub max_scan_count: usize,
     /// Longest connection name, library name or version.
     pub max_client_name_bytes: usize,
     /// Bounds on parked (waiting) requests.
@@ -575,6 +581,7 @@ macro_rules! numeric_keys {
             sweep_batch,
             expire_batch,
             max_pending_per_connection,
+            max_scan_count,
             max_client_name_bytes,
             max_auth_failures_per_sec,
             worker_threads
@@ -1048,6 +1055,7 @@ impl RawConfig {
         )?;
         positive("max_auth_failures_per_sec", self.max_auth_failures_per_sec)?;
         positive("max_client_name_bytes", self.max_client_name_bytes as u64)?;
+        positive("max_scan_count", self.max_scan_count as u64)?;
         positive("max_waiters_per_key", self.max_waiters_per_key as u64)?;
         positive("max_waiters", self.max_waiters as u64)?;
         if self.memory_headroom_percent > 100 {
@@ -1281,6 +1289,7 @@ impl RawConfig {
             sweep_batch: self.sweep_batch,
             expire_batch: self.expire_batch,
             max_pending_per_connection: self.max_pending_per_connection,
+            max_scan_count: self.max_scan_count,
             max_client_name_bytes: self.max_client_name_bytes,
             max_auth_failures_per_sec: self.max_auth_failures_per_sec,
             wait_limits: crate::waiters::WaitLimits {

@@ -8,9 +8,10 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use bytes::Bytes;
+use idem_protocol::cmd::Scan;
 use idem_protocol::{Command, ErrorCode, Flags, Frame, Reply, ServerError};
 
-use crate::acl::{Denial, Denied, User};
+use crate::acl::{Denial, Denied, Glob, User};
 use crate::admin;
 use crate::config::RequestLimits;
 use crate::engine::{Submission, Submitted};
@@ -51,6 +52,53 @@ fn client_list(node: &Node) -> Action {
         match tokio::task::spawn_blocking(move || node.clients().list()).await {
             Ok(list) => Reply::Frame(Frame::Bulk(Bytes::from(list))),
             Err(_) => err("CLIENT LIST failed"),
+        }
+    }))
+}
+
+/// How long one `SCAN` call may walk the records: past it, the call
+/// answers with what it found and the cursor to go on from.
+const SCAN_TIME: std::time::Duration = std::time::Duration::from_millis(10);
+
+/// `SCAN`: a step of a walk over this node's own records (a follower's
+/// copy may lag the leader's by what it has not applied yet), listing the
+/// keys the user may read; at most `max_scan_count` records and
+/// [`SCAN_TIME`] a step, off the runtime's threads, one step at a time
+/// server-wide (a MATCH pattern is client input: matching costs up to the
+/// product of its length and the key's).
+fn scan(node: &Node, session: &Session, s: Scan) -> Action {
+    static ONE_AT_A_TIME: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(1);
+    let limits = &node.config().limits;
+    if s.pattern
+        .as_ref()
+        .is_some_and(|p| p.len() > limits.max_key_bytes)
+    {
+        return Action::Reply(Reply::Error(toobig("MATCH pattern is over max_key_bytes")));
+    }
+    let count = s
+        .count
+        .map_or(10, |n| usize::try_from(n).unwrap_or(usize::MAX))
+        .min(node.config().max_scan_count);
+    let (node, user) = (node.clone(), session.user.clone());
+    Action::Pending(Box::pin(async move {
+        let Ok(_turn) = ONE_AT_A_TIME.acquire().await else {
+            return err("SCAN is not available");
+        };
+        let walk = tokio::task::spawn_blocking(move || {
+            let glob = s.pattern.as_deref().map(Glob::new);
+            let keep = |key: &[u8]| {
+                glob.as_ref().is_none_or(|g| g.matches(key))
+                    && user.as_ref().is_none_or(|u| u.may_read(key))
+            };
+            let until = std::time::Instant::now() + SCAN_TIME;
+            node.engine().scan(s.cursor, count, until, &keep)
+        });
+        match walk.await {
+            Ok((next, keys)) => Reply::Frame(Frame::Array(vec![
+                Frame::bulk(next.to_string()),
+                Frame::Array(keys.into_iter().map(Frame::Bulk).collect()),
+            ])),
+            Err(_) => err("SCAN failed"),
         }
     }))
 }
@@ -224,6 +272,7 @@ fn run(node: &Node, session: &mut Session, cmd: Command) -> Action {
         Command::Config(c) => admin::config(node, c),
         Command::Acl(c) => admin::acl(node, session, c),
         Command::Latency(c) => admin::latency(node, c),
+        Command::Scan(s) => return scan(node, session, s),
         Command::Select(0) => Reply::Ok,
         Command::Select(_) => err("DB index is out of range"),
         // Redis Cluster clients set to read from replicas (redis-py's

@@ -14,6 +14,7 @@ mod inspect;
 mod journal;
 mod release;
 mod renew;
+mod scan;
 mod settle;
 
 pub use abandon::Abandon;
@@ -28,6 +29,7 @@ pub use inspect::Inspect;
 pub use journal::Journal;
 pub use release::Release;
 pub use renew::Renew;
+pub use scan::Scan;
 pub use settle::Settle;
 
 use bytes::Bytes;
@@ -93,6 +95,8 @@ pub enum Command {
     ReadWrite,
     /// `LATENCY LATEST|HISTORY|RESET|HISTOGRAM|HELP`
     Latency(LatencyCmd),
+    /// `SCAN cursor [MATCH pattern] [COUNT count]`
+    Scan(Scan),
 }
 
 impl Command {
@@ -174,6 +178,7 @@ impl Command {
             }
             CommandId::Acl => parse!(Acl, AclCmd, "acl"),
             CommandId::Latency => parse!(Latency, LatencyCmd, "latency"),
+            CommandId::Scan => parse!(Scan, Scan, "scan"),
             CommandId::ReadOnly => {
                 Args::new("readonly", it).finish()?;
                 Command::ReadOnly
@@ -215,6 +220,7 @@ impl Command {
             Command::ReadOnly => out.push(word("READONLY")),
             Command::ReadWrite => out.push(word("READWRITE")),
             Command::Latency(c) => c.write_args(&mut out),
+            Command::Scan(c) => c.write_args(&mut out),
         }
         Frame::Array(out)
     }
@@ -247,6 +253,7 @@ impl Command {
             Command::ReadOnly => CommandId::ReadOnly,
             Command::ReadWrite => CommandId::ReadWrite,
             Command::Latency(_) => CommandId::Latency,
+            Command::Scan(_) => CommandId::Scan,
         }
     }
 

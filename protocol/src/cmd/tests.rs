@@ -122,6 +122,12 @@ pub(crate) fn all_commands() -> Vec<Command> {
         Command::Select(0),
         Command::Config(ConfigCmd::ReloadTls),
         Command::Config(ConfigCmd::ResetStat),
+        Command::Scan(Scan::default()),
+        Command::Scan(Scan {
+            cursor: 1 << 40 | 7,
+            pattern: Some(b("tenant-a:*")),
+            count: Some(500),
+        }),
         Command::Latency(LatencyCmd::Latest),
         Command::Latency(LatencyCmd::History(b("command"))),
         Command::Latency(LatencyCmd::Reset(vec![])),
@@ -202,6 +208,7 @@ variants! {
     "select" => Command::Select(_),
     "config reload-tls" => Command::Config(ConfigCmd::ReloadTls),
     "config resetstat" => Command::Config(ConfigCmd::ResetStat),
+    "scan" => Command::Scan(_),
     "latency latest" => Command::Latency(LatencyCmd::Latest),
     "latency history command" => Command::Latency(LatencyCmd::History(_)),
     "latency reset" => Command::Latency(LatencyCmd::Reset(_)),
@@ -346,6 +353,21 @@ fn bad_commands_get_clear_errors() {
         Err(E::WrongArity("latency|history"))
     );
     assert_eq!(parse("LATENCY LATEST x"), Err(E::WrongArity("latency")));
+    assert_eq!(parse("SCAN"), Err(E::WrongArity("scan")));
+    assert_eq!(parse("SCAN -1"), Err(E::NotAnInteger("cursor")));
+    assert_eq!(parse("SCAN 0 COUNT 0"), Err(E::NotAnInteger("COUNT")));
+    assert_eq!(parse("SCAN 0 COUNT"), Err(E::MissingValue("COUNT")));
+    assert_eq!(
+        parse("SCAN 0 MATCH a MATCH b"),
+        Err(E::DuplicateOption("MATCH"))
+    );
+    assert!(matches!(
+        parse("SCAN 0 TYPE string"),
+        Err(E::UnknownOption {
+            command: "scan",
+            ..
+        })
+    ));
     assert!(matches!(
         parse("LATENCY DOCTORX"),
         Err(E::UnknownSubcommand {
@@ -394,5 +416,25 @@ fn error_messages_read_well_and_stay_on_one_line() {
     assert_eq!(
         parse("CLAIM k LEASE x").unwrap_err().to_string(),
         "LEASE is not an integer or out of range"
+    );
+}
+
+#[test]
+fn scan_takes_a_cursor_match_and_count_in_any_order() {
+    assert_eq!(
+        parse("SCAN 0"),
+        Ok(Command::Scan(Scan {
+            cursor: 0,
+            pattern: None,
+            count: None
+        }))
+    );
+    assert_eq!(
+        parse("scan 12 count 5 match a*"),
+        Ok(Command::Scan(Scan {
+            cursor: 12,
+            pattern: Some(b("a*")),
+            count: Some(5)
+        }))
     );
 }

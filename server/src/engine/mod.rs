@@ -329,6 +329,22 @@ impl Engine {
         self.store().read(read, now)
     }
 
+    /// One step of a walk over the local store's keys (`SCAN`; see
+    /// [`crate::store::Store::scan`]), at the time reads use.
+    pub fn scan(
+        &self,
+        cursor: u64,
+        count: usize,
+        until: std::time::Instant,
+        keep: &dyn Fn(&[u8]) -> bool,
+    ) -> (u64, Vec<Bytes>) {
+        let now = match &self.inner {
+            Inner::Raft { engine, store } if engine.clustered() => store.clock_ms(),
+            _ => self.now_ms(),
+        };
+        self.store().scan(cursor, count, now, until, keep)
+    }
+
     /// Submits `op` without waiting for its reply (it is still carried out
     /// when the proposal queue is full and must wait for room).
     pub fn detach(&self, op: Op) {

@@ -61,6 +61,10 @@ pub use shard::ShardStats;
 use shard::{Shard, Slab, state_index};
 pub use snapshot::{SNAPSHOT_VERSION, SnapshotCopy, SnapshotError};
 
+/// Records a scan looks at under one hold of a shard's lock (some tens of
+/// µs): applies wait no longer than that for a scan.
+pub const SCAN_BATCH: usize = 1024;
+
 /// `-FENCED`: the caller's fence does not own the key.
 pub const FENCED: ServerError =
     ServerError::new(ErrorCode::Fenced, "key is not held by this fence");
@@ -330,6 +334,62 @@ impl Store {
             Read::Claim(c) => peek_claim(sh, seen, c, now),
         };
         Observed { reply, due, index }
+    }
+
+    /// One step of a walk over the records (`SCAN`): from `cursor` (0 to
+    /// start), the keys of the records live at `now_ms` that `keep`
+    /// accepts, among at most `count` records looked at (fewer once
+    /// `until` has passed), and the cursor to go on from (0 once the walk
+    /// is done). A record that is there for the whole walk is returned
+    /// exactly once: a record keeps its slot for life, and the cursor
+    /// (shard << 32 | slot) only moves forward. A shard's lock is held for
+    /// at most [`SCAN_BATCH`] records at a time.
+    pub fn scan(
+        &self,
+        cursor: u64,
+        count: usize,
+        now_ms: u64,
+        until: std::time::Instant,
+        keep: &dyn Fn(&[u8]) -> bool,
+    ) -> (u64, Vec<bytes::Bytes>) {
+        let now = self.clock.load(Ordering::Acquire).max(now_ms);
+        let (mut shard, mut slot) = ((cursor >> 32) as usize, cursor & u64::from(u32::MAX));
+        let mut keys = Vec::new();
+        let mut looked = 0;
+        while shard < self.shards.len() {
+            let sh = self.shards[shard].lock();
+            let end = sh.slab.slots() as u64;
+            let mut batch = 0;
+            while slot < end && batch < SCAN_BATCH && looked < count.max(1) {
+                if let Some(rec) = sh.slab.get(slot as u32) {
+                    batch += 1;
+                    looked += 1;
+                    // Out of time: this call ends after this record.
+                    if looked % 32 == 0 && std::time::Instant::now() >= until {
+                        looked = count.max(1);
+                    }
+                    if view(rec, now).state.is_some() && keep(rec.key()) {
+                        keys.push(bytes::Bytes::copy_from_slice(rec.key()));
+                    }
+                }
+                slot += 1;
+            }
+            drop(sh);
+            if looked >= count.max(1) && slot < end {
+                return ((shard as u64) << 32 | slot, keys);
+            }
+            if slot >= end {
+                shard += 1;
+                slot = 0;
+                if looked >= count.max(1) {
+                    break;
+                }
+            }
+        }
+        if shard >= self.shards.len() {
+            return (0, keys);
+        }
+        ((shard as u64) << 32, keys)
     }
 
     /// Number of records stored (including ones past their deadline that

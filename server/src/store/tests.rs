@@ -939,3 +939,93 @@ fn a_snapshot_keeps_key_order_when_one_key_parts_early_among_many_alike() {
         "the same bytes whatever the shards"
     );
 }
+
+/// Walks the whole store with SCAN steps of `count`, `step` running
+/// between the calls; every key returned, in order.
+fn scan_all(
+    s: &Store,
+    count: usize,
+    now: u64,
+    until: impl Fn() -> std::time::Instant,
+    mut step: impl FnMut(usize),
+) -> Vec<Bytes> {
+    let (mut cursor, mut keys, mut calls) = (0, Vec::new(), 0);
+    loop {
+        let (next, got) = s.scan(cursor, count, now, until(), &|_| true);
+        keys.extend(got);
+        calls += 1;
+        assert!(calls < 100_000, "the walk never ended");
+        if next == 0 {
+            return keys;
+        }
+        assert_ne!(next, cursor, "the cursor did not move");
+        cursor = next;
+        step(calls);
+    }
+}
+
+fn later() -> std::time::Instant {
+    std::time::Instant::now() + std::time::Duration::from_secs(60)
+}
+
+#[test]
+fn scan_returns_every_record_there_throughout_exactly_once() {
+    let s = store_with(4, Some(7), 1 << 30);
+    for i in 0..3000 {
+        acquired(run(&s, Command::Claim(claim(&format!("k{i}"))), 0));
+    }
+    // Records come and go while the walk runs: the 3,000 there all along
+    // are each returned once; the others may or may not be.
+    let mut next = 3000;
+    let keys = scan_all(&s, 7, 1, later, |call| {
+        for _ in 0..3 {
+            acquired(run(&s, Command::Claim(claim(&format!("k{next}"))), 1));
+            next += 1;
+        }
+        let gone = format!("k{}", 3000 + call);
+        if call % 2 == 0 {
+            run(&s, Command::Forget(Forget { key: b(&gone) }), 1);
+        }
+    });
+    let mut seen = std::collections::HashMap::new();
+    for k in &keys {
+        *seen.entry(k.clone()).or_insert(0) += 1;
+    }
+    for i in 0..3000 {
+        assert_eq!(seen.get(&b(&format!("k{i}"))), Some(&1), "k{i}");
+    }
+    assert!(seen.values().all(|n| *n == 1), "a key returned twice");
+}
+
+#[test]
+fn scan_leaves_out_records_past_their_deadline_and_what_keep_refuses() {
+    let s = store();
+    for (key, lease) in [("a:1", 100), ("a:2", 10_000), ("b:1", 10_000)] {
+        let mut c = claim(key);
+        c.lease_ms = Some(lease);
+        acquired(run(&s, Command::Claim(c), 0));
+    }
+    // At 500 ms a:1's lease has run out (FREE: the key is gone).
+    let (cursor, keys) = s.scan(0, 100, 500, later(), &|k| k.starts_with(b"a:"));
+    assert_eq!(cursor, 0);
+    assert_eq!(keys, vec![b("a:2")]);
+}
+
+#[test]
+fn scan_out_of_time_still_moves_on() {
+    let s = store_with(2, Some(3), 1 << 30);
+    for i in 0..500 {
+        acquired(run(&s, Command::Claim(claim(&format!("t{i}"))), 0));
+    }
+    // A deadline already passed: each call looks at a few records only,
+    // and the walk still ends with all of them.
+    let past = std::time::Instant::now;
+    let keys = scan_all(&s, 10_000, 1, past, |_| {});
+    assert_eq!(keys.len(), 500);
+    let (_, first) = s.scan(0, 10_000, 1, past(), &|_| true);
+    assert!(
+        first.len() <= 64,
+        "{} records in a call out of time",
+        first.len()
+    );
+}
