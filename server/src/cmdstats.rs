@@ -4,10 +4,11 @@
 //! by code for `INFO errorstats`, latency percentiles by command for
 //! `INFO latencystats`. `CONFIG RESETSTAT` sets them back to zero.
 //!
-//! A command's time runs from its dispatch until its reply is known: for
-//! a write that is after the log's fsync (on a majority, in a cluster), and
-//! for a request that waits (`WAIT`) it includes the wait, where Redis
-//! counts only the time its thread spends on the command.
+//! A command's time runs from its dispatch until its reply is ready to go
+//! out (replies leave in request order): for a write that is after the
+//! log's fsync (on a majority, in a cluster), and for a request that waits
+//! (`WAIT`) it includes the wait, where Redis counts only the time its
+//! thread spends on the command.
 //!
 //! Counting stays off shared cache lines: each thread counts into a stripe
 //! of its own (threads beyond the stripes share them, still exactly, as
