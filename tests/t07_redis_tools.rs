@@ -228,3 +228,162 @@ async fn scrape(addr: std::net::SocketAddr) -> String {
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
 }
+
+/// One HTTP exchange with `addr`: `request` sent as is, the whole answer.
+async fn http(addr: std::net::SocketAddr, request: &[u8]) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(request).await.unwrap();
+    let mut out = Vec::new();
+    tokio::time::timeout(std::time::Duration::from_secs(20), s.read_to_end(&mut out))
+        .await
+        .expect("the metrics listener answers and closes")
+        .unwrap();
+    String::from_utf8(out).unwrap()
+}
+
+#[tokio::test]
+async fn prometheus_scrapes_metrics_listen() {
+    let dir = DataDir::new("metrics");
+    let web = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let web_arg = web.to_string();
+    let s = Idemd::start_with(
+        &[],
+        &[
+            "--engine",
+            "raft",
+            "--data-dir",
+            dir.arg(),
+            "--metrics-listen",
+            &web_arg,
+        ],
+    )
+    .await;
+    let mut c = s.conn().await;
+    let k = key("prom");
+    let mut fences = Vec::new();
+    for i in 0..5 {
+        fences.push(
+            c.acquire(&["CLAIM", &format!("{k}-{i}"), "LEASE", "60000"])
+                .await,
+        );
+    }
+    assert_eq!(
+        c.cmd(&["COMPLETE", &format!("{k}-0"), &fences[0].to_string(), "v"])
+            .await,
+        ok()
+    );
+    let r = claim(c.cmd(&["CLAIM", &format!("{k}-0")]).await);
+    assert!(
+        matches!(r, idem_protocol::ClaimReply::Completed { .. }),
+        "{r:?}"
+    );
+    let fenced = c.cmd(&["COMPLETE", &format!("{k}-1"), "999999", "x"]).await;
+    assert!(err(&fenced).starts_with("FENCED"));
+
+    let page = scrape(web).await;
+    let (head, body) = page.split_once("\r\n\r\n").expect("an HTTP answer");
+    assert!(
+        head.contains("Content-Type: text/plain; version=0.0.4"),
+        "{head}"
+    );
+    // Every sample is `name{labels} value` of a family declared before it.
+    let mut declared = std::collections::HashSet::new();
+    let mut samples = std::collections::HashMap::new();
+    for line in body.lines() {
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let (name, kind) = rest.split_once(' ').unwrap();
+            assert!(["counter", "gauge", "histogram"].contains(&kind), "{line}");
+            assert!(declared.insert(name.to_owned()), "{name} declared twice");
+            continue;
+        }
+        if line.starts_with("# HELP ") {
+            continue;
+        }
+        let (series, value) = line.rsplit_once(' ').unwrap_or_else(|| panic!("{line}"));
+        let value: f64 = value.parse().unwrap_or_else(|_| panic!("value of {line}"));
+        let name = series.split('{').next().unwrap();
+        assert!(
+            name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+                && !name.starts_with(|c: char| c.is_ascii_digit()),
+            "{line}"
+        );
+        let family = ["_bucket", "_sum", "_count"]
+            .iter()
+            .find_map(|s| name.strip_suffix(s).filter(|f| declared.contains(*f)))
+            .unwrap_or(name);
+        assert!(declared.contains(family), "{line} before its # TYPE");
+        if name.ends_with("_total") {
+            assert!(value >= 0.0, "{line}");
+        }
+        assert!(
+            samples.insert(series.to_owned(), value).is_none(),
+            "{series} twice"
+        );
+    }
+    let v = |series: &str| -> f64 {
+        *samples
+            .get(series)
+            .unwrap_or_else(|| panic!("no {series} in\n{body}"))
+    };
+    assert_eq!(v("idem_claims_total{outcome=\"acquired\"}"), 5.0);
+    assert_eq!(v("idem_claims_total{outcome=\"replayed\"}"), 1.0);
+    assert_eq!(v("idem_fenced_total"), 1.0);
+    assert_eq!(v("idem_records{state=\"in_flight\"}"), 4.0);
+    assert_eq!(v("idem_records{state=\"completed\"}"), 1.0);
+    assert_eq!(v("idem_commands_total{cmd=\"claim\"}"), 6.0);
+    assert_eq!(
+        v("idem_command_errors_total{cmd=\"complete\",kind=\"failed\"}"),
+        1.0
+    );
+    assert_eq!(v("idem_error_replies_total{code=\"FENCED\"}"), 1.0);
+    assert_eq!(v("idem_raft_is_leader"), 1.0);
+    assert_eq!(v("idem_raft_has_leader"), 1.0);
+    assert!(v("idem_wal_fsyncs_total") >= 6.0);
+    assert!(v("process_resident_memory_bytes") > 1e6);
+    // The latency histogram: cumulative, ending at the count.
+    let mut by_le: Vec<(f64, f64)> = samples
+        .iter()
+        .filter(|(s, _)| s.starts_with("idem_command_duration_seconds_bucket{cmd=\"claim\","))
+        .map(|(s, n)| {
+            let le = s.split("le=\"").nth(1).unwrap().trim_end_matches("\"}");
+            (le.parse::<f64>().unwrap_or(f64::INFINITY), *n)
+        })
+        .collect();
+    by_le.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let buckets: Vec<f64> = by_le.into_iter().map(|(_, n)| n).collect();
+    assert_eq!(buckets.len(), 18);
+    assert!(buckets.windows(2).all(|w| w[0] <= w[1]), "{buckets:?}");
+    assert_eq!(
+        *buckets.last().unwrap(),
+        v("idem_command_duration_seconds_count{cmd=\"claim\"}")
+    );
+    // The same counters as INFO.
+    assert_eq!(info_field(&mut c, "claims_acquired").await, 5);
+
+    // Anything else is refused, and a scraper cannot hold a slot.
+    let other = http(web, b"GET /nope HTTP/1.1\r\nHost: x\r\n\r\n").await;
+    assert!(other.starts_with("HTTP/1.1 404"), "{other}");
+    let post = http(web, b"POST /metrics HTTP/1.1\r\nHost: x\r\n\r\n").await;
+    assert!(post.starts_with("HTTP/1.1 405"), "{post}");
+    let huge = format!("GET /metrics HTTP/1.1\r\nX: {}\r\n", "a".repeat(8000));
+    let big = http(web, huge.as_bytes()).await;
+    assert!(big.starts_with("HTTP/1.1 400"), "{big}");
+    // A listen address that is not one stops the start.
+    let e = refused_start(&["--metrics-listen", "localhost"]);
+    assert!(
+        e.contains("metrics_listen") && e.contains("HOST:PORT"),
+        "{e}"
+    );
+    let t = std::time::Instant::now();
+    let silent = http(web, b"GET /metrics HTTP/1.1\r\n").await;
+    assert!(silent.starts_with("HTTP/1.1 400"), "{silent}");
+    assert!(
+        t.elapsed() >= std::time::Duration::from_secs(4),
+        "{:?}",
+        t.elapsed()
+    );
+}

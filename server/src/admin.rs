@@ -654,7 +654,7 @@ pub fn info_text(node: &Node, wanted: &[String]) -> String {
 
 /// This process's user and system CPU time since start, in seconds (from
 /// `/proc/self/stat`; `None` where there is none).
-fn process_cpu() -> Option<(f64, f64)> {
+pub(crate) fn process_cpu() -> Option<(f64, f64)> {
     let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
     // After the command name (in parentheses, which may hold spaces) come
     // the state (field 3) and on: utime is field 14, stime field 15.
@@ -666,7 +666,7 @@ fn process_cpu() -> Option<(f64, f64)> {
 }
 
 /// This process's resident memory in bytes (from `/proc/self/statm`).
-fn process_rss() -> Option<u64> {
+pub(crate) fn process_rss() -> Option<u64> {
     let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
     let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
     Some(pages * rustix::param::page_size() as u64)

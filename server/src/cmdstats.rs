@@ -338,6 +338,86 @@ impl CmdStats {
     }
 }
 
+/// One command's figures, for the Prometheus exposition.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CommandFigures {
+    /// The command's name.
+    pub name: &'static str,
+    /// Calls (refusals left out).
+    pub calls: u64,
+    /// Their time, µs.
+    pub usec: u64,
+    /// Refused before running.
+    pub rejected: u64,
+    /// Calls answered with an error.
+    pub failed: u64,
+    /// For each bound of [`HISTOGRAM_BOUNDS_US`], the calls that took less.
+    pub below: Vec<u64>,
+}
+
+/// The bounds (µs) of the Prometheus latency histogram: powers of two from
+/// 16 µs to about 1 s, where the histogram's buckets begin exactly.
+pub const HISTOGRAM_BOUNDS_US: [u64; 17] = {
+    let mut b = [0; 17];
+    let mut i = 0;
+    while i < 17 {
+        b[i] = 16 << i;
+        i += 1;
+    }
+    b
+};
+
+impl CmdStats {
+    /// The figures of every command called or refused since start (or
+    /// `CONFIG RESETSTAT`).
+    pub fn figures(&self) -> Vec<CommandFigures> {
+        let mut out = Vec::new();
+        let mut counts = vec![0u64; BUCKETS];
+        for (i, spec) in COMMANDS.iter().enumerate() {
+            let t = self.totals(i);
+            if t.calls == 0 && t.rejected == 0 {
+                continue;
+            }
+            counts.iter_mut().for_each(|c| *c = 0);
+            for stripe in &*self.stripes {
+                if let Some(l) = stripe.cmds[i].latencies.get() {
+                    for (c, a) in counts.iter_mut().zip(l.iter()) {
+                        *c += a.load(Relaxed);
+                    }
+                }
+            }
+            let below = HISTOGRAM_BOUNDS_US
+                .iter()
+                .map(|&us| counts[..bucket(us)].iter().sum())
+                .collect();
+            out.push(CommandFigures {
+                name: spec.name,
+                calls: t.calls,
+                usec: t.usec,
+                rejected: t.rejected,
+                failed: t.failed,
+                below,
+            });
+        }
+        out
+    }
+
+    /// Error replies by code, for every code.
+    pub fn errors(&self) -> Vec<(ErrorCode, u64)> {
+        ErrorCode::ALL
+            .iter()
+            .map(|&code| {
+                let n = self
+                    .stripes
+                    .iter()
+                    .map(|s| s.errors[code.index()].load(Relaxed))
+                    .sum();
+                (code, n)
+            })
+            .collect()
+    }
+}
+
 /// The value (µs) at percentile `p` of a histogram holding `total` counts.
 fn percentile(counts: &[u64], total: u64, p: f64) -> f64 {
     // The rank of the count at `p`, from 1 (in thousandths of a percent:
@@ -432,6 +512,23 @@ mod tests {
             vec![(1, 3), (4, 4), (64, 6), (1024, 7)],
             "cumulative counts where they grow"
         );
+    }
+
+    #[test]
+    fn figures_count_calls_below_each_bound() {
+        let stats = CmdStats::new(2);
+        for us in [5, 15, 16, 100, 5000, 2_000_000] {
+            stats.record(CommandId::Settle, Duration::from_micros(us), &Reply::Ok);
+        }
+        let f = stats.figures();
+        assert_eq!(f.len(), 1);
+        assert_eq!(f[0].name, "settle");
+        assert_eq!(f[0].calls, 6);
+        // Below 16, 32, 64, 128, ... µs; the 2 s call is below none.
+        assert_eq!(f[0].below[..5], [2, 3, 3, 4, 4]);
+        assert_eq!(f[0].below[9], 5, "below 8,192 µs");
+        assert_eq!(*f[0].below.last().unwrap(), 5);
+        assert_eq!(HISTOGRAM_BOUNDS_US[16], 1 << 20);
     }
 
     #[test]

@@ -87,6 +87,9 @@ pub struct RawConfig {
     pub protected_mode: bool,
     /// Where TLS clients connect, HOST:PORT; empty: no TLS listener.
     pub tls_listen: String,
+    /// Where Prometheus scrapes `GET /metrics`, HOST:PORT; empty: no
+    /// metrics listener.
+    pub metrics_listen: String,
     /// The server's certificate chain (PEM).
     pub tls_cert_file: String,
     /// Its private key (PEM).
@@ -250,6 +253,7 @@ impl Default for RawConfig {
             aclfile: String::new(),
             protected_mode: true,
             tls_listen: String::new(),
+            metrics_listen: String::new(),
             tls_cert_file: String::new(),
             tls_key_file: String::new(),
             tls_ca_cert_file: String::new(),
@@ -350,6 +354,8 @@ pub enum ConfigError {
 pub struct Config {
     /// Address to listen on.
     pub listen: SocketAddr,
+    /// Where `GET /metrics` is served (`metrics_listen`), if anywhere.
+    pub metrics_listen: Option<SocketAddr>,
     /// The users (from `requirepass`, `users` or `aclfile`), as loaded at
     /// start (`ACL LOAD` replaces the node's copy).
     pub acl: std::sync::Arc<crate::acl::Acl>,
@@ -651,6 +657,7 @@ impl RawConfig {
                     ),
                     "aclfile" => self.aclfile = value.to_owned(),
                     "tls_listen" => self.tls_listen = value.to_owned(),
+                    "metrics_listen" => self.metrics_listen = value.to_owned(),
                     "tls_cert_file" => self.tls_cert_file = value.to_owned(),
                     "tls_key_file" => self.tls_key_file = value.to_owned(),
                     "tls_ca_cert_file" => self.tls_ca_cert_file = value.to_owned(),
@@ -688,6 +695,7 @@ impl RawConfig {
                     ("users", self.users.join("\n")),
                     ("aclfile", self.aclfile.clone()),
                     ("tls_listen", self.tls_listen.clone()),
+                    ("metrics_listen", self.metrics_listen.clone()),
                     ("tls_cert_file", self.tls_cert_file.clone()),
                     ("tls_key_file", self.tls_key_file.clone()),
                     ("tls_ca_cert_file", self.tls_ca_cert_file.clone()),
@@ -963,6 +971,15 @@ impl RawConfig {
                 ),
             )
         })?;
+        let metrics_listen = match self.metrics_listen.trim() {
+            "" => None,
+            v => Some(v.parse::<SocketAddr>().map_err(|_| {
+                invalid(
+                    "metrics_listen",
+                    format!("'{v}' is not HOST:PORT (an IP address and a port)"),
+                )
+            })?),
+        };
         let engine: EngineKind = self.engine.parse()?;
         let positive = |key: &'static str, v: u64| {
             if v == 0 {
@@ -1209,6 +1226,7 @@ impl RawConfig {
         }
         Ok(Config {
             listen,
+            metrics_listen,
             acl: std::sync::Arc::new(acl),
             aclfile,
             tls: tls.clone(),

@@ -51,6 +51,7 @@ pub mod engine;
 pub mod fuzzing;
 pub mod metrics;
 pub mod node;
+pub mod prom;
 pub mod reclaim;
 pub mod server;
 pub mod session;

@@ -104,6 +104,8 @@ pub struct Server {
     listener: TcpListener,
     /// The TLS listener (`tls_listen`).
     tls_listener: Option<TcpListener>,
+    /// The Prometheus listener (`metrics_listen`).
+    metrics_listener: Option<TcpListener>,
     node: Node,
 }
 
@@ -156,9 +158,14 @@ impl Server {
             Some(addr) => Some(bind_listener(addr, backlog)?),
             None => None,
         };
+        let metrics_listener = match node.config().metrics_listen {
+            Some(addr) => Some(bind_listener(addr, backlog)?),
+            None => None,
+        };
         Ok(Server {
             listener,
             tls_listener,
+            metrics_listener,
             node,
         })
     }
@@ -180,9 +187,13 @@ impl Server {
         let Server {
             listener,
             tls_listener,
+            metrics_listener,
             node,
         } = self;
         let (stop_tx, stop_rx) = watch::channel(false);
+        if let Some(l) = metrics_listener {
+            tokio::spawn(crate::prom::serve(node.clone(), l, stop_rx.clone()));
+        }
         let (done_tx, mut done_rx) = mpsc::channel::<()>(1);
         let config = node.config();
         let limit = Arc::new(Semaphore::new(config.max_connections));

@@ -186,6 +186,10 @@ struct Args {
     /// Where TLS clients connect (a second listener beside --listen).
     #[arg(long, value_name = "HOST:PORT")]
     tls_listen: Option<String>,
+    /// Where Prometheus scrapes GET /metrics (plain HTTP, no
+    /// authentication: loopback or a trusted network).
+    #[arg(long, value_name = "HOST:PORT")]
+    metrics_listen: Option<String>,
     /// The server's certificate chain (PEM).
     #[arg(long, value_name = "FILE")]
     tls_cert_file: Option<String>,
@@ -267,6 +271,7 @@ fn run() -> anyhow::Result<()> {
         ("protected_mode", args.protected_mode),
         ("aclfile", args.aclfile),
         ("tls_listen", args.tls_listen),
+        ("metrics_listen", args.metrics_listen),
         ("tls_cert_file", args.tls_cert_file),
         ("tls_key_file", args.tls_key_file),
         ("tls_ca_cert_file", args.tls_ca_cert_file),

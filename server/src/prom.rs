@@ -1,0 +1,502 @@
+//! Prometheus metrics: `GET /metrics` on `metrics_listen`, in the text
+//! exposition format, read from the same counters as INFO (the two views
+//! cannot disagree). Names follow Prometheus's conventions: an `idem_`
+//! prefix, base units (seconds, bytes), `_total` for counters, and labels
+//! of small, fixed cardinality only (command, error code, outcome; never a
+//! key, a user or a client).
+//!
+//! The listener is a minimal HTTP/1.1 responder: one request a connection
+//! (`Connection: close`), its head read within [`REQUEST_TIMEOUT`] and at
+//! most [`MAX_HEAD`] bytes, at most [`MAX_SCRAPES`] connections at once
+//! (more are closed at once). It has no authentication: serve it on
+//! loopback or a trusted network.
+
+use std::fmt::Write as _;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{Semaphore, watch};
+use tracing::{debug, info};
+
+use crate::cmdstats::HISTOGRAM_BOUNDS_US;
+use crate::metrics::get;
+use crate::node::Node;
+
+/// Longest request head read.
+pub const MAX_HEAD: usize = 4096;
+/// How long a scraper may take to send its request.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+/// Scrapes served at once.
+pub const MAX_SCRAPES: usize = 16;
+
+/// Serves `GET /metrics` on `listener` until `stop` turns true.
+pub async fn serve(node: Node, listener: TcpListener, mut stop: watch::Receiver<bool>) {
+    if let Ok(addr) = listener.local_addr() {
+        info!(addr = %addr, "metrics on http://{addr}/metrics");
+    }
+    let slots = Arc::new(Semaphore::new(MAX_SCRAPES));
+    loop {
+        let accepted = tokio::select! {
+            _ = stop.changed() => return,
+            a = listener.accept() => a,
+        };
+        let Ok((socket, _)) = accepted else {
+            // Out of descriptors or a transient error: try again shortly.
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
+        };
+        let Ok(permit) = Arc::clone(&slots).try_acquire_owned() else {
+            continue;
+        };
+        let node = node.clone();
+        tokio::spawn(async move {
+            if let Err(e) = answer(&node, socket).await {
+                debug!(error = %e, "metrics request failed");
+            }
+            drop(permit);
+        });
+    }
+}
+
+/// Reads one request head and answers it.
+async fn answer(node: &Node, mut socket: TcpStream) -> std::io::Result<()> {
+    let mut head = Vec::with_capacity(512);
+    let read = tokio::time::timeout(REQUEST_TIMEOUT, async {
+        let mut buf = [0u8; 1024];
+        while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+            if head.len() >= MAX_HEAD {
+                return Ok(false);
+            }
+            let n = socket.read(&mut buf).await?;
+            if n == 0 {
+                return Ok(false);
+            }
+            head.extend_from_slice(&buf[..n]);
+        }
+        Ok::<_, std::io::Error>(true)
+    })
+    .await;
+    let whole = match read {
+        Ok(r) => r?,
+        Err(_) => false,
+    };
+    let line = head.split(|&b| b == b'\n').next().unwrap_or_default();
+    let mut words = line.split(|&b| b == b' ');
+    let (method, path) = (
+        words.next().unwrap_or_default(),
+        words.next().unwrap_or_default(),
+    );
+    let path = path.split(|&b| b == b'?').next().unwrap_or_default();
+    let (status, kind, body) = if !whole {
+        ("400 Bad Request", "text/plain", "bad request\n".to_owned())
+    } else if method != b"GET" && method != b"HEAD" {
+        (
+            "405 Method Not Allowed",
+            "text/plain",
+            "GET /metrics\n".to_owned(),
+        )
+    } else if path != b"/metrics" {
+        ("404 Not Found", "text/plain", "GET /metrics\n".to_owned())
+    } else {
+        (
+            "200 OK",
+            "text/plain; version=0.0.4; charset=utf-8",
+            render(node),
+        )
+    };
+    let mut out = format!(
+        "HTTP/1.1 {status}\r\nContent-Type: {kind}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    if method != b"HEAD" {
+        out.push_str(&body);
+    }
+    tokio::time::timeout(REQUEST_TIMEOUT, async {
+        socket.write_all(out.as_bytes()).await?;
+        socket.shutdown().await
+    })
+    .await
+    .unwrap_or(Ok(()))
+}
+
+/// Writes one metric family: its help, type, and samples (`labels` in
+/// braces, or none).
+struct Out(String);
+
+impl Out {
+    fn family(&mut self, name: &str, kind: &str, help: &str) {
+        let _ = write!(self.0, "# HELP {name} {help}\n# TYPE {name} {kind}\n");
+    }
+
+    fn sample(&mut self, name: &str, labels: &str, value: impl std::fmt::Display) {
+        if labels.is_empty() {
+            let _ = writeln!(self.0, "{name} {value}");
+        } else {
+            let _ = writeln!(self.0, "{name}{{{labels}}} {value}");
+        }
+    }
+
+    fn one(&mut self, name: &str, kind: &str, help: &str, value: impl std::fmt::Display) {
+        self.family(name, kind, help);
+        self.sample(name, "", value);
+    }
+}
+
+/// The exposition text.
+pub fn render(node: &Node) -> String {
+    let mut o = Out(String::with_capacity(8192));
+    let st = node.engine().stats();
+    let c = &st.counters;
+    let m = node.metrics();
+    let w = &node.waiters().stats;
+
+    o.family(
+        "idem_build_info",
+        "gauge",
+        "The build and engine, as labels.",
+    );
+    o.sample(
+        "idem_build_info",
+        &format!(
+            "version=\"{}\",engine=\"{}\"",
+            env!("CARGO_PKG_VERSION"),
+            node.engine().kind().as_str()
+        ),
+        1,
+    );
+    o.one(
+        "idem_uptime_seconds",
+        "gauge",
+        "Seconds since the process started.",
+        node.started().elapsed().as_secs(),
+    );
+
+    o.family(
+        "idem_records",
+        "gauge",
+        "Records stored, by state (past their deadline but not yet removed included).",
+    );
+    for (state, n) in [
+        ("in_flight", st.in_flight),
+        ("abandoned", st.abandoned),
+        ("completed", st.completed),
+    ] {
+        o.sample("idem_records", &format!("state=\"{state}\""), n);
+    }
+    o.one(
+        "idem_memory_used_bytes",
+        "gauge",
+        "Memory the store accounts for its records.",
+        st.memory,
+    );
+    if let Some(l) = st.limits {
+        o.one(
+            "idem_memory_max_bytes",
+            "gauge",
+            "The store's memory limit (max_memory_bytes).",
+            l.max_memory_bytes,
+        );
+    }
+
+    o.family(
+        "idem_claims_total",
+        "counter",
+        "CLAIMs applied, by what they found.",
+    );
+    for (outcome, n) in [
+        ("acquired", c.acquired),
+        ("recovered", c.recovered),
+        ("replayed", c.replays),
+        ("in_flight", c.conflicts),
+        ("mismatch", c.mismatches),
+        ("oom", c.oom),
+    ] {
+        o.sample("idem_claims_total", &format!("outcome=\"{outcome}\""), n);
+    }
+    o.one(
+        "idem_completions_total",
+        "counter",
+        "Records completed.",
+        c.completed,
+    );
+    o.one(
+        "idem_fenced_total",
+        "counter",
+        "Writes refused because the fence did not own the key.",
+        c.fenced,
+    );
+    o.one(
+        "idem_lease_lapses_total",
+        "counter",
+        "Leases that ran out.",
+        c.lapses,
+    );
+    o.one(
+        "idem_expired_records_total",
+        "counter",
+        "Records removed at their deadline (a lapsed FREE lease, or the end of retention).",
+        c.dropped,
+    );
+
+    o.family(
+        "idem_waits_total",
+        "counter",
+        "Requests with WAIT, by how the wait went.",
+    );
+    for (result, n) in [
+        ("parked", &w.parked_total),
+        ("answered", &w.hits_after_wait),
+        ("timed_out", &w.timed_out),
+        ("refused", &w.refused),
+    ] {
+        o.sample(
+            "idem_waits_total",
+            &format!("result=\"{result}\""),
+            n.load(Ordering::Relaxed),
+        );
+    }
+    o.one(
+        "idem_waiters",
+        "gauge",
+        "Requests parked now.",
+        node.waiters().parked(),
+    );
+
+    o.one(
+        "idem_connected_clients",
+        "gauge",
+        "Client connections open.",
+        node.clients().count(),
+    );
+    o.one(
+        "idem_connections_total",
+        "counter",
+        "Client connections accepted.",
+        get(&m.connections),
+    );
+    o.one(
+        "idem_rejected_connections_total",
+        "counter",
+        "Client connections refused at max_connections.",
+        get(&m.rejected),
+    );
+    o.one(
+        "idem_commands_processed_total",
+        "counter",
+        "Commands run.",
+        get(&m.commands),
+    );
+    o.family(
+        "idem_acl_denied_total",
+        "counter",
+        "Requests refused by access control, by reason.",
+    );
+    for (reason, n) in [
+        ("auth", get(&m.auth_failures)),
+        ("command", get(&m.acl_denied_cmd)),
+        ("key", get(&m.acl_denied_key)),
+    ] {
+        o.sample("idem_acl_denied_total", &format!("reason=\"{reason}\""), n);
+    }
+    o.one(
+        "idem_client_limit_disconnects_total",
+        "counter",
+        "Clients disconnected for their output buffer, the client memory budget or a write timeout.",
+        get(&m.output_limit_disconnects)
+            + node.clients().evictions()
+            + get(&m.write_timeouts),
+    );
+    o.one(
+        "idem_protocol_errors_total",
+        "counter",
+        "Malformed requests (the connection was closed).",
+        get(&m.protocol_errors),
+    );
+
+    let stats = node.cmdstats();
+    let figures = stats.figures();
+    o.family(
+        "idem_commands_total",
+        "counter",
+        "Calls by command (refusals left out).",
+    );
+    for f in &figures {
+        o.sample(
+            "idem_commands_total",
+            &format!("cmd=\"{}\"", f.name),
+            f.calls,
+        );
+    }
+    o.family(
+        "idem_command_errors_total",
+        "counter",
+        "Error replies by command: rejected before running, or failed.",
+    );
+    for f in &figures {
+        o.sample(
+            "idem_command_errors_total",
+            &format!("cmd=\"{}\",kind=\"rejected\"", f.name),
+            f.rejected,
+        );
+        o.sample(
+            "idem_command_errors_total",
+            &format!("cmd=\"{}\",kind=\"failed\"", f.name),
+            f.failed,
+        );
+    }
+    o.family(
+        "idem_command_duration_seconds",
+        "histogram",
+        "Time from a command's dispatch until its reply is ready to go out.",
+    );
+    for f in &figures {
+        for (us, n) in HISTOGRAM_BOUNDS_US.iter().zip(&f.below) {
+            o.sample(
+                "idem_command_duration_seconds_bucket",
+                &format!("cmd=\"{}\",le=\"{}\"", f.name, *us as f64 / 1e6),
+                n,
+            );
+        }
+        o.sample(
+            "idem_command_duration_seconds_bucket",
+            &format!("cmd=\"{}\",le=\"+Inf\"", f.name),
+            f.calls,
+        );
+        o.sample(
+            "idem_command_duration_seconds_sum",
+            &format!("cmd=\"{}\"", f.name),
+            f.usec as f64 / 1e6,
+        );
+        o.sample(
+            "idem_command_duration_seconds_count",
+            &format!("cmd=\"{}\"", f.name),
+            f.calls,
+        );
+    }
+    o.family(
+        "idem_error_replies_total",
+        "counter",
+        "Error replies by code.",
+    );
+    for (code, n) in stats.errors() {
+        o.sample(
+            "idem_error_replies_total",
+            &format!("code=\"{}\"", code.as_str()),
+            n,
+        );
+    }
+
+    if let Some((r, _)) = node.engine().raft_info() {
+        o.one(
+            "idem_raft_is_leader",
+            "gauge",
+            "1 on the leader.",
+            u8::from(r.leader),
+        );
+        o.one(
+            "idem_raft_has_leader",
+            "gauge",
+            "1 while this node knows a leader.",
+            u8::from(r.leader || r.leader_known),
+        );
+        o.one("idem_raft_term", "gauge", "The current term.", r.term);
+        o.one(
+            "idem_raft_last_log_index",
+            "gauge",
+            "The last log entry's index.",
+            r.last_log_index,
+        );
+        o.one(
+            "idem_raft_commit_index",
+            "gauge",
+            "The highest entry known committed.",
+            r.commit_index,
+        );
+        o.one(
+            "idem_raft_applied_index",
+            "gauge",
+            "The highest entry applied.",
+            r.applied_index,
+        );
+        o.one(
+            "idem_raft_followers",
+            "gauge",
+            "Followers replicating from this node (on the leader).",
+            r.followers,
+        );
+        o.one(
+            "idem_raft_quick_elections_total",
+            "counter",
+            "Elections this node started as soon as a dead leader's lease ran out.",
+            r.quick_elections,
+        );
+        o.one(
+            "idem_raft_peer_timeouts_total",
+            "counter",
+            "Peer requests that timed out.",
+            r.peer_timeouts,
+        );
+        o.one(
+            "idem_raft_snapshots_built_total",
+            "counter",
+            "Snapshots built.",
+            r.snapshots_built,
+        );
+        o.one(
+            "idem_raft_log_bytes",
+            "gauge",
+            "Bytes of log entries kept.",
+            r.log_bytes,
+        );
+        o.one(
+            "idem_wal_fsyncs_total",
+            "counter",
+            "Log fdatasyncs.",
+            r.fsyncs,
+        );
+        o.one(
+            "idem_wal_entries_total",
+            "counter",
+            "Log entries written.",
+            r.entries,
+        );
+        o.one(
+            "idem_wal_commands_total",
+            "counter",
+            "Commands in the log entries written.",
+            r.ops,
+        );
+        o.family(
+            "idem_wal_fsync_duration_seconds",
+            "gauge",
+            "Recent fdatasync times, by quantile.",
+        );
+        for (q, us) in [("0.5", r.fsync_p50_us), ("0.99", r.fsync_p99_us)] {
+            o.sample(
+                "idem_wal_fsync_duration_seconds",
+                &format!("quantile=\"{q}\""),
+                us as f64 / 1e6,
+            );
+        }
+    }
+    if let Some((user, sys)) = crate::admin::process_cpu() {
+        o.one(
+            "process_cpu_seconds_total",
+            "counter",
+            "User and system CPU time of the process.",
+            user + sys,
+        );
+    }
+    if let Some(rss) = crate::admin::process_rss() {
+        o.one(
+            "process_resident_memory_bytes",
+            "gauge",
+            "Resident memory of the process.",
+            rss,
+        );
+    }
+    o.0
+}
