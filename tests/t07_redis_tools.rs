@@ -342,6 +342,7 @@ async fn prometheus_scrapes_metrics_listen() {
     assert_eq!(v("idem_error_replies_total{code=\"FENCED\"}"), 1.0);
     assert_eq!(v("idem_raft_is_leader"), 1.0);
     assert_eq!(v("idem_raft_has_leader"), 1.0);
+    assert_eq!(v("idem_raft_leader_changes_seen_total"), 1.0);
     assert!(v("idem_wal_fsyncs_total") >= 6.0);
     assert!(v("process_resident_memory_bytes") > 1e6);
     // The latency histogram: cumulative, ending at the count.

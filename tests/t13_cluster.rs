@@ -146,6 +146,10 @@ async fn followers_campaign_once_a_dead_leaders_lease_runs_out() {
         quick += quick_elections(m).await;
     }
     assert!(quick >= 1, "the new leader was elected by the timers alone");
+    // The new leader saw two leaders at least: the dead one, then itself.
+    let mut conn = c.members[l2].conn().await;
+    let changes = info_field(&mut conn, "raft_leader_changes").await;
+    assert!(changes >= 2, "raft_leader_changes {changes}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -404,6 +404,12 @@ pub fn render(node: &Node) -> String {
         );
         o.one("idem_raft_term", "gauge", "The current term.", r.term);
         o.one(
+            "idem_raft_leader_changes_seen_total",
+            "counter",
+            "Times a leader became known that differs from the last one (the first included).",
+            r.leader_changes,
+        );
+        o.one(
             "idem_raft_last_log_index",
             "gauge",
             "The last log entry's index.",

@@ -266,6 +266,9 @@ pub struct Role {
     lease_changed: tokio::sync::Notify,
     /// Times the lease lapsed while this node served, since start.
     lease_lapses: AtomicU64,
+    /// Times a leader became known that differs from the last one known
+    /// (the first included), since start.
+    leader_changes: AtomicU64,
     /// Requests held while the lease had lapsed, and of those the ones
     /// that were not served after all, since start.
     lease_held: AtomicU64,
@@ -338,6 +341,7 @@ impl Role {
             woke_at_us: AtomicU64::new(0),
             lease_changed: tokio::sync::Notify::new(),
             lease_lapses: AtomicU64::new(0),
+            leader_changes: AtomicU64::new(0),
             lease_held: AtomicU64::new(0),
             lease_held_failed: AtomicU64::new(0),
             lease,
@@ -428,8 +432,14 @@ impl Role {
         false
     }
 
-    /// Lease lapses, requests held through one, and of those the ones that
-    /// were not served after all: since start.
+    /// Times a leader became known that differs from the last one known
+    /// (the first included), since start.
+    pub fn leader_changes(&self) -> u64 {
+        self.leader_changes.load(Ordering::Relaxed)
+    }
+
+    /// Lease lapses, requests held while one had lapsed, and of those the
+    /// ones that were not served after all: since start.
     pub fn lease_counts(&self) -> (u64, u64, u64) {
         (
             self.lease_lapses.load(Ordering::Relaxed),
@@ -628,6 +638,9 @@ pub async fn watch_role(w: Arc<Watch>) {
             }
             r.leader = leader;
             if leader.is_some() {
+                if r.last_leader != leader {
+                    w.role.leader_changes.fetch_add(1, Ordering::Relaxed);
+                }
                 r.last_leader = leader;
             }
             r.term = term;

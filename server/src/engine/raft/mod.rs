@@ -940,6 +940,7 @@ impl RaftEngine {
             lease_lapses,
             lease_held,
             lease_held_failed,
+            leader_changes: self.role.leader_changes(),
         }
     }
 
@@ -1076,6 +1077,9 @@ pub struct RaftInfo {
     /// Times this leader's lease lapsed (no majority answered it within
     /// it), since start.
     pub lease_lapses: u64,
+    /// Times a leader became known that differs from the last one known
+    /// (the first included), since start.
+    pub leader_changes: u64,
     /// Requests held while it had lapsed, until a majority answered again
     /// (at most `election_timeout_ms`), since start.
     pub lease_held: u64,
