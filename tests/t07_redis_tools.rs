@@ -365,7 +365,7 @@ async fn prometheus_scrapes_metrics_listen() {
     // The same counters as INFO.
     assert_eq!(info_field(&mut c, "claims_acquired").await, 5);
 
-    // Anything else is refused, and a scraper cannot hold a slot.
+    // Anything else is refused; a request that never ends is cut off.
     let other = http(web, b"GET /nope HTTP/1.1\r\nHost: x\r\n\r\n").await;
     assert!(other.starts_with("HTTP/1.1 404"), "{other}");
     let post = http(web, b"POST /metrics HTTP/1.1\r\nHost: x\r\n\r\n").await;

@@ -191,6 +191,29 @@ fn every_error_code_is_listed_once_at_its_index_and_parses_back() {
         assert_eq!(parsed.code, *code);
         assert_eq!(parsed.message, "text");
     }
+    // Every variant, by an exhaustive match: a new one does not compile
+    // here until it is given its place, and must then be in ALL there.
+    fn place(c: ErrorCode) -> usize {
+        match c {
+            ErrorCode::Err => 0,
+            ErrorCode::Mismatch => 1,
+            ErrorCode::Fenced => 2,
+            ErrorCode::TooBig => 3,
+            ErrorCode::Oom => 4,
+            ErrorCode::NoAuth => 5,
+            ErrorCode::NoPerm => 6,
+            ErrorCode::WrongPass => 7,
+            ErrorCode::TryAgain => 8,
+            ErrorCode::NoProto => 9,
+            ErrorCode::Moved => 10,
+            ErrorCode::ClusterDown => 11,
+        }
+    }
+    const VARIANTS: usize = 12;
+    assert_eq!(ErrorCode::ALL.len(), VARIANTS);
+    for code in ErrorCode::ALL {
+        assert_eq!(ErrorCode::ALL[place(code)], code);
+    }
     let mut words: Vec<_> = ErrorCode::ALL.iter().map(|c| c.as_str()).collect();
     words.sort_unstable();
     words.dedup();

@@ -81,10 +81,13 @@ fn scan(node: &Node, session: &Session, s: Scan) -> Action {
         .min(node.config().max_scan_count);
     let (node, user) = (node.clone(), session.user.clone());
     Action::Pending(Box::pin(async move {
-        let Ok(_turn) = ONE_AT_A_TIME.acquire().await else {
+        let Ok(turn) = ONE_AT_A_TIME.acquire().await else {
             return err("SCAN is not available");
         };
+        // The turn goes with the walk: a client that leaves mid-call does
+        // not free it for another walk while this one still runs.
         let walk = tokio::task::spawn_blocking(move || {
+            let _turn = turn;
             let glob = s.pattern.as_deref().map(Glob::new);
             let keep = |key: &[u8]| {
                 glob.as_ref().is_none_or(|g| g.matches(key))

@@ -8,7 +8,8 @@
 //! The listener is a minimal HTTP/1.1 responder: one request a connection
 //! (`Connection: close`), its head read within [`REQUEST_TIMEOUT`] and at
 //! most [`MAX_HEAD`] bytes, at most [`MAX_SCRAPES`] connections at once
-//! (more are closed at once). It has no authentication: serve it on
+//! (more are closed at once). It has no authentication, and clients that
+//! open connections and send nothing can keep scrapes out: serve it on
 //! loopback or a trusted network.
 
 use std::fmt::Write as _;
@@ -363,7 +364,7 @@ pub fn render(node: &Node) -> String {
         o.sample(
             "idem_command_duration_seconds_bucket",
             &format!("cmd=\"{}\",le=\"+Inf\"", f.name),
-            f.calls,
+            f.observed,
         );
         o.sample(
             "idem_command_duration_seconds_sum",
@@ -373,7 +374,7 @@ pub fn render(node: &Node) -> String {
         o.sample(
             "idem_command_duration_seconds_count",
             &format!("cmd=\"{}\"", f.name),
-            f.calls,
+            f.observed,
         );
     }
     o.family(

@@ -341,9 +341,12 @@ impl Store {
     /// accepts, among at most `count` records looked at (fewer once
     /// `until` has passed), and the cursor to go on from (0 once the walk
     /// is done). A record that is there for the whole walk is returned
-    /// exactly once: a record keeps its slot for life, and the cursor
-    /// (shard << 32 | slot) only moves forward. A shard's lock is held for
-    /// at most [`SCAN_BATCH`] records at a time.
+    /// exactly once: a record keeps its slot for life (until the store is
+    /// rebuilt from a snapshot), and the cursor (shard << 32 | slot) only
+    /// moves forward. Under a shard's lock the walk only copies keys, at
+    /// most [`SCAN_BATCH`] records and four times as many slots at a time;
+    /// `keep` (a client's pattern) runs with no lock held, and the time is
+    /// checked after each record.
     pub fn scan(
         &self,
         cursor: u64,
@@ -353,43 +356,53 @@ impl Store {
         keep: &dyn Fn(&[u8]) -> bool,
     ) -> (u64, Vec<bytes::Bytes>) {
         let now = self.clock.load(Ordering::Acquire).max(now_ms);
+        let count = count.max(1);
         let (mut shard, mut slot) = ((cursor >> 32) as usize, cursor & u64::from(u32::MAX));
+        let at = |shard: usize, slot: u64| (shard as u64) << 32 | slot;
         let mut keys = Vec::new();
         let mut looked = 0;
+        let mut live: Vec<(u64, bytes::Bytes)> = Vec::new();
         while shard < self.shards.len() {
-            let sh = self.shards[shard].lock();
-            let end = sh.slab.slots() as u64;
-            let mut batch = 0;
-            while slot < end && batch < SCAN_BATCH && looked < count.max(1) {
-                if let Some(rec) = sh.slab.get(slot as u32) {
-                    batch += 1;
-                    looked += 1;
-                    // Out of time: this call ends after this record.
-                    if looked % 32 == 0 && std::time::Instant::now() >= until {
-                        looked = count.max(1);
+            live.clear();
+            let end = {
+                let sh = self.shards[shard].lock();
+                let end = sh.slab.slots() as u64;
+                let (mut batch, mut visited) = (0, 0);
+                while slot < end && batch < SCAN_BATCH && visited < 4 * SCAN_BATCH && looked < count
+                {
+                    if let Some(rec) = sh.slab.get(slot as u32) {
+                        batch += 1;
+                        looked += 1;
+                        if view(rec, now).state.is_some() {
+                            live.push((slot, bytes::Bytes::copy_from_slice(rec.key())));
+                        }
                     }
-                    if view(rec, now).state.is_some() && keep(rec.key()) {
-                        keys.push(bytes::Bytes::copy_from_slice(rec.key()));
-                    }
+                    slot += 1;
+                    visited += 1;
                 }
-                slot += 1;
-            }
-            drop(sh);
-            if looked >= count.max(1) && slot < end {
-                return ((shard as u64) << 32 | slot, keys);
+                end
+            };
+            for (i, (s, key)) in live.iter().enumerate() {
+                if keep(key) {
+                    keys.push(key.clone());
+                }
+                if i + 1 < live.len() && std::time::Instant::now() >= until {
+                    // Out of time: the rest of this batch comes next call.
+                    return (at(shard, s + 1), keys);
+                }
             }
             if slot >= end {
                 shard += 1;
                 slot = 0;
-                if looked >= count.max(1) {
-                    break;
-                }
+            }
+            if looked >= count || std::time::Instant::now() >= until {
+                break;
             }
         }
         if shard >= self.shards.len() {
             return (0, keys);
         }
-        ((shard as u64) << 32, keys)
+        (at(shard, slot), keys)
     }
 
     /// Number of records stored (including ones past their deadline that
