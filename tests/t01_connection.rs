@@ -505,3 +505,43 @@ async fn scan_walks_the_keys_with_match_and_count() {
         assert_eq!(listed, want);
     }
 }
+
+#[tokio::test]
+async fn info_counts_duplicates_as_hits_and_every_byte_in_and_out() {
+    let s = Idemd::start().await;
+    let mut c = s.conn().await;
+    let (k, other) = (key("hits"), key("hits-other"));
+    let f = c.acquire(&["CLAIM", &k]).await; // a miss: the key is taken
+    assert!(matches!(
+        claim(c.cmd(&["CLAIM", &k]).await), // a hit: in flight
+        idem_protocol::ClaimReply::InFlight { .. }
+    ));
+    assert_eq!(c.cmd(&["COMPLETE", &k, &f.to_string(), "v"]).await, ok());
+    assert!(matches!(
+        claim(c.cmd(&["CLAIM", &k]).await), // a hit: replayed
+        idem_protocol::ClaimReply::Completed { .. }
+    ));
+    c.acquire(&["CLAIM", &other]).await; // a miss
+    assert_eq!(info_field(&mut c, "keyspace_hits").await, 2);
+    assert_eq!(info_field(&mut c, "keyspace_misses").await, 2);
+
+    // Bytes: between two INFOs on this one connection, the server read
+    // a PING and the second INFO, and wrote a PONG and the first INFO.
+    let first = bulk(&c.cmd(&["INFO", "stats"]).await);
+    let field = |info: &str, name: &str| -> u64 {
+        info.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+            .unwrap_or_else(|| panic!("no {name}"))
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    assert_eq!(c.cmd(&["PING"]).await, Frame::simple("PONG"));
+    let second = bulk(&c.cmd(&["INFO", "stats"]).await);
+    let read = field(&second, "total_net_input_bytes") - field(&first, "total_net_input_bytes");
+    assert_eq!(read, 14 + 25, "*1 PING and *2 INFO stats");
+    let written =
+        field(&second, "total_net_output_bytes") - field(&first, "total_net_output_bytes");
+    let first_reply = format!("${}\r\n{first}\r\n", first.len()).len() as u64;
+    assert_eq!(written, first_reply + 7, "the first INFO and +PONG");
+}

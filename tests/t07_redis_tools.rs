@@ -180,6 +180,10 @@ async fn redis_exporter_scrapes_idemd() {
     assert_eq!(value("redis_evicted_keys_total"), 0.0);
     assert!(value("redis_connected_clients") >= 1.0);
     assert!(value("redis_memory_used_rss_bytes") > 1e6);
+    assert_eq!(value("redis_keyspace_misses_total"), 4.0);
+    assert_eq!(value("redis_keyspace_hits_total"), 0.0);
+    assert!(value("redis_net_input_bytes_total") > 0.0);
+    assert!(value("redis_net_output_bytes_total") > 0.0);
     assert!(value("redis_cpu_user_seconds_total") >= 0.0);
     assert!(value("redis_cpu_sys_seconds_total") >= 0.0);
     // Per-command statistics (INFO commandstats, errorstats, latencystats).

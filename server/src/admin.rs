@@ -583,7 +583,8 @@ pub fn info_text(node: &Node, wanted: &[String]) -> String {
              protocol_errors:{}\r\noutput_limit_disconnects:{}\r\nclient_budget_disconnects:{}\r\n\
              client_write_timeouts:{}\r\nauth_failures:{}\r\nprotected_mode_refusals:{}\r\n\
              acl_access_denied_auth:{}\r\nacl_access_denied_cmd:{}\r\nacl_access_denied_key:{}\r\n\
-             tls_handshake_failures:{}\r\ntotal_error_replies:{}\r\n",
+             tls_handshake_failures:{}\r\ntotal_error_replies:{}\r\n\
+             keyspace_hits:{}\r\nkeyspace_misses:{}\r\ntotal_net_input_bytes:{}\r\ntotal_net_output_bytes:{}\r\n",
             get(&m.connections),
             get(&m.rejected),
             get(&m.commands),
@@ -614,6 +615,13 @@ pub fn info_text(node: &Node, wanted: &[String]) -> String {
             get(&m.acl_denied_key),
             get(&m.tls_handshake_failures),
             node.cmdstats().error_replies(),
+            // A claim that found a record (a duplicate: replayed, in
+            // flight, recovered, mismatched) is a hit; one that found none
+            // and took the key is a miss.
+            c.replays + c.conflicts + c.recovered + c.mismatches,
+            c.acquired,
+            node.cmdstats().net().0,
+            node.cmdstats().net().1,
         );
     });
     section("cpu", &|o| {

@@ -92,6 +92,9 @@ struct Cmd {
 struct Stripe {
     cmds: [Cmd; COMMANDS.len()],
     errors: [AtomicU64; ErrorCode::ALL.len()],
+    /// Bytes read from and written to clients.
+    net_in: AtomicU64,
+    net_out: AtomicU64,
 }
 
 impl Stripe {
@@ -99,6 +102,8 @@ impl Stripe {
         Stripe {
             cmds: std::array::from_fn(|_| Cmd::default()),
             errors: std::array::from_fn(|_| AtomicU64::new(0)),
+            net_in: AtomicU64::new(0),
+            net_out: AtomicU64::new(0),
         }
     }
 }
@@ -196,9 +201,29 @@ impl CmdStats {
         }
     }
 
+    /// Counts `n` bytes read from a client.
+    pub fn read(&self, n: usize) {
+        self.stripe().net_in.fetch_add(n as u64, Relaxed);
+    }
+
+    /// Counts `n` bytes written to a client.
+    pub fn written(&self, n: usize) {
+        self.stripe().net_out.fetch_add(n as u64, Relaxed);
+    }
+
+    /// Bytes read from and written to clients (Redis's
+    /// `total_net_input_bytes` and `total_net_output_bytes`).
+    pub fn net(&self) -> (u64, u64) {
+        self.stripes.iter().fold((0, 0), |(i, o), s| {
+            (i + s.net_in.load(Relaxed), o + s.net_out.load(Relaxed))
+        })
+    }
+
     /// Sets every count back to zero (`CONFIG RESETSTAT`).
     pub fn reset(&self) {
         for stripe in &*self.stripes {
+            stripe.net_in.store(0, Relaxed);
+            stripe.net_out.store(0, Relaxed);
             for cmd in &stripe.cmds {
                 for a in [&cmd.calls, &cmd.usec, &cmd.rejected, &cmd.failed] {
                     a.store(0, Relaxed);
@@ -579,7 +604,11 @@ mod tests {
             "errorstat_ERR:count=2\r\nerrorstat_FENCED:count=1\r\nerrorstat_MOVED:count=1\r\n"
         );
         assert_eq!(stats.error_replies(), 4);
+        stats.read(10);
+        stats.written(7);
+        assert_eq!(stats.net(), (10, 7));
         stats.reset();
+        assert_eq!(stats.net(), (0, 0));
         let mut out = String::new();
         stats.write_commandstats(&mut out);
         stats.write_errorstats(&mut out);

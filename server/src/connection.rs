@@ -814,6 +814,7 @@ async fn run(
                 Ok(n) => {
                     if n > 0 {
                         stalled_since = None;
+                        stats.written(n);
                     }
                     out.advance(n);
                 }
@@ -886,6 +887,7 @@ async fn run(
                 }
                 if n > 0 {
                     stalled_since = None;
+                    stats.written(n);
                     out.advance(n);
                 }
             }
@@ -897,7 +899,10 @@ async fn run(
                 if can_read {
                     // Bytes alone are not activity: a request trickled in a
                     // byte at a time counts as idle until it is whole.
-                    reader.read_some(&mut inbuf).await.map(|n| n == 0)
+                    reader.read_some(&mut inbuf).await.map(|n| {
+                        stats.read(n);
+                        n == 0
+                    })
                 } else {
                     reader.read_closed().await
                 }

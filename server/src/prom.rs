@@ -310,6 +310,19 @@ pub fn render(node: &Node) -> String {
             + node.clients().evictions()
             + get(&m.write_timeouts),
     );
+    let (net_in, net_out) = node.cmdstats().net();
+    o.one(
+        "idem_net_input_bytes_total",
+        "counter",
+        "Bytes read from clients.",
+        net_in,
+    );
+    o.one(
+        "idem_net_output_bytes_total",
+        "counter",
+        "Bytes written to clients.",
+        net_out,
+    );
     o.one(
         "idem_protocol_errors_total",
         "counter",
