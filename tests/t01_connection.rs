@@ -545,3 +545,52 @@ async fn info_counts_duplicates_as_hits_and_every_byte_in_and_out() {
     let first_reply = format!("${}\r\n{first}\r\n", first.len()).len() as u64;
     assert_eq!(written, first_reply + 7, "the first INFO and +PONG");
 }
+
+#[tokio::test]
+async fn client_kill_closes_the_connections_picked() {
+    let s = Idemd::start().await;
+    let mut admin = s.conn().await;
+    let mut a = s.conn().await;
+    let mut b = s.conn().await;
+    let mut parked = s.conn().await;
+    let a_id = int(&a.cmd(&["CLIENT", "ID"]).await);
+    let kill = admin
+        .cmd(&["CLIENT", "KILL", "ID", &a_id.to_string()])
+        .await;
+    assert_eq!(int(&kill), 1);
+    assert!(a.closed().await, "killed by id");
+    // The old form, by address.
+    let line = bulk(&b.cmd(&["CLIENT", "INFO"]).await);
+    let addr = line
+        .split(' ')
+        .find_map(|f| f.strip_prefix("addr="))
+        .unwrap()
+        .to_owned();
+    assert_eq!(admin.cmd(&["CLIENT", "KILL", &addr]).await, ok());
+    assert!(b.closed().await, "killed by address");
+    let e = err(&admin.cmd(&["CLIENT", "KILL", &addr]).await);
+    assert!(e.contains("No such client"), "{e}");
+    assert_eq!(
+        int(&admin.cmd(&["CLIENT", "KILL", "ID", "999999"]).await),
+        0
+    );
+    // A parked request goes with its connection; the caller is skipped.
+    let k = key("kill");
+    admin.acquire(&["CLAIM", &k]).await;
+    parked.write(&["CLAIM", &k, "WAIT", "10000"]).await;
+    wait_for_info(&mut admin, "blocked_clients", 1).await;
+    let kill = admin.cmd(&["CLIENT", "KILL", "USER", "default"]).await;
+    assert_eq!(int(&kill), 1);
+    assert!(parked.closed().await, "killed while parked");
+    wait_for_info(&mut admin, "blocked_clients", 0).await;
+    // SKIPME no: the caller too, after its answer.
+    admin
+        .write(&["CLIENT", "KILL", "USER", "default", "SKIPME", "no"])
+        .await;
+    assert_eq!(int(&admin.reply().await), 1);
+    assert!(admin.closed().await, "killed itself");
+    assert_eq!(
+        info_field(&mut s.conn().await, "connected_clients").await,
+        1
+    );
+}

@@ -66,8 +66,12 @@ async fn command_errors_keep_the_connection_open() {
         ),
         (vec!["SETTLE", &k, "WAIT"], "ERR option WAIT needs a value"),
         (
+            vec!["CLIENT", "PAUSE", "10"],
+            "ERR unknown subcommand 'PAUSE' for 'client'",
+        ),
+        (
             vec!["CLIENT", "KILL"],
-            "ERR unknown subcommand 'KILL' for 'client'",
+            "ERR wrong number of arguments for 'client' command",
         ),
     ];
     for (args, want) in cases {

@@ -144,6 +144,24 @@ pub fn client(node: &Node, session: &mut Session, c: ClientCmd) -> Reply {
             }
             Reply::Ok
         }
+        ClientCmd::Kill(k) => {
+            let me = session.info.id;
+            let text =
+                |b: &Option<Bytes>| b.as_ref().map(|v| String::from_utf8_lossy(v).into_owned());
+            let (addr, laddr, user) = (text(&k.addr), text(&k.laddr), text(&k.user));
+            let n = node.clients().kill(|c| {
+                !(k.skip_me && c.id == me)
+                    && k.id.is_none_or(|id| c.id == id)
+                    && addr.as_ref().is_none_or(|a| c.addr.to_string() == *a)
+                    && laddr.as_ref().is_none_or(|a| c.laddr.to_string() == *a)
+                    && user.as_ref().is_none_or(|u| **c.user.lock() == **u)
+            });
+            match (k.old_form, n) {
+                (true, 0) => err("No such client"),
+                (true, _) => Reply::Ok,
+                (false, n) => Reply::Frame(Frame::Integer(n as i64)),
+            }
+        }
         _ => err("unsupported CLIENT subcommand"),
     }
 }

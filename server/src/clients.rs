@@ -46,6 +46,8 @@ pub struct ClientInfo {
     pub evicted: AtomicBool,
     /// Woken when it is evicted.
     pub evict: tokio::sync::Notify,
+    /// Given a permit when `CLIENT KILL` closes it.
+    pub kill: tokio::sync::Notify,
 }
 
 impl ClientInfo {
@@ -218,6 +220,7 @@ impl Clients {
             owed: AtomicU64::new(0),
             evicted: AtomicBool::new(false),
             evict: tokio::sync::Notify::new(),
+            kill: tokio::sync::Notify::new(),
         });
         self.map.lock().insert(id, Arc::clone(&info));
         info
@@ -233,6 +236,19 @@ impl Clients {
     /// Connections now.
     pub fn count(&self) -> usize {
         self.map.lock().len()
+    }
+
+    /// Closes the connections `matches` picks (`CLIENT KILL`): each ends
+    /// at once, whatever it was doing (a parked request is withdrawn, as
+    /// when a client leaves). How many.
+    pub fn kill(&self, matches: impl Fn(&ClientInfo) -> bool) -> usize {
+        let clients: Vec<Arc<ClientInfo>> = self.map.lock().values().cloned().collect();
+        let mut n = 0;
+        for c in clients.iter().filter(|c| matches(c)) {
+            c.kill.notify_one();
+            n += 1;
+        }
+        n
     }
 
     /// `CLIENT LIST`.

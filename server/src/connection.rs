@@ -681,6 +681,9 @@ async fn run(
     // notifier every time.
     let stopped = stop.changed();
     tokio::pin!(stopped);
+    // Registered once too: `CLIENT KILL` gives it a permit.
+    let killed = info.kill.notified();
+    tokio::pin!(killed);
     loop {
         // Run every complete request already buffered, unless one blocks
         // or too many replies are owed.
@@ -867,6 +870,10 @@ async fn run(
                 );
                 pending.unblock_with(&Reply::Error(e), stats);
                 closing = true;
+            }
+            () = &mut killed => {
+                debug!(client = session.info.id, "closed by CLIENT KILL");
+                return Ok(());
             }
             () = poll_fn(|cx| pending.poll_ready(cx, &mut ready, stats)), if !pending.is_empty() => {
                 last_activity = Instant::now();

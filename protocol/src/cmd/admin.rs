@@ -183,6 +183,103 @@ pub enum ClientCmd {
         /// The value (printable, no spaces).
         value: Bytes,
     },
+    /// `CLIENT KILL ip:port` (the old form: `+OK` or an error) or
+    /// `CLIENT KILL [ID id] [ADDR ip:port] [LADDR ip:port] [USER name]
+    /// [SKIPME yes|no]` (the connections matching every filter given,
+    /// counted).
+    Kill(ClientKill),
+}
+
+/// Which connections `CLIENT KILL` closes.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ClientKill {
+    /// The connection id.
+    pub id: Option<u64>,
+    /// The client's address, `ip:port`.
+    pub addr: Option<Bytes>,
+    /// The local address it connected to, `ip:port`.
+    pub laddr: Option<Bytes>,
+    /// The user it acts as.
+    pub user: Option<Bytes>,
+    /// Whether the connection sending the command is left alone (the
+    /// default).
+    pub skip_me: bool,
+    /// The old form, `CLIENT KILL ip:port`.
+    pub old_form: bool,
+}
+
+impl ClientKill {
+    fn parse(args: &mut Args) -> Result<Self, CommandError> {
+        let mut k = ClientKill {
+            skip_me: true,
+            ..ClientKill::default()
+        };
+        let first = args.required()?;
+        let Some(value) = args.next() else {
+            k.addr = Some(first);
+            k.old_form = true;
+            return Ok(k);
+        };
+        let mut pair = Some((first, value));
+        while let Some((filter, value)) = pair.take() {
+            let is = |w: &str| filter.eq_ignore_ascii_case(w.as_bytes());
+            if is("ID") {
+                k.id =
+                    Some(crate::frame::parse_u64(&value).ok_or(CommandError::NotAnInteger("ID"))?);
+            } else if is("ADDR") {
+                k.addr = Some(value);
+            } else if is("LADDR") {
+                k.laddr = Some(value);
+            } else if is("USER") {
+                k.user = Some(value);
+            } else if is("SKIPME") {
+                k.skip_me = if value.eq_ignore_ascii_case(b"yes") {
+                    true
+                } else if value.eq_ignore_ascii_case(b"no") {
+                    false
+                } else {
+                    return Err(CommandError::BadValue {
+                        what: "SKIPME",
+                        expected: "yes or no",
+                    });
+                };
+            } else {
+                return Err(CommandError::Syntax(
+                    "CLIENT KILL filters are ID, ADDR, LADDR, USER and SKIPME, each with a value",
+                ));
+            }
+            if let Some(f) = args.next() {
+                let v = args.next().ok_or(CommandError::Syntax(
+                    "CLIENT KILL filters are ID, ADDR, LADDR, USER and SKIPME, each with a value",
+                ))?;
+                pair = Some((f, v));
+            }
+        }
+        Ok(k)
+    }
+
+    fn write_args(&self, out: &mut Vec<Frame>) {
+        out.push(word("KILL"));
+        if self.old_form {
+            out.extend(self.addr.iter().cloned().map(Frame::Bulk));
+            return;
+        }
+        if let Some(id) = self.id {
+            out.extend([word("ID"), num(id)]);
+        }
+        for (w, v) in [
+            ("ADDR", &self.addr),
+            ("LADDR", &self.laddr),
+            ("USER", &self.user),
+        ] {
+            if let Some(v) = v {
+                out.extend([word(w), Frame::Bulk(v.clone())]);
+            }
+        }
+        if !self.skip_me {
+            out.extend([word("SKIPME"), word("no")]);
+        }
+    }
 }
 
 /// A connection name shows in `CLIENT LIST` lines: printable ASCII
@@ -225,6 +322,8 @@ impl ClientCmd {
             let value = args.required()?;
             check_client_name(&value)?;
             ClientCmd::SetInfo { attr, value }
+        } else if sub.eq_ignore_ascii_case(b"KILL") {
+            ClientCmd::Kill(ClientKill::parse(args)?)
         } else {
             return Err(CommandError::UnknownSubcommand {
                 command: "client",
@@ -248,6 +347,7 @@ impl ClientCmd {
                 Frame::Bulk(Bytes::from_static(attr.as_bytes())),
                 Frame::Bulk(value.clone()),
             ]),
+            ClientCmd::Kill(k) => k.write_args(out),
         }
     }
 }

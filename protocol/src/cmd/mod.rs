@@ -19,7 +19,7 @@ mod settle;
 
 pub use abandon::Abandon;
 pub use admin::{
-    AclCmd, Auth, ClientCmd, CommandCmd, ConfigCmd, Echo, Hello, Info, LatencyCmd, Ping,
+    AclCmd, Auth, ClientCmd, ClientKill, CommandCmd, ConfigCmd, Echo, Hello, Info, LatencyCmd, Ping,
 };
 pub use claim::{Claim, OnExpire};
 pub use cluster::ClusterCmd;

@@ -119,6 +119,25 @@ pub(crate) fn all_commands() -> Vec<Command> {
             attr: "lib-name",
             value: b("redis-rs"),
         }),
+        Command::Client(ClientCmd::Kill(ClientKill {
+            addr: Some(b("127.0.0.1:5000")),
+            skip_me: true,
+            old_form: true,
+            ..ClientKill::default()
+        })),
+        Command::Client(ClientCmd::Kill(ClientKill {
+            id: Some(7),
+            addr: Some(b("127.0.0.1:5000")),
+            laddr: Some(b("127.0.0.1:7379")),
+            user: Some(b("tenant-a")),
+            skip_me: false,
+            old_form: false,
+        })),
+        Command::Client(ClientCmd::Kill(ClientKill {
+            user: Some(b("default")),
+            skip_me: true,
+            ..ClientKill::default()
+        })),
         Command::Select(0),
         Command::Config(ConfigCmd::ReloadTls),
         Command::Config(ConfigCmd::ResetStat),
@@ -205,6 +224,7 @@ variants! {
     "cluster promote" => Command::Cluster(ClusterCmd::Promote(_)),
     "cluster remove" => Command::Cluster(ClusterCmd::Remove(_)),
     "client setinfo" => Command::Client(ClientCmd::SetInfo { .. }),
+    "client kill" => Command::Client(ClientCmd::Kill(_)),
     "select" => Command::Select(_),
     "config reload-tls" => Command::Config(ConfigCmd::ReloadTls),
     "config resetstat" => Command::Config(ConfigCmd::ResetStat),
@@ -336,7 +356,7 @@ fn bad_commands_get_clear_errors() {
     assert_eq!(parse("INSPECT k x"), Err(E::WrongArity("inspect")));
     assert_eq!(parse("SETTLE k WAIT"), Err(E::MissingValue("WAIT")));
     assert!(matches!(
-        parse("CLIENT KILL x"),
+        parse("CLIENT PAUSE 10"),
         Err(E::UnknownSubcommand { .. })
     ));
     assert!(matches!(
@@ -354,6 +374,14 @@ fn bad_commands_get_clear_errors() {
     );
     assert_eq!(parse("LATENCY LATEST x"), Err(E::WrongArity("latency")));
     assert_eq!(parse("SCAN"), Err(E::WrongArity("scan")));
+    assert_eq!(parse("CLIENT KILL"), Err(E::WrongArity("client")));
+    assert!(matches!(parse("CLIENT KILL ID 1 ADDR"), Err(E::Syntax(_))));
+    assert!(matches!(parse("CLIENT KILL NAME x"), Err(E::Syntax(_))));
+    assert_eq!(parse("CLIENT KILL ID x"), Err(E::NotAnInteger("ID")));
+    assert!(matches!(
+        parse("CLIENT KILL SKIPME maybe"),
+        Err(E::BadValue { what: "SKIPME", .. })
+    ));
     assert_eq!(parse("SCAN -1"), Err(E::NotAnInteger("cursor")));
     assert_eq!(parse("SCAN 0 COUNT 0"), Err(E::NotAnInteger("COUNT")));
     assert_eq!(parse("SCAN 0 COUNT"), Err(E::MissingValue("COUNT")));
