@@ -583,14 +583,15 @@ async fn client_kill_closes_the_connections_picked() {
     assert_eq!(int(&kill), 1);
     assert!(parked.closed().await, "killed while parked");
     wait_for_info(&mut admin, "blocked_clients", 0).await;
-    // SKIPME no: the caller too, after its answer.
-    admin
-        .write(&["CLIENT", "KILL", "USER", "default", "SKIPME", "no"])
-        .await;
+    // SKIPME no: the caller too, after its answer; a request pipelined
+    // behind the kill does not run.
+    let after = key("kill-after");
+    let mut pipeline = b"CLIENT KILL USER default SKIPME no\r\n".to_vec();
+    pipeline.extend_from_slice(format!("CLAIM {after}\r\n").as_bytes());
+    admin.write_raw(&pipeline).await;
     assert_eq!(int(&admin.reply().await), 1);
     assert!(admin.closed().await, "killed itself");
-    assert_eq!(
-        info_field(&mut s.conn().await, "connected_clients").await,
-        1
-    );
+    let mut other = s.conn().await;
+    assert_eq!(info_field(&mut other, "connected_clients").await, 1);
+    assert_eq!(other.cmd(&["INSPECT", &after]).await, Frame::Null);
 }

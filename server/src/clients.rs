@@ -46,7 +46,9 @@ pub struct ClientInfo {
     pub evicted: AtomicBool,
     /// Woken when it is evicted.
     pub evict: tokio::sync::Notify,
-    /// Given a permit when `CLIENT KILL` closes it.
+    /// Set, and given a permit, when `CLIENT KILL` closes it.
+    pub killed: AtomicBool,
+    /// See `killed`.
     pub kill: tokio::sync::Notify,
 }
 
@@ -220,6 +222,7 @@ impl Clients {
             owed: AtomicU64::new(0),
             evicted: AtomicBool::new(false),
             evict: tokio::sync::Notify::new(),
+            killed: AtomicBool::new(false),
             kill: tokio::sync::Notify::new(),
         });
         self.map.lock().insert(id, Arc::clone(&info));
@@ -245,6 +248,7 @@ impl Clients {
         let clients: Vec<Arc<ClientInfo>> = self.map.lock().values().cloned().collect();
         let mut n = 0;
         for c in clients.iter().filter(|c| matches(c)) {
+            c.killed.store(true, Ordering::Relaxed);
             c.kill.notify_one();
             n += 1;
         }

@@ -47,6 +47,9 @@ const PARKED_READ_AHEAD: usize = 64 * 1024;
 const ACCOUNT_STEP: u64 = 64 * 1024;
 /// How long owed replies may take to go out when the connection closes.
 const CLOSE_FLUSH: Duration = Duration::from_secs(5);
+/// How long replies already made may take to go out when `CLIENT KILL`
+/// closes the connection.
+const KILL_FLUSH: Duration = Duration::from_secs(1);
 
 /// Serves a connection until it closes, the client leaves, or shutdown.
 pub async fn serve(node: Node, socket: TcpStream, addr: SocketAddr, stop: watch::Receiver<bool>) {
@@ -625,7 +628,11 @@ async fn write_some(socket: &TcpStream, out: &OutBuf) -> std::io::Result<usize> 
 }
 
 /// Writes all of `out`.
-async fn write_all(writer: &mut impl Writer, out: &mut OutBuf) -> std::io::Result<()> {
+async fn write_all(
+    writer: &mut impl Writer,
+    out: &mut OutBuf,
+    stats: &CmdStats,
+) -> std::io::Result<()> {
     while !out.is_empty() || writer.dirty() {
         let n = writer.write_some(out).await?;
         if n == 0 && out.is_empty() {
@@ -634,6 +641,7 @@ async fn write_all(writer: &mut impl Writer, out: &mut OutBuf) -> std::io::Resul
         if n == 0 {
             return Err(std::io::ErrorKind::WriteZero.into());
         }
+        stats.written(n);
         out.advance(n);
     }
     Ok(())
@@ -693,6 +701,11 @@ async fn run(
         let mut mark: Option<std::time::Instant> = None;
         while !pending.blocked && (!closing || held.is_some()) && pending.len() < max_pending {
             if held.is_some() && pending.awaits_write() {
+                break;
+            }
+            // Killed (by itself, or by another connection meanwhile): no
+            // further request runs.
+            if info.killed.load(std::sync::atomic::Ordering::Relaxed) {
                 break;
             }
             let cmd = match held.take() {
@@ -804,7 +817,7 @@ async fn run(
         if closing && pending.is_empty() && held.is_none() {
             // Write what is owed (bounded in time), then close.
             let _ = tokio::time::timeout(CLOSE_FLUSH, async {
-                let _ = write_all(writer, &mut out).await;
+                let _ = write_all(writer, &mut out, stats).await;
                 let _ = writer.shutdown().await;
             })
             .await;
@@ -873,6 +886,9 @@ async fn run(
             }
             () = &mut killed => {
                 debug!(client = session.info.id, "closed by CLIENT KILL");
+                // Replies already made go out first (bounded in time): a
+                // `CLIENT KILL ... SKIPME no` gets its own answer.
+                let _ = tokio::time::timeout(KILL_FLUSH, write_all(writer, &mut out, stats)).await;
                 return Ok(());
             }
             () = poll_fn(|cx| pending.poll_ready(cx, &mut ready, stats)), if !pending.is_empty() => {

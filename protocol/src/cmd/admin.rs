@@ -216,8 +216,10 @@ impl ClientKill {
         };
         let first = args.required()?;
         let Some(value) = args.next() else {
+            // The old form names one client, which may be the caller.
             k.addr = Some(first);
             k.old_form = true;
+            k.skip_me = false;
             return Ok(k);
         };
         let mut pair = Some((first, value));
@@ -276,9 +278,12 @@ impl ClientKill {
                 out.extend([word(w), Frame::Bulk(v.clone())]);
             }
         }
-        if !self.skip_me {
-            out.extend([word("SKIPME"), word("no")]);
-        }
+        // Always written: with no other filter it is the one that makes
+        // this the new form.
+        out.extend([
+            word("SKIPME"),
+            word(if self.skip_me { "yes" } else { "no" }),
+        ]);
     }
 }
 

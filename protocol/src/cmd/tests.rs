@@ -121,8 +121,12 @@ pub(crate) fn all_commands() -> Vec<Command> {
         }),
         Command::Client(ClientCmd::Kill(ClientKill {
             addr: Some(b("127.0.0.1:5000")),
-            skip_me: true,
+            skip_me: false,
             old_form: true,
+            ..ClientKill::default()
+        })),
+        Command::Client(ClientCmd::Kill(ClientKill {
+            skip_me: true,
             ..ClientKill::default()
         })),
         Command::Client(ClientCmd::Kill(ClientKill {
