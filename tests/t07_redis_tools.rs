@@ -152,10 +152,7 @@ async fn redis_exporter_scrapes_idemd() {
     assert_eq!(run_id.len(), 40, "{run_id}");
     assert!(run_id.bytes().all(|b| b.is_ascii_hexdigit()), "{run_id}");
 
-    let web = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap();
+    let web = std::net::SocketAddr::from(([127, 0, 0, 1], crate::support::cluster::free_port()));
     let logs = DataDir::new("exporter-log");
     std::fs::create_dir_all(&logs.0).unwrap();
     let log = logs.0.join("exporter.log");
@@ -249,10 +246,7 @@ async fn http(addr: std::net::SocketAddr, request: &[u8]) -> String {
 #[tokio::test]
 async fn prometheus_scrapes_metrics_listen() {
     let dir = DataDir::new("metrics");
-    let web = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap();
+    let web = std::net::SocketAddr::from(([127, 0, 0, 1], crate::support::cluster::free_port()));
     let web_arg = web.to_string();
     let s = Idemd::start_with(
         &[],

@@ -238,6 +238,22 @@ impl CmdStats {
         }
     }
 
+    /// Command `i`'s latency histogram, summed over the stripes (all zeros
+    /// if it was never called).
+    fn buckets(&self, i: usize) -> Vec<u64> {
+        let mut counts = vec![0u64; BUCKETS];
+        for l in self
+            .stripes
+            .iter()
+            .filter_map(|s| s.cmds[i].latencies.get())
+        {
+            for (c, a) in counts.iter_mut().zip(l.iter()) {
+                *c += a.load(Relaxed);
+            }
+        }
+        counts
+    }
+
     fn totals(&self, i: usize) -> Totals {
         let mut t = Totals {
             calls: 0,
@@ -288,12 +304,7 @@ impl CmdStats {
     /// The `# Errorstats` lines: error replies by code, for the codes sent
     /// since start (or `CONFIG RESETSTAT`).
     pub fn write_errorstats(&self, out: &mut String) {
-        for code in ErrorCode::ALL {
-            let n: u64 = self
-                .stripes
-                .iter()
-                .map(|s| s.errors[code.index()].load(Relaxed))
-                .sum();
+        for (code, n) in self.errors() {
             if n > 0 {
                 let _ = write!(out, "errorstat_{}:count={n}\r\n", code.as_str());
             }
@@ -303,20 +314,10 @@ impl CmdStats {
     /// The `# Latencystats` lines: p50, p99 and p99.9 in µs of every
     /// command called since start (or `CONFIG RESETSTAT`).
     pub fn write_latencystats(&self, out: &mut String) {
-        let mut counts = vec![0u64; BUCKETS];
         for (i, spec) in COMMANDS.iter().enumerate() {
-            counts.iter_mut().for_each(|c| *c = 0);
-            let mut any = false;
-            for stripe in &*self.stripes {
-                if let Some(l) = stripe.cmds[i].latencies.get() {
-                    any = true;
-                    for (c, a) in counts.iter_mut().zip(l.iter()) {
-                        *c += a.load(Relaxed);
-                    }
-                }
-            }
+            let counts = self.buckets(i);
             let total: u64 = counts.iter().sum();
-            if !any || total == 0 {
+            if total == 0 {
                 continue;
             }
             let _ = write!(out, "latency_percentiles_usec_{}:", spec.name);
@@ -336,14 +337,7 @@ impl CmdStats {
     /// ...) where the count grows, the calls that took about that long or
     /// less (within the histogram's 1/16). `None` if it was never called.
     pub fn histogram(&self, id: CommandId) -> Option<(u64, Vec<(u64, u64)>)> {
-        let mut counts = vec![0u64; BUCKETS];
-        for stripe in &*self.stripes {
-            if let Some(l) = stripe.cmds[id as usize].latencies.get() {
-                for (c, a) in counts.iter_mut().zip(l.iter()) {
-                    *c += a.load(Relaxed);
-                }
-            }
-        }
+        let counts = self.buckets(id as usize);
         let calls: u64 = counts.iter().sum();
         if calls == 0 {
             return None;
@@ -409,20 +403,12 @@ impl CmdStats {
     /// `CONFIG RESETSTAT`).
     pub fn figures(&self) -> Vec<CommandFigures> {
         let mut out = Vec::new();
-        let mut counts = vec![0u64; BUCKETS];
         for (i, spec) in COMMANDS.iter().enumerate() {
             let t = self.totals(i);
             if t.calls == 0 && t.rejected == 0 {
                 continue;
             }
-            counts.iter_mut().for_each(|c| *c = 0);
-            for stripe in &*self.stripes {
-                if let Some(l) = stripe.cmds[i].latencies.get() {
-                    for (c, a) in counts.iter_mut().zip(l.iter()) {
-                        *c += a.load(Relaxed);
-                    }
-                }
-            }
+            let counts = self.buckets(i);
             let below = HISTOGRAM_BOUNDS_US
                 .iter()
                 .map(|&us| counts[..bucket(us)].iter().sum())

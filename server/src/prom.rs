@@ -140,6 +140,21 @@ impl Out {
         }
     }
 
+    /// A family with one sample per value of one label.
+    fn labelled<V: std::fmt::Display>(
+        &mut self,
+        name: &str,
+        kind: &str,
+        help: &str,
+        label: &str,
+        samples: impl IntoIterator<Item = (&'static str, V)>,
+    ) {
+        self.family(name, kind, help);
+        for (value, n) in samples {
+            self.sample(name, &format!("{label}=\"{value}\""), n);
+        }
+    }
+
     fn one(&mut self, name: &str, kind: &str, help: &str, value: impl std::fmt::Display) {
         self.family(name, kind, help);
         self.sample(name, "", value);
@@ -175,18 +190,17 @@ pub fn render(node: &Node) -> String {
         node.started().elapsed().as_secs(),
     );
 
-    o.family(
+    o.labelled(
         "idem_records",
         "gauge",
         "Records stored, by state (past their deadline but not yet removed included).",
+        "state",
+        [
+            ("in_flight", st.in_flight),
+            ("abandoned", st.abandoned),
+            ("completed", st.completed),
+        ],
     );
-    for (state, n) in [
-        ("in_flight", st.in_flight),
-        ("abandoned", st.abandoned),
-        ("completed", st.completed),
-    ] {
-        o.sample("idem_records", &format!("state=\"{state}\""), n);
-    }
     o.one(
         "idem_memory_used_bytes",
         "gauge",
@@ -202,21 +216,20 @@ pub fn render(node: &Node) -> String {
         );
     }
 
-    o.family(
+    o.labelled(
         "idem_claims_total",
         "counter",
         "CLAIMs applied, by what they found.",
+        "outcome",
+        [
+            ("acquired", c.acquired),
+            ("recovered", c.recovered),
+            ("replayed", c.replays),
+            ("in_flight", c.conflicts),
+            ("mismatch", c.mismatches),
+            ("oom", c.oom),
+        ],
     );
-    for (outcome, n) in [
-        ("acquired", c.acquired),
-        ("recovered", c.recovered),
-        ("replayed", c.replays),
-        ("in_flight", c.conflicts),
-        ("mismatch", c.mismatches),
-        ("oom", c.oom),
-    ] {
-        o.sample("idem_claims_total", &format!("outcome=\"{outcome}\""), n);
-    }
     o.one(
         "idem_completions_total",
         "counter",
@@ -242,23 +255,19 @@ pub fn render(node: &Node) -> String {
         c.dropped,
     );
 
-    o.family(
+    o.labelled(
         "idem_waits_total",
         "counter",
         "Requests with WAIT, by how the wait went.",
+        "result",
+        [
+            ("parked", &w.parked_total),
+            ("answered", &w.hits_after_wait),
+            ("timed_out", &w.timed_out),
+            ("refused", &w.refused),
+        ]
+        .map(|(r, n)| (r, n.load(Ordering::Relaxed))),
     );
-    for (result, n) in [
-        ("parked", &w.parked_total),
-        ("answered", &w.hits_after_wait),
-        ("timed_out", &w.timed_out),
-        ("refused", &w.refused),
-    ] {
-        o.sample(
-            "idem_waits_total",
-            &format!("result=\"{result}\""),
-            n.load(Ordering::Relaxed),
-        );
-    }
     o.one(
         "idem_waiters",
         "gauge",
@@ -290,18 +299,17 @@ pub fn render(node: &Node) -> String {
         "Commands run.",
         get(&m.commands),
     );
-    o.family(
+    o.labelled(
         "idem_acl_denied_total",
         "counter",
         "Requests refused by access control, by reason.",
+        "reason",
+        [
+            ("auth", get(&m.auth_failures)),
+            ("command", get(&m.acl_denied_cmd)),
+            ("key", get(&m.acl_denied_key)),
+        ],
     );
-    for (reason, n) in [
-        ("auth", get(&m.auth_failures)),
-        ("command", get(&m.acl_denied_cmd)),
-        ("key", get(&m.acl_denied_key)),
-    ] {
-        o.sample("idem_acl_denied_total", &format!("reason=\"{reason}\""), n);
-    }
     o.one(
         "idem_client_limit_disconnects_total",
         "counter",
@@ -390,18 +398,13 @@ pub fn render(node: &Node) -> String {
             f.observed,
         );
     }
-    o.family(
+    o.labelled(
         "idem_error_replies_total",
         "counter",
         "Error replies by code.",
+        "code",
+        stats.errors().into_iter().map(|(c, n)| (c.as_str(), n)),
     );
-    for (code, n) in stats.errors() {
-        o.sample(
-            "idem_error_replies_total",
-            &format!("code=\"{}\"", code.as_str()),
-            n,
-        );
-    }
 
     if let Some((r, _)) = node.engine().raft_info() {
         o.one(
@@ -489,18 +492,13 @@ pub fn render(node: &Node) -> String {
             "Commands in the log entries written.",
             r.ops,
         );
-        o.family(
+        o.labelled(
             "idem_wal_fsync_duration_seconds",
             "gauge",
             "Recent fdatasync times, by quantile.",
+            "quantile",
+            [("0.5", r.fsync_p50_us), ("0.99", r.fsync_p99_us)].map(|(q, us)| (q, us as f64 / 1e6)),
         );
-        for (q, us) in [("0.5", r.fsync_p50_us), ("0.99", r.fsync_p99_us)] {
-            o.sample(
-                "idem_wal_fsync_duration_seconds",
-                &format!("quantile=\"{q}\""),
-                us as f64 / 1e6,
-            );
-        }
     }
     if let Some((user, sys)) = crate::admin::process_cpu() {
         o.one(

@@ -322,11 +322,15 @@ impl Engine {
     /// that long after it ran out; writes are stamped with the leader's
     /// clock.
     pub fn read(&self, read: Read<'_>) -> Observed {
-        let now = match &self.inner {
+        self.store().read(read, self.read_now())
+    }
+
+    /// The time reads are answered at (see [`Engine::read`]).
+    fn read_now(&self) -> u64 {
+        match &self.inner {
             Inner::Raft { engine, store } if engine.clustered() => store.clock_ms(),
             _ => self.now_ms(),
-        };
-        self.store().read(read, now)
+        }
     }
 
     /// One step of a walk over the local store's keys (`SCAN`; see
@@ -338,11 +342,8 @@ impl Engine {
         until: std::time::Instant,
         keep: &dyn Fn(&[u8]) -> bool,
     ) -> (u64, Vec<Bytes>) {
-        let now = match &self.inner {
-            Inner::Raft { engine, store } if engine.clustered() => store.clock_ms(),
-            _ => self.now_ms(),
-        };
-        self.store().scan(cursor, count, now, until, keep)
+        self.store()
+            .scan(cursor, count, self.read_now(), until, keep)
     }
 
     /// Submits `op` without waiting for its reply (it is still carried out
