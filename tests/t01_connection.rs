@@ -140,6 +140,17 @@ async fn client_info_dbsize_command_config() {
         "{list}"
     );
     assert_eq!(int(&c.cmd(&["DBSIZE"]).await), 0);
+    // ROLE, as a Redis primary without replicas answers it (the memory
+    // engine has no log: offset 0).
+    assert_eq!(
+        c.cmd(&["ROLE"]).await,
+        Frame::Array(vec![
+            Frame::Bulk("master".into()),
+            Frame::Integer(0),
+            Frame::Array(vec![])
+        ])
+    );
+    assert!(err(&c.cmd(&["ROLE", "x"]).await).starts_with("ERR wrong number of arguments"));
     c.acquire(&["CLAIM", &key("db")]).await;
     assert_eq!(int(&c.cmd(&["DBSIZE"]).await), 1);
     let info = bulk(&c.cmd(&["INFO"]).await);
@@ -191,6 +202,7 @@ async fn client_info_dbsize_command_config() {
         "readwrite",
         "latency",
         "scan",
+        "role",
     ];
     assert_eq!(
         int(&c.cmd(&["COMMAND", "COUNT"]).await),

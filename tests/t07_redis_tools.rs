@@ -152,24 +152,8 @@ async fn redis_exporter_scrapes_idemd() {
     assert_eq!(run_id.len(), 40, "{run_id}");
     assert!(run_id.bytes().all(|b| b.is_ascii_hexdigit()), "{run_id}");
 
-    let web = std::net::SocketAddr::from(([127, 0, 0, 1], crate::support::cluster::free_port()));
-    let logs = DataDir::new("exporter-log");
-    std::fs::create_dir_all(&logs.0).unwrap();
-    let log = logs.0.join("exporter.log");
-    let _exporter = tokio::process::Command::new(EXPORTER)
-        .arg(format!("--redis.addr=redis://{}", s.addr))
-        .arg(format!("--web.listen-address={web}"))
-        .stdout(std::process::Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("the exporter starts");
-    let page = scrape(web).await;
-    let value = |name: &str| -> f64 {
-        page.lines()
-            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
-            .unwrap_or_else(|| panic!("no {name} in\n{page}"))
-    };
+    let (page, log) = exporter_scrape(s.addr).await.unwrap();
+    let value = |name: &str| sample(&page, name);
     assert_eq!(value("redis_up"), 1.0);
     assert_eq!(value("redis_db_keys{db=\"db0\"}"), 3.0);
     assert_eq!(value("redis_db_keys_expiring{db=\"db0\"}"), 3.0);
@@ -203,8 +187,37 @@ async fn redis_exporter_scrapes_idemd() {
     );
     // Every command the exporter sends is known (it logs an error for one
     // that is not, such as LATENCY LATEST).
-    let log = std::fs::read_to_string(&log).unwrap();
     assert!(!log.contains("unknown command"), "{log}");
+}
+
+/// One scrape of prometheus-redis-exporter pointed at the idemd on
+/// `redis`: the page and what the exporter logged until then. `None`
+/// where the exporter is not installed.
+pub(crate) async fn exporter_scrape(redis: std::net::SocketAddr) -> Option<(String, String)> {
+    tool(EXPORTER)?;
+    let web = std::net::SocketAddr::from(([127, 0, 0, 1], crate::support::cluster::free_port()));
+    let logs = DataDir::new("exporter-log");
+    std::fs::create_dir_all(&logs.0).unwrap();
+    let log = logs.0.join("exporter.log");
+    let mut exporter = tokio::process::Command::new(EXPORTER)
+        .arg(format!("--redis.addr=redis://{redis}"))
+        .arg(format!("--web.listen-address={web}"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("the exporter starts");
+    let page = scrape(web).await;
+    let _ = exporter.kill().await;
+    Some((page, std::fs::read_to_string(&log).unwrap()))
+}
+
+/// The value of the sample `name` (with its labels, as written) on an
+/// exporter's `page`.
+pub(crate) fn sample(page: &str, name: &str) -> f64 {
+    page.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in\n{page}"))
 }
 
 /// `GET /metrics` from `addr`, retried until the server there answers.

@@ -276,6 +276,18 @@ async fn info_reports_the_log_and_its_snapshots() {
         text.contains("role:master\r\nconnected_slaves:0\r\n"),
         "{text}"
     );
+    assert_eq!(
+        get("master_repl_offset"),
+        get("raft_last_log_index"),
+        "{text}"
+    );
+    // ROLE: a primary without replicas, at its last log index.
+    let Frame::Array(role) = c.cmd(&["ROLE"]).await else {
+        panic!("ROLE is an array")
+    };
+    assert_eq!(role[0], Frame::Bulk("master".into()));
+    assert_eq!(int(&role[1]) as f64, get("raft_last_log_index"));
+    assert_eq!(role[2], Frame::Array(vec![]));
     assert_eq!(get("raft_leader"), 1.0, "{text}");
     assert!(get("raft_term") >= 1.0, "{text}");
     // One entry per write here (sequential), plus the leader's blank

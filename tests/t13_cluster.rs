@@ -14,6 +14,7 @@ use idem_protocol::{ClaimReply, Frame, Outcome, key_slot};
 use crate::support::cluster::SlowSyncs;
 use crate::support::cluster::{Cluster, Member, assert_completed, cmd_served};
 use crate::support::*;
+use crate::t07_redis_tools::sample;
 
 /// The `-MOVED` target of an error reply.
 fn moved(f: &Frame) -> (u16, String) {
@@ -101,6 +102,191 @@ async fn a_cluster_bootstraps_and_followers_redirect_like_redis_cluster() {
         let Frame::Array(first) = &r[2] else { panic!() };
         assert_eq!(int(&first[1]), i64::from(leader.client.port()));
     }
+}
+
+/// A member's `INFO replication` field `name`.
+async fn replication_field(m: &Member, name: &str) -> String {
+    let text = bulk(&m.conn().await.cmd(&["INFO", "replication"]).await);
+    text.lines()
+        .find_map(|l| l.strip_prefix(&format!("{name}:")))
+        .unwrap_or_else(|| panic!("no {name} in\n{text}"))
+        .trim()
+        .to_owned()
+}
+
+/// `ROLE` and `INFO replication` said nothing of where the leader was or
+/// which replicas it had (no `master_host`/`master_port`, no `slaveN`
+/// lines, `ROLE` unknown): redis_exporter's replication metrics
+/// (`redis_master_link_up`, `redis_connected_slave_offset_bytes`, ...)
+/// came out without the addresses that tell them apart, and tools that
+/// ask `ROLE` for a node's part found none. Now both answer as a Redis
+/// primary and its replicas do, through a failover too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn role_and_info_replication_name_the_leader_and_its_replicas_as_redis_does() {
+    let mut c = Cluster::start("role", 3).await;
+    let l = c.leader().await;
+    let mut conn = c.members[l].conn().await;
+    for i in 0..5 {
+        conn.acquire(&["CLAIM", &format!("role-{i}")]).await;
+    }
+    c.followers_apply_what_leader_committed(l, "the claims reach the followers")
+        .await;
+    let leader = &c.members[l];
+    let followers = c.followers().await;
+    let ports = |idx: &[usize]| -> Vec<u16> {
+        let mut p: Vec<u16> = idx.iter().map(|&i| c.members[i].client.port()).collect();
+        p.sort_unstable();
+        p
+    };
+    // The leader: a master with the two followers as its replicas, each
+    // at the leader's own offset once it has everything.
+    let Frame::Array(role) = conn.cmd(&["ROLE"]).await else {
+        panic!("ROLE is an array")
+    };
+    assert_eq!(bulk(&role[0]), "master");
+    let offset = int(&role[1]);
+    let last: i64 = leader.info("idem_last_log_index").await.parse().unwrap();
+    assert_eq!(offset, last);
+    let Frame::Array(replicas) = &role[2] else {
+        panic!("ROLE's replicas are an array: {role:?}")
+    };
+    let mut seen = Vec::new();
+    for r in replicas {
+        let Frame::Array(r) = r else { panic!("{r:?}") };
+        assert_eq!(bulk(&r[0]), "127.0.0.1");
+        seen.push(bulk(&r[1]).parse::<u16>().unwrap());
+        assert_eq!(bulk(&r[2]).parse::<i64>().unwrap(), offset, "{r:?}");
+    }
+    seen.sort_unstable();
+    assert_eq!(seen, ports(&followers));
+    assert_eq!(replication_field(leader, "role").await, "master");
+    let Frame::Map(hello) = conn.cmd(&["HELLO", "3"]).await else {
+        panic!("HELLO 3 is a map")
+    };
+    assert!(
+        hello.contains(&(Frame::bulk("role"), Frame::bulk("master")))
+            && hello.contains(&(Frame::bulk("mode"), Frame::bulk("cluster"))),
+        "{hello:?}"
+    );
+    assert_eq!(replication_field(leader, "connected_slaves").await, "2");
+    assert_eq!(
+        replication_field(leader, "master_repl_offset").await,
+        offset.to_string()
+    );
+    let mut lines = Vec::new();
+    for n in ["slave0", "slave1"] {
+        let line = replication_field(leader, n).await;
+        let port = line
+            .split(',')
+            .find_map(|kv| kv.strip_prefix("port="))
+            .unwrap()
+            .parse::<u16>()
+            .unwrap();
+        assert!(line.starts_with("ip=127.0.0.1,"), "{line}");
+        assert!(line.contains(",state=online,"), "{line}");
+        assert!(line.contains(&format!(",offset={offset},")), "{line}");
+        let lag: u64 = line.rsplit_once("lag=").unwrap().1.parse().unwrap();
+        assert!(lag <= 1, "answered within a heartbeat: {line}");
+        lines.push(port);
+    }
+    lines.sort_unstable();
+    assert_eq!(lines, ports(&followers));
+    // Each follower: a replica of the leader's client address, its link up.
+    for &f in &followers {
+        let m = &c.members[f];
+        let role = m.conn().await.cmd(&["ROLE"]).await;
+        let Frame::Array(role) = role else {
+            panic!("ROLE is an array: {role:?}")
+        };
+        assert_eq!(bulk(&role[0]), "slave");
+        assert_eq!(bulk(&role[1]), "127.0.0.1");
+        assert_eq!(int(&role[2]), i64::from(leader.client.port()));
+        assert_eq!(bulk(&role[3]), "connected");
+        assert!(int(&role[4]) >= 5, "{role:?}");
+        assert_eq!(replication_field(m, "role").await, "slave");
+        // HELLO says the same (Redis's words there: `replica`, `cluster`).
+        let hello = m.conn().await.cmd(&["HELLO", "3"]).await;
+        let Frame::Map(hello) = hello else {
+            panic!("HELLO 3 is a map: {hello:?}")
+        };
+        let field = |n: &str| {
+            hello
+                .iter()
+                .find(|(k, _)| bulk(k) == n)
+                .map(|(_, v)| bulk(v))
+                .unwrap()
+        };
+        assert_eq!(
+            (field("role"), field("mode")),
+            ("replica".into(), "cluster".into())
+        );
+        assert_eq!(replication_field(m, "master_host").await, "127.0.0.1");
+        assert_eq!(
+            replication_field(m, "master_port").await,
+            leader.client.port().to_string()
+        );
+        assert_eq!(replication_field(m, "master_link_status").await, "up");
+        let io: i64 = replication_field(m, "master_last_io_seconds_ago")
+            .await
+            .parse()
+            .unwrap();
+        assert!((0..=1).contains(&io), "heartbeats every 100 ms: {io}");
+    }
+    // redis_exporter reads them as it reads Redis's.
+    if let Some((page, _)) = crate::t07_redis_tools::exporter_scrape(leader.client).await {
+        assert_eq!(sample(&page, "redis_connected_slaves"), 2.0);
+        for p in ports(&followers) {
+            let name = format!(
+                "redis_connected_slave_offset_bytes{{slave_ip=\"127.0.0.1\",slave_port=\"{p}\",slave_state=\"online\"}}"
+            );
+            assert_eq!(sample(&page, &name), offset as f64);
+        }
+        let f = &c.members[followers[0]];
+        let (page, _) = crate::t07_redis_tools::exporter_scrape(f.client)
+            .await
+            .unwrap();
+        let labels = format!(
+            "{{master_host=\"127.0.0.1\",master_port=\"{}\"}}",
+            leader.client.port()
+        );
+        assert_eq!(sample(&page, &format!("redis_master_link_up{labels}")), 1.0);
+        assert!(sample(&page, &format!("redis_slave_repl_offset{labels}")) >= 5.0);
+    }
+    // kill -9 the leader: the new one has the other follower as its only
+    // replica, and that follower names the new leader.
+    c.members[l].kill().await;
+    let l2 = c.leader().await;
+    let other = followers.iter().copied().find(|&f| f != l2).unwrap();
+    let new_leader = c.members[l2].client.port();
+    let mut conn = c.members[l2].conn().await;
+    conn.acquire(&["CLAIM", "role-after"]).await;
+    c.followers_apply_what_leader_committed(l2, "the claim reaches the follower")
+        .await;
+    let role = eventually("the new leader lists its one replica", async || {
+        let Frame::Array(role) = conn.cmd(&["ROLE"]).await else {
+            panic!("ROLE is an array")
+        };
+        matches!(&role[2], Frame::Array(r) if r.len() == 1).then_some(role)
+    })
+    .await;
+    assert_eq!(bulk(&role[0]), "master");
+    let Frame::Array(r) = &role[2] else { panic!() };
+    let Frame::Array(r) = &r[0] else { panic!() };
+    assert_eq!(bulk(&r[1]), c.members[other].client.port().to_string());
+    assert_eq!(
+        replication_field(&c.members[l2], "connected_slaves").await,
+        "1"
+    );
+    let Frame::Array(role) = c.members[other].conn().await.cmd(&["ROLE"]).await else {
+        panic!("ROLE is an array")
+    };
+    assert_eq!(bulk(&role[0]), "slave");
+    assert_eq!(int(&role[2]), i64::from(new_leader));
+    assert_eq!(bulk(&role[3]), "connected");
+    assert_eq!(
+        replication_field(&c.members[other], "master_port").await,
+        new_leader.to_string()
+    );
 }
 
 /// `raft_quick_elections` from a member's INFO (0 if unreachable).

@@ -58,6 +58,8 @@ pub enum CommandId {
     Latency,
     /// `SCAN`
     Scan,
+    /// `ROLE`
+    Role,
 }
 
 /// Command flags (a bit set).
@@ -168,6 +170,7 @@ pub const COMMANDS: &[CommandSpec] = &[
     spec(CommandId::ReadWrite, "readwrite", 1, C, 0),
     spec(CommandId::Latency, "latency", -2, A, 0),
     spec(CommandId::Scan, "scan", -2, R, 0),
+    spec(CommandId::Role, "role", 1, A, 0),
 ];
 
 /// The spec of the command named `name` (any case).

@@ -121,6 +121,7 @@ const UNITS: &[Unit] = &[
     unit("config|resetstat", ADMIN | DANGEROUS | SLOW),
     unit("latency", ADMIN | DANGEROUS | SLOW),
     unit("scan", READ | KEYSPACE | SLOW),
+    unit("role", ADMIN | DANGEROUS | FAST),
     unit("cluster|info", CONNECTION | SLOW),
     unit("cluster|nodes", CONNECTION | SLOW),
     unit("cluster|myid", CONNECTION | SLOW),

@@ -12,6 +12,7 @@ use idem_protocol::{ErrorCode, Frame, Reply, ServerError, Version};
 use std::sync::Arc;
 
 use crate::acl::{Denial, User};
+use crate::cluster_admin::Replication;
 use crate::metrics::get;
 use crate::node::Node;
 use crate::session::Session;
@@ -104,8 +105,23 @@ pub fn hello(node: &Node, session: &mut Session, h: Hello) -> Reply {
         (s("version"), s(env!("CARGO_PKG_VERSION"))),
         (s("proto"), Frame::Integer(proto as i64)),
         (s("id"), Frame::Integer(session.info.id as i64)),
-        (s("mode"), s("standalone")),
-        (s("role"), s("master")),
+        // As INFO's `redis_mode` and `ROLE` say: the raft engine is a
+        // cluster (of one or more), and only its leader a master.
+        (
+            s("mode"),
+            s(if node.engine().raft_engine().is_some() {
+                "cluster"
+            } else {
+                "standalone"
+            }),
+        ),
+        (
+            s("role"),
+            s(match crate::cluster_admin::replication(node, session.tls) {
+                Replication::Master { .. } => "master",
+                Replication::Replica { .. } => "replica",
+            }),
+        ),
         (s("engine"), s(node.engine().kind().as_str())),
         (s("modules"), Frame::Array(vec![])),
     ]))
@@ -413,12 +429,12 @@ pub fn reload_tls(node: &Node) -> Reply {
 }
 
 /// `INFO [section ...]`.
-pub fn info(node: &Node, sections: &[Bytes]) -> Reply {
+pub fn info(node: &Node, sections: &[Bytes], tls: bool) -> Reply {
     let wanted: Vec<String> = sections
         .iter()
         .map(|s| String::from_utf8_lossy(s).to_ascii_lowercase())
         .collect();
-    Reply::Frame(Frame::Bulk(Bytes::from(info_text(node, &wanted))))
+    Reply::Frame(Frame::Bulk(Bytes::from(info_text(node, &wanted, tls))))
 }
 
 /// The sections INFO knows, in the order it gives them.
@@ -444,7 +460,7 @@ const NOT_BY_DEFAULT: [&str; 2] = ["commandstats", "latencystats"];
 /// The INFO text for the sections asked for: every one for `all` or
 /// `everything`, all but [`NOT_BY_DEFAULT`] when `wanted` is empty or holds
 /// `default`.
-pub fn info_text(node: &Node, wanted: &[String]) -> String {
+pub fn info_text(node: &Node, wanted: &[String], tls: bool) -> String {
     let every = wanted.iter().any(|w| w == "all" || w == "everything");
     let default = wanted.is_empty() || wanted.iter().any(|w| w == "default");
     let st = node.engine().stats();
@@ -534,19 +550,38 @@ pub fn info_text(node: &Node, wanted: &[String]) -> String {
         }
     });
     section("replication", &|o| {
-        match &raft {
-            // Redis's fields where the meaning matches: a leader is a
-            // master; a follower is a replica whose link is up while it
-            // knows a leader.
-            Some((r, _)) if !r.leader => {
-                let link = if r.leader_known { "up" } else { "down" };
-                let _ = write!(o, "role:slave\r\nmaster_link_status:{link}\r\n");
+        // Redis's fields where the meaning matches: a leader is a master
+        // and the members that answered its last call its replicas; any
+        // other member a replica of the leader it follows, its link up
+        // while it knows one. Offsets are log indexes, not bytes.
+        match crate::cluster_admin::replication(node, tls) {
+            Replication::Master { offset, replicas } => {
+                let _ = write!(o, "role:master\r\nconnected_slaves:{}\r\n", replicas.len());
+                for (i, r) in replicas.iter().enumerate() {
+                    let _ = write!(
+                        o,
+                        "slave{i}:ip={},port={},state=online,offset={},lag={}\r\n",
+                        r.ip, r.port, r.offset, r.lag_secs
+                    );
+                }
+                let _ = write!(o, "master_repl_offset:{offset}\r\n");
             }
-            Some((r, _)) => {
-                let _ = write!(o, "role:master\r\nconnected_slaves:{}\r\n", r.followers);
-            }
-            None => {
-                let _ = write!(o, "role:master\r\nconnected_slaves:0\r\n");
+            Replication::Replica {
+                host,
+                port,
+                link_up,
+                last_io_secs,
+                offset,
+                applied,
+            } => {
+                let _ = write!(
+                    o,
+                    "role:slave\r\nmaster_host:{host}\r\nmaster_port:{port}\r\nmaster_link_status:{}\r\n\
+                     master_last_io_seconds_ago:{}\r\nslave_repl_offset:{applied}\r\nslave_read_only:1\r\n\
+                     connected_slaves:0\r\nmaster_repl_offset:{offset}\r\n",
+                    if link_up { "up" } else { "down" },
+                    last_io_secs.map_or(-1, |s| s as i64),
+                );
             }
         }
         if let Some((r, _)) = &raft {

@@ -54,6 +54,138 @@ fn role_name(v: &ClusterView, m: &MemberView) -> &'static str {
     }
 }
 
+/// A replica as the leader sees it (`ROLE`, `INFO replication`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReplicaLink {
+    /// Its client address's host.
+    pub ip: String,
+    /// Its client address's port.
+    pub port: u16,
+    /// The log index replicated to it (Redis's replication offset counts
+    /// bytes; Idem's counts log entries).
+    pub offset: u64,
+    /// Whole seconds since it last answered the leader.
+    pub lag_secs: u64,
+}
+
+/// This node's part in replication, in Redis's terms.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Replication {
+    /// The leader (a single node and the memory engine included): what it
+    /// replicates to.
+    Master {
+        /// Its last log index (0 for the memory engine, which has no log).
+        offset: u64,
+        /// The members that answered its last call, in id order.
+        replicas: Vec<ReplicaLink>,
+    },
+    /// Any other member: the leader it follows, or last followed.
+    Replica {
+        /// That leader's client address's host (empty if it never knew one).
+        host: String,
+        /// That leader's client address's port (0 if it never knew one).
+        port: u16,
+        /// Whether it knows a leader now.
+        link_up: bool,
+        /// Whole seconds since that leader last sent it an AppendEntries
+        /// (`None`: while no leader is known, or none was heard from).
+        last_io_secs: Option<u64>,
+        /// Its last log index.
+        offset: u64,
+        /// Its last applied index.
+        applied: u64,
+    },
+}
+
+/// This node's [`Replication`]; `tls`: for a client of the TLS listener
+/// (addresses shown are the TLS ones).
+pub fn replication(node: &Node, tls: bool) -> Replication {
+    let Some(raft) = node.engine().raft_engine() else {
+        return Replication::Master {
+            offset: 0,
+            replicas: Vec::new(),
+        };
+    };
+    let v = raft.cluster_view();
+    let addr_of = |id| {
+        v.members
+            .iter()
+            .find(|m| m.id == id)
+            .map(|m| host_port(client_addr_for(&m.addr.client, tls)))
+    };
+    if v.state == ServerState::Leader {
+        let replicas = v
+            .members
+            .iter()
+            .filter(|m| m.id != v.me && !m.addr.client.is_empty())
+            .filter_map(|m| match m.reach {
+                Some((true, ago)) => {
+                    let (ip, port) = host_port(client_addr_for(&m.addr.client, tls));
+                    Some(ReplicaLink {
+                        ip,
+                        port,
+                        offset: m.matched.unwrap_or(0),
+                        lag_secs: ago.map_or(0, |d| d.as_secs()),
+                    })
+                }
+                _ => None,
+            })
+            .collect();
+        return Replication::Master {
+            offset: v.last_log_index,
+            replicas,
+        };
+    }
+    let (host, port) = v.last_leader.and_then(addr_of).unwrap_or_default();
+    let link_up = v.leader.is_some_and(|l| l != v.me);
+    Replication::Replica {
+        host,
+        port,
+        link_up,
+        last_io_secs: v.leader_heard.filter(|_| link_up).map(|d| d.as_secs()),
+        offset: v.last_log_index,
+        applied: v.applied_index,
+    }
+}
+
+/// `ROLE`, in Redis's shape: `master`, its offset and its replicas (host,
+/// port and offset as bulk strings), or `slave`, its leader's host and
+/// port, `connected` (or `connect` while no leader is known) and its
+/// offset (the last applied index).
+pub fn role(node: &Node, tls: bool) -> Reply {
+    Reply::Frame(match replication(node, tls) {
+        Replication::Master { offset, replicas } => Frame::Array(vec![
+            bulk("master"),
+            Frame::Integer(offset as i64),
+            Frame::Array(
+                replicas
+                    .into_iter()
+                    .map(|r| {
+                        Frame::Array(vec![
+                            bulk(r.ip),
+                            bulk(r.port.to_string()),
+                            bulk(r.offset.to_string()),
+                        ])
+                    })
+                    .collect(),
+            ),
+        ]),
+        Replication::Replica {
+            host,
+            port,
+            link_up,
+            applied,
+            ..
+        } => Frame::Array(vec![
+            bulk("slave"),
+            bulk(host),
+            Frame::Integer(i64::from(port)),
+            bulk(if link_up { "connected" } else { "connect" }),
+            Frame::Integer(applied as i64),
+        ]),
+    })
+}
+
 /// Runs a `CLUSTER` subcommand; `tls`: for a client of the TLS listener
 /// (addresses shown are the TLS ones).
 pub fn cluster(node: &Node, c: ClusterCmd, tls: bool) -> Action {

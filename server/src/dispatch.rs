@@ -243,7 +243,11 @@ fn run(node: &Node, session: &mut Session, cmd: Command) -> Action {
             // read `cluster_enabled` from it before anything else: without
             // the right to INFO, a user gets that section alone.
             Err(Denied::Command("info")) => {
-                return Action::Reply(admin::info(node, &[Bytes::from_static(b"cluster")]));
+                return Action::Reply(admin::info(
+                    node,
+                    &[Bytes::from_static(b"cluster")],
+                    session.tls,
+                ));
             }
             Err(denied) => {
                 return Action::Reply(Reply::Error(refuse(node, session, user, denied, &cmd)));
@@ -267,7 +271,8 @@ fn run(node: &Node, session: &mut Session, cmd: Command) -> Action {
         },
         Command::Echo(e) => Reply::Frame(Frame::Bulk(e.message)),
         Command::Quit => return Action::Close(Reply::Ok),
-        Command::Info(i) => admin::info(node, &i.sections),
+        Command::Info(i) => admin::info(node, &i.sections, session.tls),
+        Command::Role => crate::cluster_admin::role(node, session.tls),
         Command::DbSize => Reply::Frame(Frame::Integer(node.engine().len() as i64)),
         Command::Client(idem_protocol::cmd::ClientCmd::List) => return client_list(node),
         Command::Client(c) => admin::client(node, session, c),

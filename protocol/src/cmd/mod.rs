@@ -97,6 +97,8 @@ pub enum Command {
     Latency(LatencyCmd),
     /// `SCAN cursor [MATCH pattern] [COUNT count]`
     Scan(Scan),
+    /// `ROLE`: this node's part in replication, in Redis's shape.
+    Role,
 }
 
 impl Command {
@@ -179,6 +181,10 @@ impl Command {
             CommandId::Acl => parse!(Acl, AclCmd, "acl"),
             CommandId::Latency => parse!(Latency, LatencyCmd, "latency"),
             CommandId::Scan => parse!(Scan, Scan, "scan"),
+            CommandId::Role => {
+                Args::new("role", it).finish()?;
+                Command::Role
+            }
             CommandId::ReadOnly => {
                 Args::new("readonly", it).finish()?;
                 Command::ReadOnly
@@ -221,6 +227,7 @@ impl Command {
             Command::ReadWrite => out.push(word("READWRITE")),
             Command::Latency(c) => c.write_args(&mut out),
             Command::Scan(c) => c.write_args(&mut out),
+            Command::Role => out.push(word("ROLE")),
         }
         Frame::Array(out)
     }
@@ -254,6 +261,7 @@ impl Command {
             Command::ReadWrite => CommandId::ReadWrite,
             Command::Latency(_) => CommandId::Latency,
             Command::Scan(_) => CommandId::Scan,
+            Command::Role => CommandId::Role,
         }
     }
 

@@ -146,6 +146,7 @@ pub(crate) fn all_commands() -> Vec<Command> {
         Command::Config(ConfigCmd::ReloadTls),
         Command::Config(ConfigCmd::ResetStat),
         Command::Scan(Scan::default()),
+        Command::Role,
         Command::Scan(Scan {
             cursor: 1 << 40 | 7,
             pattern: Some(b("tenant-a:*")),
@@ -233,6 +234,7 @@ variants! {
     "config reload-tls" => Command::Config(ConfigCmd::ReloadTls),
     "config resetstat" => Command::Config(ConfigCmd::ResetStat),
     "scan" => Command::Scan(_),
+    "role" => Command::Role,
     "latency latest" => Command::Latency(LatencyCmd::Latest),
     "latency history command" => Command::Latency(LatencyCmd::History(_)),
     "latency reset" => Command::Latency(LatencyCmd::Reset(_)),
@@ -378,6 +380,7 @@ fn bad_commands_get_clear_errors() {
     );
     assert_eq!(parse("LATENCY LATEST x"), Err(E::WrongArity("latency")));
     assert_eq!(parse("SCAN"), Err(E::WrongArity("scan")));
+    assert_eq!(parse("ROLE x"), Err(E::WrongArity("role")));
     assert_eq!(parse("CLIENT KILL"), Err(E::WrongArity("client")));
     assert!(matches!(parse("CLIENT KILL ID 1 ADDR"), Err(E::Syntax(_))));
     assert!(matches!(parse("CLIENT KILL NAME x"), Err(E::Syntax(_))));

@@ -1065,6 +1065,10 @@ pub struct ClusterView {
     /// This node was removed: its membership says so, or the members
     /// refuse it as removed (see [`not_serving`]).
     pub removed: bool,
+    /// How long ago the leader this node follows (or last followed) last
+    /// sent it an AppendEntries: `None` on the leader, and on a node that
+    /// has heard from none since it started.
+    pub leader_heard: Option<Duration>,
 }
 
 impl ClusterView {
@@ -1117,6 +1121,11 @@ impl ClusterView {
             last_log_index: m.last_log_index.unwrap_or(0),
             applied_index: m.last_applied.map_or(0, |l| l.index),
             removed: removed(peers, &retired, m.current_leader),
+            leader_heard: m
+                .current_leader
+                .or(role.last_leader())
+                .filter(|l| *l != m.id)
+                .and_then(|l| peers.heard_ago(l)),
             members,
             retired,
         }

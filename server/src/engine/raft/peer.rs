@@ -727,6 +727,12 @@ impl Peers {
             .collect()
     }
 
+    /// How long ago member `id` last sent this node an AppendEntries
+    /// (`None`: never, since this node started).
+    pub fn heard_ago(&self, id: NodeId) -> Option<std::time::Duration> {
+        self.watch.heard_ago(id)
+    }
+
     /// Whether `id` answered this node's last call to it, and how long ago
     /// it last answered one (`None`: never called, or never answered).
     pub fn reach(&self, id: NodeId) -> Option<(bool, Option<std::time::Duration>)> {

@@ -69,6 +69,12 @@ impl LeaderWatch {
         }
     }
 
+    /// How long ago `from` last sent this node an AppendEntries (`None`:
+    /// never, since start).
+    pub(super) fn heard_ago(&self, from: NodeId) -> Option<Duration> {
+        self.heard.lock().get(&from).map(|t| t.elapsed())
+    }
+
     /// Quick campaigns started since start.
     pub(super) fn campaigns(&self) -> u64 {
         self.campaigns.load(Ordering::Relaxed)
