@@ -221,7 +221,7 @@ pub(crate) fn sample(page: &str, name: &str) -> f64 {
 }
 
 /// `GET /metrics` from `addr`, retried until the server there answers.
-async fn scrape(addr: std::net::SocketAddr) -> String {
+pub(crate) async fn scrape(addr: std::net::SocketAddr) -> String {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
     loop {

@@ -491,9 +491,18 @@ async fn a_nearly_full_disk_refuses_writes_serves_replays_and_recovers() {
         c.cmd(&["COMPLETE", &done, &f.to_string(), "kept"]).await,
         ok()
     );
+    let persistence = async |c: &mut Conn| bulk(&c.cmd(&["INFO", "persistence"]).await);
+    let text = persistence(&mut c).await;
+    assert!(info_num(&text, "disk_free_bytes") >= 4194304.0, "{text}");
+    assert_eq!(info_num(&text, "min_free_disk_bytes"), 4194304.0, "{text}");
+    assert_eq!(info_num(&text, "disk_full_refusals"), 0.0, "{text}");
     let filler = fs.fill(2 << 20);
     let r = c.cmd(&["CLAIM", &key("new")]).await;
     assert!(err(&r).starts_with("TRYAGAIN disk full"), "{r:?}");
+    // INFO shows why: the free space below the minimum, the refusal.
+    let text = persistence(&mut c).await;
+    assert!(info_num(&text, "disk_free_bytes") < 4194304.0, "{text}");
+    assert_eq!(info_num(&text, "disk_full_refusals"), 1.0, "{text}");
     // Replays and reads do not need the log.
     assert_replays(&mut c, &done, "kept").await;
     assert!(matches!(c.cmd(&["INSPECT", &done]).await, Frame::Array(_)));

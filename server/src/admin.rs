@@ -117,9 +117,9 @@ pub fn hello(node: &Node, session: &mut Session, h: Hello) -> Reply {
         ),
         (
             s("role"),
-            s(match crate::cluster_admin::replication(node, session.tls) {
-                Replication::Master { .. } => "master",
-                Replication::Replica { .. } => "replica",
+            s(match node.engine().raft_engine() {
+                Some(raft) if !raft.serving() => "replica",
+                _ => "master",
             }),
         ),
         (s("engine"), s(node.engine().kind().as_str())),
@@ -546,6 +546,15 @@ pub fn info_text(node: &Node, wanted: &[String], tls: bool) -> String {
                 per_sync,
                 r.fsync_p50_us,
                 r.fsync_p99_us
+            );
+            // Read now (a statvfs): writes are refused below the minimum.
+            if let Ok(free) = fs4::available_space(dir) {
+                let _ = write!(o, "disk_free_bytes:{free}\r\n");
+            }
+            let _ = write!(
+                o,
+                "min_free_disk_bytes:{}\r\ndisk_full_refusals:{}\r\n",
+                cfg.raft.min_free_disk_bytes, r.disk_full_refusals
             );
         }
     });

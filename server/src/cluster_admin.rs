@@ -76,7 +76,8 @@ pub enum Replication {
     Master {
         /// Its last log index (0 for the memory engine, which has no log).
         offset: u64,
-        /// The members that answered its last call, in id order.
+        /// The members that answer it ([`MemberView::answering`]), in id
+        /// order.
         replicas: Vec<ReplicaLink>,
     },
     /// Any other member: the leader it follows, or last followed.
@@ -113,22 +114,20 @@ pub fn replication(node: &Node, tls: bool) -> Replication {
             .find(|m| m.id == id)
             .map(|m| host_port(client_addr_for(&m.addr.client, tls)))
     };
-    if v.state == ServerState::Leader {
+    // A removed node may still believe it leads: it is no one's master.
+    if v.state == ServerState::Leader && !v.removed {
         let replicas = v
             .members
             .iter()
-            .filter(|m| m.id != v.me && !m.addr.client.is_empty())
-            .filter_map(|m| match m.reach {
-                Some((true, ago)) => {
-                    let (ip, port) = host_port(client_addr_for(&m.addr.client, tls));
-                    Some(ReplicaLink {
-                        ip,
-                        port,
-                        offset: m.matched.unwrap_or(0),
-                        lag_secs: ago.map_or(0, |d| d.as_secs()),
-                    })
+            .filter(|m| m.id != v.me && !m.addr.client.is_empty() && m.answering())
+            .map(|m| {
+                let (ip, port) = host_port(client_addr_for(&m.addr.client, tls));
+                ReplicaLink {
+                    ip,
+                    port,
+                    offset: m.matched.unwrap_or(0),
+                    lag_secs: m.reach.and_then(|(_, ago)| ago).map_or(0, |d| d.as_secs()),
                 }
-                _ => None,
             })
             .collect();
         return Replication::Master {
@@ -136,8 +135,13 @@ pub fn replication(node: &Node, tls: bool) -> Replication {
             replicas,
         };
     }
-    let (host, port) = v.last_leader.and_then(addr_of).unwrap_or_default();
-    let link_up = v.leader.is_some_and(|l| l != v.me);
+    // Never itself (a leader that stepped down, a removed node).
+    let (host, port) = v
+        .last_leader
+        .filter(|l| *l != v.me)
+        .and_then(addr_of)
+        .unwrap_or_default();
+    let link_up = !v.removed && v.leader.is_some_and(|l| l != v.me);
     Replication::Replica {
         host,
         port,

@@ -22,7 +22,10 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Semaphore, watch};
 use tracing::{debug, info};
 
+use openraft::ServerState;
+
 use crate::cmdstats::HISTOGRAM_BOUNDS_US;
+use crate::engine::raft::cluster::ClusterView;
 use crate::metrics::get;
 use crate::node::Node;
 
@@ -158,6 +161,45 @@ impl Out {
     fn one(&mut self, name: &str, kind: &str, help: &str, value: impl std::fmt::Display) {
         self.family(name, kind, help);
         self.sample(name, "", value);
+    }
+}
+
+/// The membership's voters, and on the leader the other members it
+/// reaches and how far behind each one is.
+fn replicas(o: &mut Out, v: &ClusterView) {
+    let leads = v.state == ServerState::Leader;
+    o.one(
+        "idem_raft_voters",
+        "gauge",
+        "Voting members in this node's membership.",
+        v.members.iter().filter(|m| m.voter).count(),
+    );
+    let others = || v.members.iter().filter(|m| m.id != v.me);
+    o.one(
+        "idem_raft_replicas_connected",
+        "gauge",
+        "On the leader: the other members that answer it (ROLE's replicas: answered its last call, or one within 1 s); 0 elsewhere.",
+        if leads && !v.removed {
+            others().filter(|m| m.answering()).count()
+        } else {
+            0
+        },
+    );
+    o.family(
+        "idem_raft_replica_lag_entries",
+        "gauge",
+        "On the leader: how many log entries each other member lacks (by node id).",
+    );
+    if leads {
+        for m in others() {
+            if let Some(matched) = m.matched {
+                o.sample(
+                    "idem_raft_replica_lag_entries",
+                    &format!("node=\"{}\"", m.id),
+                    v.last_log_index.saturating_sub(matched),
+                );
+            }
+        }
     }
 }
 
@@ -406,7 +448,28 @@ pub fn render(node: &Node) -> String {
         stats.errors().into_iter().map(|(c, n)| (c.as_str(), n)),
     );
 
-    if let Some((r, _)) = node.engine().raft_info() {
+    if let Some((r, dir)) = node.engine().raft_info() {
+        // Read now (a statvfs), as INFO does.
+        if let Ok(free) = fs4::available_space(&dir) {
+            o.one(
+                "idem_disk_free_bytes",
+                "gauge",
+                "Free space on the data directory's filesystem.",
+                free,
+            );
+        }
+        o.one(
+            "idem_disk_min_free_bytes",
+            "gauge",
+            "min_free_disk_bytes: below this much free space writes are refused (-TRYAGAIN).",
+            node.config().raft.min_free_disk_bytes,
+        );
+        o.one(
+            "idem_disk_full_refusals_total",
+            "counter",
+            "Writes refused for lack of disk space.",
+            r.disk_full_refusals,
+        );
         o.one(
             "idem_raft_is_leader",
             "gauge",
@@ -447,9 +510,12 @@ pub fn render(node: &Node) -> String {
         o.one(
             "idem_raft_followers",
             "gauge",
-            "Followers replicating from this node (on the leader).",
+            "On the leader: the members it sends entries to, answering or not (see idem_raft_replicas_connected).",
             r.followers,
         );
+        if let Some(raft) = node.engine().raft_engine() {
+            replicas(&mut o, &raft.cluster_view());
+        }
         o.one(
             "idem_raft_quick_elections_total",
             "counter",

@@ -1035,6 +1035,23 @@ pub struct MemberView {
     pub reach: Option<(bool, Option<Duration>)>,
 }
 
+impl MemberView {
+    /// Known on the leader: whether this member answers it, as `ROLE` and
+    /// `INFO replication` list replicas. It answered the last call, or
+    /// one within [`ANSWERING_WITHIN`], so that a call that timed out
+    /// under load does not take it off the list for a moment.
+    pub fn answering(&self) -> bool {
+        match self.reach {
+            Some((true, _)) => true,
+            Some((false, Some(ago))) => ago <= ANSWERING_WITHIN,
+            _ => false,
+        }
+    }
+}
+
+/// See [`MemberView::answering`].
+pub const ANSWERING_WITHIN: Duration = Duration::from_secs(1);
+
 /// The cluster as this node sees it.
 #[derive(Debug, Clone)]
 pub struct ClusterView {

@@ -256,6 +256,9 @@ pub struct RaftStats {
     /// Snapshots that fell due and waited for this node's turn
     /// (`snapshot_turn_ms`).
     pub snapshot_turn_waits: AtomicU64,
+    /// Writes refused because the data directory's filesystem had less
+    /// than `min_free_disk_bytes` free.
+    pub disk_full_refusals: AtomicU64,
 }
 
 /// The default `leader_poll_us`. A thread that sleeps until a follower's
@@ -937,6 +940,7 @@ impl RaftEngine {
             gathers_expecting: self.stats.gathers_expecting.load(Ordering::Relaxed),
             gathers_expecting_met: self.stats.gathers_expecting_met.load(Ordering::Relaxed),
             snapshot_turn_waits: self.stats.snapshot_turn_waits.load(Ordering::Relaxed),
+            disk_full_refusals: self.stats.disk_full_refusals.load(Ordering::Relaxed),
             lease_lapses,
             lease_held,
             lease_held_failed,
@@ -1074,6 +1078,9 @@ pub struct RaftInfo {
     /// Snapshots that fell due and waited for this node's turn, since
     /// start.
     pub snapshot_turn_waits: u64,
+    /// Writes refused for lack of disk space (`min_free_disk_bytes`),
+    /// since start.
+    pub disk_full_refusals: u64,
     /// Times this leader's lease lapsed (no majority answered it within
     /// it), since start.
     pub lease_lapses: u64,
@@ -1426,6 +1433,9 @@ async fn propose(p: Proposer, proposals: Arc<queue::Queue>, limits: Limits, stat
                 );
                 disk_full = true;
             }
+            stats
+                .disk_full_refusals
+                .fetch_add(txs.len() as u64, Ordering::Relaxed);
             fail(
                 txs,
                 "disk full: the data directory is below min_free_disk_bytes; writes resume when space returns",
