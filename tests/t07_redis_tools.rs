@@ -1,5 +1,7 @@
 //! Real Redis tools against idemd: redis-cli and redis-benchmark (Debian
-//! package redis-tools) and prometheus-redis-exporter (CI installs both).
+//! package redis-tools) and prometheus-redis-exporter; and the alerting
+//! rules shipped for Prometheus, checked with promtool (Debian package
+//! prometheus). CI installs all three.
 
 use std::process::Command;
 
@@ -8,13 +10,16 @@ use crate::support::*;
 /// Debian's prometheus-redis-exporter.
 const EXPORTER: &str = "prometheus-redis-exporter";
 
+/// Prometheus's rule checker (Debian package prometheus).
+const PROMTOOL: &str = "promtool";
+
 /// `name` if it is installed; CI must have it (it installs redis-tools and
 /// the exporter).
 pub(crate) fn tool(name: &'static str) -> Option<&'static str> {
-    let package = if name == EXPORTER {
-        EXPORTER
-    } else {
-        "redis-tools"
+    let package = match name {
+        EXPORTER => EXPORTER,
+        PROMTOOL => "prometheus",
+        _ => "redis-tools",
     };
     let found = Command::new("sh")
         .arg("-c")
@@ -398,4 +403,65 @@ async fn prometheus_scrapes_metrics_listen() {
         "{:?}",
         t.elapsed()
     );
+}
+
+/// The alerting rules in config/prometheus hold together: every idem_*
+/// series they read is one a node serves on /metrics (a rule on a series
+/// that does not exist never fires), promtool accepts them, and their unit
+/// tests (each alert fires on its condition, and none on a healthy
+/// cluster) pass.
+#[tokio::test]
+async fn the_alerting_rules_read_series_idemd_serves_and_pass_their_tests() {
+    let rules_dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../config/prometheus");
+    let rules = std::fs::read_to_string(rules_dir.join("idem-alerts.yml")).unwrap();
+    let dir = DataDir::new("rules");
+    let web = std::net::SocketAddr::from(([127, 0, 0, 1], crate::support::cluster::free_port()));
+    let web_arg = web.to_string();
+    let _s = Idemd::start_with(
+        &[],
+        &[
+            "--engine",
+            "raft",
+            "--data-dir",
+            dir.arg(),
+            "--metrics-listen",
+            &web_arg,
+        ],
+    )
+    .await;
+    let page = scrape(web).await;
+    let mut read = std::collections::BTreeSet::new();
+    for (i, _) in rules.match_indices("idem_") {
+        let name: String = rules[i..]
+            .chars()
+            .take_while(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '_')
+            .collect();
+        read.insert(name);
+    }
+    assert!(read.len() >= 10, "{read:?}");
+    for name in &read {
+        assert!(
+            page.contains(&format!("\n# TYPE {name} ")),
+            "the rules read {name}, which /metrics does not serve"
+        );
+    }
+    let Some(promtool) = tool(PROMTOOL) else {
+        return;
+    };
+    for args in [
+        ["check", "rules", "idem-alerts.yml"],
+        ["test", "rules", "idem-alerts.test.yml"],
+    ] {
+        let out = Command::new(promtool)
+            .args(args)
+            .current_dir(&rules_dir)
+            .output()
+            .expect("promtool runs");
+        assert!(
+            out.status.success(),
+            "promtool {args:?}:\n{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
 }
