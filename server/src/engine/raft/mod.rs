@@ -793,6 +793,17 @@ impl RaftEngine {
                 "this node has no peer address: restart it with --peer-listen (node id 1) to grow it into a cluster".into(),
             ));
         }
+        // As for peer_listen: the log goes to no address off this host
+        // unless peers prove they hold the secret.
+        if let MembershipChange::Add { addr, .. } = &change
+            && let Ok(peer) = addr.peer.parse::<std::net::SocketAddr>()
+            && !peer.ip().is_loopback()
+            && self.cluster.secret.is_none()
+        {
+            return Err(cluster::ChangeError::Refused(format!(
+                "peer address {peer} is not a loopback address: set cluster_secret (the same on every node) before adding a member off this host"
+            )));
+        }
         // The change runs in a task of its own, to its end: openraft's
         // two-step change (joint, then uniform) is driven by the caller,
         // and cut off after the first it would leave the cluster in joint

@@ -78,7 +78,16 @@ pub const MAX_PEER_CONNECTIONS: usize = 256;
 /// Peer connections from one source address that have not completed the
 /// handshake, at most (`max_peer_handshakes_per_source`). A member opens a
 /// few at a time (its pool keeps four per peer).
-pub const MAX_PEER_HANDSHAKES_PER_SOURCE: usize = 8;
+pub const MAX_PEER_HANDSHAKES_PER_SOURCE: usize = 32;
+/// Terms at or above this are refused, in requests and in answers. A peer
+/// that sent a term near `u64::MAX` left the next election no term to
+/// take: openraft panicked there, on every node, and again at every
+/// restart, since the term is saved. Below it there is room for 2^32 more
+/// elections (at ten a second, thirteen years) whatever term was reached,
+/// so a term a peer pushes up to it can still not stop elections; no
+/// cluster gets near it on its own.
+pub const MAX_TERM: u64 = u64::MAX - (1 << 32);
+
 /// Refused peer connections are logged at most this often.
 const REFUSALS_LOGGED_EVERY: Duration = Duration::from_secs(10);
 
@@ -374,9 +383,8 @@ pub struct Peers {
     /// AppendEntries with entries sent to a peer while another sent to it
     /// was not answered yet (pipelined).
     appends_pipelined: std::sync::atomic::AtomicU64,
-    /// Connections in their handshake, by source address (only addresses
-    /// with some).
-    handshaking: Mutex<HashMap<IpAddr, usize>>,
+    /// Connections in their handshake, oldest first.
+    handshaking: Mutex<Handshakes>,
     /// `max_peer_handshakes_per_source`.
     max_handshakes_per_source: usize,
     /// Connections refused since the last refusal logged, and when that was.
@@ -411,57 +419,141 @@ impl Drop for ConnClosed<'_> {
 }
 
 /// A peer connection let in: its place among the connections served and,
-/// until its handshake completes, among its source's handshakes.
+/// until its handshake completes, among the connections in their
+/// handshake.
 struct Admitted {
     slot: OwnedSemaphorePermit,
     handshake: Handshaking,
 }
 
-/// A place among one source's connections in their handshake, given back
-/// when dropped.
+/// The connections in their handshake, oldest first. When a source has
+/// `max_peer_handshakes_per_source` of them, or every place among the
+/// connections served is taken, a new connection does not wait for one to
+/// finish or time out: the oldest (from that source, or of all) is closed
+/// for it. A member completes its handshake within milliseconds, so a host
+/// that opens connections and never completes them (from the members' own
+/// address, or from many) cannot keep the members out: it only closes its
+/// own connections faster.
+#[derive(Debug, Default)]
+struct Handshakes {
+    next: u64,
+    queue: std::collections::VecDeque<Pending>,
+}
+
+/// A connection in its handshake.
+#[derive(Debug)]
+struct Pending {
+    id: u64,
+    addr: SocketAddr,
+    /// Told when the connection must give up its place.
+    evict: Arc<tokio::sync::Notify>,
+}
+
+impl Handshakes {
+    /// Closes the oldest connection in its handshake (from `ip` only, if
+    /// given): its address, if there was one.
+    fn evict_oldest(&mut self, ip: Option<IpAddr>) -> Option<SocketAddr> {
+        let at = self
+            .queue
+            .iter()
+            .position(|p| ip.is_none_or(|ip| p.addr.ip() == ip))?;
+        let p = self.queue.remove(at)?;
+        p.evict.notify_one();
+        Some(p.addr)
+    }
+}
+
+/// A place among the connections in their handshake, given back when
+/// dropped (the handshake done, or the connection gone).
 struct Handshaking {
     peers: Arc<Peers>,
-    ip: IpAddr,
+    id: u64,
+    evict: Arc<tokio::sync::Notify>,
+}
+
+impl Handshaking {
+    /// Resolves once this connection was closed to make room for a newer
+    /// one.
+    async fn evicted(&self) {
+        self.evict.notified().await;
+    }
 }
 
 impl Drop for Handshaking {
     fn drop(&mut self) {
         let mut all = self.peers.handshaking.lock();
-        if let Some(n) = all.get_mut(&self.ip) {
-            *n -= 1;
-            if *n == 0 {
-                all.remove(&self.ip);
-            }
+        if let Some(at) = all.queue.iter().position(|p| p.id == self.id) {
+            all.queue.remove(at);
         }
     }
 }
 
-/// Lets a connection from `addr` in if there is room: a free place among
-/// the connections served, and one among its source's handshakes.
-fn admit(peers: &Arc<Peers>, addr: SocketAddr) -> Option<Admitted> {
-    let Ok(slot) = Arc::clone(&peers.slots).try_acquire_owned() else {
-        peers.refused(addr, "too many peer connections (max_peer_connections)");
-        return None;
+/// How long a connection that closed another's handshake to get a place
+/// among the connections served waits for that place to be given back.
+const EVICTED_PLACE_WAIT: Duration = Duration::from_secs(1);
+
+/// Lets a connection from `addr` in: a place among the connections served
+/// (closing the oldest connection in its handshake if none is free) and
+/// one among the connections in their handshake (closing the oldest from
+/// the same source if it has `max_peer_handshakes_per_source`). `None`
+/// when every place is held by a connection past its handshake.
+async fn admit(peers: &Arc<Peers>, addr: SocketAddr) -> Option<Admitted> {
+    let slot = match Arc::clone(&peers.slots).try_acquire_owned() {
+        Ok(slot) => slot,
+        Err(_) => {
+            let Some(old) = peers.handshaking.lock().evict_oldest(None) else {
+                peers.refused(
+                    addr,
+                    "too many peer connections past their handshake (max_peer_connections)",
+                );
+                return None;
+            };
+            peers.refused(
+                old,
+                "closed in its handshake to make room for a newer connection (max_peer_connections)",
+            );
+            match tokio::time::timeout(EVICTED_PLACE_WAIT, Arc::clone(&peers.slots).acquire_owned())
+                .await
+            {
+                Ok(Ok(slot)) => slot,
+                _ => {
+                    peers.refused(addr, "too many peer connections (max_peer_connections)");
+                    return None;
+                }
+            }
+        }
     };
     let ip = addr.ip();
-    {
+    let evict = Arc::new(tokio::sync::Notify::new());
+    let (id, evicted) = {
         let mut all = peers.handshaking.lock();
-        let n = all.entry(ip).or_insert(0);
-        if *n >= peers.max_handshakes_per_source {
-            drop(all);
-            peers.refused(
-                addr,
-                "too many connections from this address in their handshake (max_peer_handshakes_per_source)",
-            );
-            return None;
-        }
-        *n += 1;
+        let from_ip = all.queue.iter().filter(|p| p.addr.ip() == ip).count();
+        let evicted = if from_ip >= peers.max_handshakes_per_source {
+            all.evict_oldest(Some(ip))
+        } else {
+            None
+        };
+        let id = all.next;
+        all.next += 1;
+        all.queue.push_back(Pending {
+            id,
+            addr,
+            evict: Arc::clone(&evict),
+        });
+        (id, evicted)
+    };
+    if let Some(old) = evicted {
+        peers.refused(
+            old,
+            "closed in its handshake to make room for a newer connection from the same address (max_peer_handshakes_per_source)",
+        );
     }
     Some(Admitted {
         slot,
         handshake: Handshaking {
             peers: Arc::clone(peers),
-            ip,
+            id,
+            evict,
         },
     })
 }
@@ -526,7 +618,7 @@ impl Peers {
             timeouts: std::sync::atomic::AtomicU64::new(0),
             appends: Default::default(),
             appends_pipelined: Default::default(),
-            handshaking: Mutex::new(HashMap::new()),
+            handshaking: Mutex::new(Handshakes::default()),
             max_handshakes_per_source: limits.max_handshakes_per_source.max(1),
             refusals: Mutex::new((0, None)),
             refused_by: Mutex::new((0, None)),
@@ -947,25 +1039,31 @@ pub async fn serve(listener: TcpListener, peers: Arc<Peers>, tls: Option<Arc<cra
                 continue;
             }
         };
-        // Let in (or closed) before anything else is spent on it, its TLS
-        // handshake included.
-        let Some(admitted) = admit(&peers, addr) else {
-            continue;
-        };
         let _ = stream.set_nodelay(true);
-        match tls.as_ref().and_then(|t| t.peer_acceptor()) {
-            None => serve_stream(Box::new(stream), addr, &peers, admitted),
-            Some(acceptor) => {
-                let peers = Arc::clone(&peers);
-                tokio::spawn(async move {
-                    match tokio::time::timeout(PEER_TLS_HANDSHAKE, acceptor.accept(stream)).await {
-                        Ok(Ok(s)) => serve_stream(Box::new(s), addr, &peers, admitted),
-                        Ok(Err(e)) => debug!(%addr, error = %e, "peer TLS handshake failed"),
-                        Err(_) => debug!(%addr, "peer TLS handshake timed out"),
-                    }
-                });
+        let acceptor = tls.as_ref().and_then(|t| t.peer_acceptor());
+        let peers = Arc::clone(&peers);
+        tokio::spawn(async move {
+            // Let in (or closed) before anything else is spent on it, its
+            // TLS handshake included.
+            let Some(admitted) = admit(&peers, addr).await else {
+                return;
+            };
+            let Some(acceptor) = acceptor else {
+                return serve_admitted(Box::new(stream), addr, &peers, admitted).await;
+            };
+            let accepted = tokio::select! {
+                r = tokio::time::timeout(PEER_TLS_HANDSHAKE, acceptor.accept(stream)) => r,
+                () = admitted.handshake.evicted() => {
+                    debug!(%addr, "peer TLS handshake closed for a newer connection");
+                    return;
+                }
+            };
+            match accepted {
+                Ok(Ok(s)) => serve_admitted(Box::new(s), addr, &peers, admitted).await,
+                Ok(Err(e)) => debug!(%addr, error = %e, "peer TLS handshake failed"),
+                Err(_) => debug!(%addr, "peer TLS handshake timed out"),
             }
-        }
+        });
     }
 }
 
@@ -973,27 +1071,27 @@ pub async fn serve(listener: TcpListener, peers: Arc<Peers>, tls: Option<Arc<cra
 /// their sender is dropped.
 pub async fn serve_incoming(mut incoming: Incoming, peers: Arc<Peers>) {
     while let Some((stream, addr)) = incoming.recv().await {
-        if let Some(admitted) = admit(&peers, addr) {
-            serve_stream(stream, addr, &peers, admitted);
-        }
+        let peers = Arc::clone(&peers);
+        tokio::spawn(async move {
+            if let Some(admitted) = admit(&peers, addr).await {
+                serve_admitted(stream, addr, &peers, admitted).await;
+            }
+        });
     }
 }
 
-/// Serves one admitted peer connection in its own task.
-fn serve_stream(
+/// Serves one admitted peer connection.
+async fn serve_admitted(
     stream: Box<dyn PeerStream>,
     addr: SocketAddr,
     peers: &Arc<Peers>,
     admitted: Admitted,
 ) {
-    let peers = Arc::clone(peers);
-    tokio::spawn(async move {
-        let Admitted { slot, handshake } = admitted;
-        if let Err(e) = serve_conn(stream, addr, &peers, handshake).await {
-            debug!(%addr, error = %e, "peer connection ended");
-        }
-        drop(slot);
-    });
+    let Admitted { slot, handshake } = admitted;
+    if let Err(e) = serve_conn(stream, addr, peers, handshake).await {
+        debug!(%addr, error = %e, "peer connection ended");
+    }
+    drop(slot);
 }
 
 /// Serves one peer connection: the handshake (its place among its source's
@@ -1006,19 +1104,22 @@ async fn serve_conn(
 ) -> std::io::Result<()> {
     let mut conn = Framed::new(stream, codec(MAX_HANDSHAKE_FRAME));
     let nonce_s = random16();
-    let hello: Hello = tokio::time::timeout(HANDSHAKE_TIMEOUT, async {
-        send(
-            &mut conn,
-            &Challenge {
-                protocol: PEER_PROTOCOL,
-                nonce: nonce_s,
-            },
-        )
-        .await?;
-        recv(&mut conn).await
-    })
-    .await
-    .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "handshake timed out"))??;
+    let hello: Hello = tokio::select! {
+        r = tokio::time::timeout(HANDSHAKE_TIMEOUT, async {
+            send(
+                &mut conn,
+                &Challenge {
+                    protocol: PEER_PROTOCOL,
+                    nonce: nonce_s,
+                },
+            )
+            .await?;
+            recv(&mut conn).await
+        }) => r.map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "handshake timed out"))??,
+        () = handshake.evicted() => {
+            return Err(std::io::Error::other("closed in its handshake for a newer connection"));
+        }
+    };
     let refuse = |why: String| {
         peers.refused(addr, &format!("from node {}: {why}", hello.from));
         why
@@ -1154,6 +1255,13 @@ async fn serve_conn(
             Some(Some(Err(e))) => return Err(e),
             Some(None) => return Ok(()),
         };
+        // Never handed to Raft: the connection ends (a member never sends
+        // one).
+        if let Some(why) = implausible(&req, asker) {
+            peers.refused(addr, &format!("from node {asker}: {why}"));
+            let _ = send(&mut conn, &Response::Failed(why)).await;
+            return Ok(());
+        }
         if isolated(peers.node_id) {
             return Err(cut_off());
         }
@@ -1221,6 +1329,56 @@ async fn serve_conn(
         };
         send(&mut conn, &resp).await?;
     }
+}
+
+/// Why a request from node `asker` is not one a member sends, if it is
+/// not: a term at or past [`MAX_TERM`], a vote in another node's name, or
+/// log ids of a later term than the sender's vote.
+fn implausible(req: &Request, asker: NodeId) -> Option<String> {
+    let vote = match req {
+        Request::Append(r) => &r.vote,
+        Request::Vote(r) => &r.vote,
+        Request::Snapshot(r) => &r.vote,
+        Request::Probe => return None,
+    };
+    let term = vote.leader_id.term;
+    if term >= MAX_TERM {
+        return Some(format!(
+            "term {term} is past the largest accepted ({MAX_TERM})"
+        ));
+    }
+    if vote.leader_id.node_id != asker {
+        return Some(format!(
+            "a vote for node {} sent by node {asker}",
+            vote.leader_id.node_id
+        ));
+    }
+    let mut logged: Vec<&openraft::LogId<NodeId>> = Vec::new();
+    match req {
+        Request::Append(r) => {
+            logged.extend(r.prev_log_id.iter().chain(r.leader_commit.iter()));
+            logged.extend(r.entries.iter().map(|e| &e.log_id));
+        }
+        Request::Vote(r) => logged.extend(r.last_log_id.iter()),
+        Request::Snapshot(r) => logged.extend(r.meta.last_log_id.iter()),
+        Request::Probe => {}
+    }
+    logged
+        .into_iter()
+        .find(|l| l.leader_id.term > term)
+        .map(|l| format!("log id {l} is of a later term than the sender's vote ({term})"))
+}
+
+/// Whether an answer's vote, if it carries one, has a term below
+/// [`MAX_TERM`].
+fn plausible(resp: &Response) -> bool {
+    let vote = match resp {
+        Response::Append(Ok(AppendEntriesResponse::HigherVote(v))) => v,
+        Response::Vote(Ok(r)) => &r.vote,
+        Response::Snapshot(Ok(r)) => &r.vote,
+        _ => return true,
+    };
+    vote.leader_id.term < MAX_TERM
 }
 
 /// The answer to come to an AppendEntries read ahead.
@@ -1713,6 +1871,12 @@ fn answer<T, E: std::error::Error>(
     got: Result<Response, CallError>,
     pick: fn(Response) -> Picked<T, E>,
 ) -> Result<T, RPCError<NodeId, BasicNode, RaftError<NodeId, E>>> {
+    let got = match got {
+        Ok(resp) if !plausible(&resp) => Ok(Response::Failed(format!(
+            "node {target} answered with a term past the largest accepted ({MAX_TERM})"
+        ))),
+        got => got,
+    };
     match got.map(pick) {
         Ok(Ok(Ok(r))) => Ok(r),
         Ok(Ok(Err(e))) => Err(RPCError::RemoteError(RemoteError::new(target, e))),
@@ -2190,5 +2354,191 @@ mod tests {
         .unwrap();
         assert!(PeerClient::new(me, 2, addr).probe().await.is_ok());
         drop(peers);
+    }
+
+    fn append(term: u64, leader: NodeId, entry_terms: &[u64]) -> Request {
+        Request::Append(AppendEntriesRequest {
+            vote: openraft::Vote::new_committed(term, leader),
+            prev_log_id: None,
+            entries: entry_terms
+                .iter()
+                .enumerate()
+                .map(|(i, t)| openraft::Entry {
+                    log_id: openraft::LogId::new(
+                        openraft::CommittedLeaderId::new(*t, leader),
+                        i as u64 + 1,
+                    ),
+                    payload: openraft::EntryPayload::Blank,
+                })
+                .collect(),
+            leader_commit: None,
+        })
+    }
+
+    #[test]
+    fn requests_no_member_sends_are_told_apart() {
+        assert_eq!(implausible(&append(5, 2, &[3, 5]), 2), None);
+        assert_eq!(implausible(&Request::Probe, 9), None);
+        let huge = implausible(&append(u64::MAX, 2, &[]), 2).unwrap();
+        assert!(huge.contains("past the largest"), "{huge}");
+        assert!(implausible(&append(MAX_TERM, 2, &[]), 2).is_some());
+        assert!(implausible(&append(MAX_TERM - 1, 2, &[]), 2).is_none());
+        assert!(implausible(&append(1 << 62, 2, &[]), 2).is_none());
+        let other = implausible(&append(5, 3, &[]), 2).unwrap();
+        assert!(
+            other.contains("a vote for node 3 sent by node 2"),
+            "{other}"
+        );
+        let later = implausible(&append(5, 2, &[5, 6]), 2).unwrap();
+        assert!(later.contains("later term"), "{later}");
+        let vote = |term, last: Option<u64>| {
+            Request::Vote(VoteRequest {
+                vote: openraft::Vote::new(term, 4),
+                last_log_id: last
+                    .map(|t| openraft::LogId::new(openraft::CommittedLeaderId::new(t, 1), 10)),
+            })
+        };
+        assert_eq!(implausible(&vote(7, Some(6)), 4), None);
+        assert!(implausible(&vote(7, Some(8)), 4).is_some());
+        assert!(implausible(&vote(u64::MAX - 1, None), 4).is_some());
+        // Answers: a vote past MAX_TERM is not believed.
+        let answer = |term| {
+            Response::Vote(Ok(VoteResponse {
+                vote: openraft::Vote::new(term, 4),
+                vote_granted: false,
+                last_log_id: None,
+            }))
+        };
+        assert!(plausible(&answer(12)));
+        assert!(!plausible(&answer(u64::MAX)));
+        assert!(!plausible(&Response::Append(Ok(
+            AppendEntriesResponse::HigherVote(openraft::Vote::new_committed(MAX_TERM, 4))
+        ))));
+    }
+
+    /// A peer that completes the handshake (no secret: loopback) and sends
+    /// an AppendEntries of term u64::MAX: the request never reaches Raft
+    /// (the next election would have no term to take, and openraft
+    /// panicked), the connection ends, and the node goes on serving.
+    #[tokio::test]
+    async fn a_request_with_a_term_past_max_term_ends_its_connection() {
+        let dir = Dir::new("term");
+        let c = random16();
+        let (_p2, a2) = node(&dir, 2, None, Some(c)).await;
+        let d = dir.0.join("me");
+        std::fs::create_dir_all(&d).unwrap();
+        let me = Peers::new(
+            1,
+            "127.0.0.1:7001".into(),
+            None,
+            d,
+            Arc::new(TcpDialer),
+            PeerLimits::default(),
+        )
+        .unwrap();
+        me.set_cluster(c).unwrap();
+        let mut client = PeerClient::new(Arc::clone(&me), 2, a2.clone());
+        match client
+            .call(append(u64::MAX, 1, &[]), Duration::from_secs(5))
+            .await
+        {
+            Ok(Response::Failed(why)) => assert!(why.contains("past the largest"), "{why}"),
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+        // Another node's vote: refused too.
+        let mut client = PeerClient::new(Arc::clone(&me), 2, a2.clone());
+        match client.call(append(3, 7, &[]), Duration::from_secs(5)).await {
+            Ok(Response::Failed(why)) => assert!(why.contains("sent by node 1"), "{why}"),
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+        assert!(PeerClient::new(me, 2, a2).probe().await.is_ok());
+    }
+
+    /// Connections from one address that never complete the handshake do
+    /// not keep a member at that address out: once the address has
+    /// `max_peer_handshakes_per_source` of them, each new one closes the
+    /// oldest; and once every place is taken, the oldest of all.
+    #[tokio::test]
+    async fn connections_stuck_in_their_handshake_make_room_for_newer_ones() {
+        use tokio::io::AsyncReadExt;
+        let dir = Dir::new("evict");
+        let c = random16();
+        let d = dir.0.join("n2");
+        std::fs::create_dir_all(&d).unwrap();
+        let p2 = Peers::new(
+            2,
+            "127.0.0.1:7002".into(),
+            None,
+            d,
+            Arc::new(TcpDialer),
+            PeerLimits {
+                max_connections: 12,
+                max_handshakes_per_source: 4,
+            },
+        )
+        .unwrap();
+        p2.set_cluster(c).unwrap();
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let a2 = l.local_addr().unwrap();
+        tokio::spawn(serve(l, Arc::clone(&p2), None));
+        let stuck = |src: &'static str| async move {
+            let socket = tokio::net::TcpSocket::new_v4().unwrap();
+            socket.bind(src.parse().unwrap()).unwrap();
+            socket.connect(a2).await.unwrap()
+        };
+        // Closed: read returns 0 (after the challenge) or an error.
+        async fn closed_soon(s: &mut TcpStream) -> bool {
+            let mut buf = [0u8; 256];
+            let deadline = tokio::time::Instant::now() + Duration::from_millis(500);
+            loop {
+                match tokio::time::timeout_at(deadline, s.read(&mut buf)).await {
+                    Ok(Ok(0)) | Ok(Err(_)) => return true,
+                    Ok(Ok(_)) => continue,
+                    Err(_) => return false,
+                }
+            }
+        }
+        let mut first = Vec::new();
+        for _ in 0..4 {
+            first.push(stuck("127.0.0.1:0").await);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        // A fifth from the same address closes the oldest.
+        let _fifth = stuck("127.0.0.1:0").await;
+        assert!(closed_soon(&mut first[0]).await, "the oldest was kept");
+        assert!(!closed_soon(&mut first[1]).await, "a newer one was closed");
+        // A member at that address still gets through, and is answered.
+        let d = dir.0.join("me");
+        std::fs::create_dir_all(&d).unwrap();
+        let me = Peers::new(
+            1,
+            "127.0.0.1:7001".into(),
+            None,
+            d,
+            Arc::new(TcpDialer),
+            PeerLimits::default(),
+        )
+        .unwrap();
+        me.set_cluster(c).unwrap();
+        assert!(
+            PeerClient::new(Arc::clone(&me), 2, a2.to_string())
+                .probe()
+                .await
+                .is_ok()
+        );
+        // Every place taken by connections in their handshake, from other
+        // addresses (4 each from 127.0.0.2 and .3, 12 places in all): a
+        // new one closes the oldest of all, and a member gets through.
+        let mut others = Vec::new();
+        for src in ["127.0.0.2:0", "127.0.0.3:0"] {
+            for _ in 0..4 {
+                others.push(stuck(src).await);
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(
+            PeerClient::new(me, 2, a2.to_string()).probe().await.is_ok(),
+            "a member was kept out by connections stuck in their handshake"
+        );
     }
 }
