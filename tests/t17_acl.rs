@@ -586,4 +586,32 @@ async fn scan_lists_only_the_keys_a_user_may_read() {
     let mut no = login(&s, "no-scan", "n-pw").await;
     let e = error_text(&no.cmd(&["SCAN", "0"]).await);
     assert!(e.starts_with("NOPERM") && e.contains("'scan'"), "{e}");
+    // COUNT counts only the keys the user may read: a walk by ones takes a
+    // call per own key (and at most one to end), however many records
+    // other tenants hold. Counting every record let a tenant count the
+    // whole store (DBSIZE is @admin) and watch others' records come and go.
+    for i in 0..200 {
+        admin
+            .acquire(&["CLAIM", &format!("tenant-b:more-{i}")])
+            .await;
+    }
+    let mut a = login(&s, "tenant-a", "a-pw").await;
+    let (mut cursor, mut calls, mut seen) = ("0".to_owned(), 0, 0);
+    loop {
+        let Frame::Array(step) = a.cmd(&["SCAN", &cursor, "COUNT", "1"]).await else {
+            panic!("SCAN answers an array")
+        };
+        calls += 1;
+        cursor = bulk(&step[0]);
+        let Frame::Array(got) = &step[1] else {
+            panic!("{step:?}")
+        };
+        assert!(got.len() <= 1, "{got:?}");
+        seen += got.len();
+        if cursor == "0" {
+            break;
+        }
+    }
+    assert_eq!(seen, 30);
+    assert!(calls <= 31, "{calls} calls for 30 keys of 260 records");
 }

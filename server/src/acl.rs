@@ -543,6 +543,13 @@ impl User {
         Ok(())
     }
 
+    /// Whether a `*` pattern grants the user read access to every key.
+    pub fn reads_every_key(&self) -> bool {
+        self.keys
+            .iter()
+            .any(|(a, g)| a & KEY_READ == KEY_READ && g.source() == b"*")
+    }
+
     /// Whether a pattern grants the user read access to `key` (`SCAN`
     /// lists only such keys).
     pub fn may_read(&self, key: &[u8]) -> bool {

@@ -89,12 +89,15 @@ fn scan(node: &Node, session: &Session, s: Scan) -> Action {
         let walk = tokio::task::spawn_blocking(move || {
             let _turn = turn;
             let glob = s.pattern.as_deref().map(Glob::new);
-            let keep = |key: &[u8]| {
-                glob.as_ref().is_none_or(|g| g.matches(key))
-                    && user.as_ref().is_none_or(|u| u.may_read(key))
-            };
+            let matches = |key: &[u8]| glob.as_ref().is_none_or(|g| g.matches(key));
+            // A user confined to some keys: the others neither count nor
+            // meet the client's pattern (whose cost would time them).
+            let confined = user.as_ref().filter(|u| !u.reads_every_key());
+            let may_read = |key: &[u8]| confined.is_none_or(|u| u.may_read(key));
+            let visible: Option<crate::store::KeyTest<'_>> = confined.map(|_| &may_read as _);
             let until = std::time::Instant::now() + SCAN_TIME;
-            node.engine().scan(s.cursor, count, until, &keep)
+            node.engine()
+                .scan(s.cursor, count, until, visible, &matches)
         });
         match walk.await {
             Ok((next, keys)) => Reply::Frame(Frame::Array(vec![

@@ -340,10 +340,11 @@ impl Engine {
         cursor: u64,
         count: usize,
         until: std::time::Instant,
-        keep: &dyn Fn(&[u8]) -> bool,
+        visible: Option<crate::store::KeyTest<'_>>,
+        matches: crate::store::KeyTest<'_>,
     ) -> (u64, Vec<Bytes>) {
         self.store()
-            .scan(cursor, count, self.read_now(), until, keep)
+            .scan(cursor, count, self.read_now(), until, visible, matches)
     }
 
     /// Submits `op` without waiting for its reply (it is still carried out

@@ -65,6 +65,9 @@ pub use snapshot::{SNAPSHOT_VERSION, SnapshotCopy, SnapshotError};
 /// µs): applies wait no longer than that for a scan.
 pub const SCAN_BATCH: usize = 1024;
 
+/// A test a SCAN step applies to a key (see [`Store::scan`]).
+pub type KeyTest<'a> = &'a dyn Fn(&[u8]) -> bool;
+
 /// `-FENCED`: the caller's fence does not own the key.
 pub const FENCED: ServerError =
     ServerError::new(ErrorCode::Fenced, "key is not held by this fence");
@@ -337,15 +340,20 @@ impl Store {
     }
 
     /// One step of a walk over the records (`SCAN`): from `cursor` (0 to
-    /// start), the keys of the records live at `now_ms` that `keep`
-    /// accepts, among at most `count` records looked at (fewer once
-    /// `until` has passed), and the cursor to go on from (0 once the walk
-    /// is done). A record that is there for the whole walk is returned
+    /// start), the keys of the records live at `now_ms` that the caller
+    /// may see (`visible`; `None`: all) and `matches` accepts, among at
+    /// most `count` records looked at (fewer once `until` has passed), and
+    /// the cursor to go on from (0 once the walk is done). With `visible`
+    /// given, only the live records it accepts count toward `count`, and
+    /// `matches` (a client's pattern, whose cost the client chooses) never
+    /// sees the others: neither the number of records the caller may not
+    /// see nor their keys show in what a call returns or how long it
+    /// takes. A record that is there for the whole walk is returned
     /// exactly once: a record keeps its slot for life (until the store is
     /// rebuilt from a snapshot), and the cursor (shard << 32 | slot) only
     /// moves forward. Under a shard's lock the walk only copies keys, at
     /// most [`SCAN_BATCH`] records and four times as many slots at a time;
-    /// `keep` (a client's pattern) runs with no lock held, and the time is
+    /// `visible` and `matches` run with no lock held, and the time is
     /// checked after each record.
     pub fn scan(
         &self,
@@ -353,7 +361,8 @@ impl Store {
         count: usize,
         now_ms: u64,
         until: std::time::Instant,
-        keep: &dyn Fn(&[u8]) -> bool,
+        visible: Option<KeyTest<'_>>,
+        matches: KeyTest<'_>,
     ) -> (u64, Vec<bytes::Bytes>) {
         let now = self.clock.load(Ordering::Acquire).max(now_ms);
         let count = count.max(1);
@@ -368,11 +377,18 @@ impl Store {
                 let sh = self.shards[shard].lock();
                 let end = sh.slab.slots() as u64;
                 let (mut batch, mut visited) = (0, 0);
-                while slot < end && batch < SCAN_BATCH && visited < 4 * SCAN_BATCH && looked < count
+                // Every record counts when all are visible; otherwise only
+                // the visible ones, known once the lock is let go.
+                while slot < end
+                    && batch < SCAN_BATCH
+                    && visited < 4 * SCAN_BATCH
+                    && (visible.is_some() || looked < count)
                 {
                     if let Some(rec) = sh.slab.get(slot as u32) {
                         batch += 1;
-                        looked += 1;
+                        if visible.is_none() {
+                            looked += 1;
+                        }
                         if view(rec, now).state.is_some() {
                             live.push((slot, bytes::Bytes::copy_from_slice(rec.key())));
                         }
@@ -383,8 +399,16 @@ impl Store {
                 end
             };
             for (i, (s, key)) in live.iter().enumerate() {
-                if keep(key) {
+                let seen = visible.is_none_or(|v| v(key));
+                if seen && matches(key) {
                     keys.push(key.clone());
+                }
+                if seen && visible.is_some() {
+                    looked += 1;
+                    if looked >= count && i + 1 < live.len() {
+                        // The rest of this batch comes next call.
+                        return (at(shard, s + 1), keys);
+                    }
                 }
                 if i + 1 < live.len() && std::time::Instant::now() >= until {
                     // Out of time: the rest of this batch comes next call.

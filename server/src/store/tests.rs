@@ -951,7 +951,7 @@ fn scan_all(
 ) -> Vec<Bytes> {
     let (mut cursor, mut keys, mut calls) = (0, Vec::new(), 0);
     loop {
-        let (next, got) = s.scan(cursor, count, now, until(), &|_| true);
+        let (next, got) = s.scan(cursor, count, now, until(), None, &|_| true);
         keys.extend(got);
         calls += 1;
         assert!(calls < 100_000, "the walk never ended");
@@ -1006,7 +1006,7 @@ fn scan_leaves_out_records_past_their_deadline_and_what_keep_refuses() {
         acquired(run(&s, Command::Claim(c), 0));
     }
     // At 500 ms a:1's lease has run out (FREE: the key is gone).
-    let (cursor, keys) = s.scan(0, 100, 500, later(), &|k| k.starts_with(b"a:"));
+    let (cursor, keys) = s.scan(0, 100, 500, later(), None, &|k| k.starts_with(b"a:"));
     assert_eq!(cursor, 0);
     assert_eq!(keys, vec![b("a:2")]);
 }
@@ -1022,7 +1022,7 @@ fn scan_out_of_time_still_moves_on() {
     let past = std::time::Instant::now;
     let keys = scan_all(&s, 10_000, 1, past, |_| {});
     assert_eq!(keys.len(), 500);
-    let (_, first) = s.scan(0, 10_000, 1, past(), &|_| true);
+    let (_, first) = s.scan(0, 10_000, 1, past(), None, &|_| true);
     assert_eq!(
         first.len(),
         1,
@@ -1041,7 +1041,7 @@ fn scan_bounds_the_empty_slots_it_walks_at_a_time() {
         acquired(run(&s, Command::Claim(claim(&format!("e{i}"))), 0));
     }
     // Slots fill in order: the last claim's record is in slot 9,999.
-    let (_, at_end) = s.scan(9_999, 1, 1, later(), &|_| true);
+    let (_, at_end) = s.scan(9_999, 1, 1, later(), None, &|_| true);
     let last = at_end[0].clone();
     for i in 0..10_000 {
         let k = b(&format!("e{i}"));
@@ -1049,7 +1049,7 @@ fn scan_bounds_the_empty_slots_it_walks_at_a_time() {
             run(&s, Command::Forget(Forget { key: k }), 1);
         }
     }
-    let (cursor, keys) = s.scan(0, 1, 1, std::time::Instant::now(), &|_| true);
+    let (cursor, keys) = s.scan(0, 1, 1, std::time::Instant::now(), None, &|_| true);
     assert!(keys.is_empty());
     assert!(
         cursor & u64::from(u32::MAX) <= 4 * super::SCAN_BATCH as u64,
@@ -1057,4 +1057,51 @@ fn scan_bounds_the_empty_slots_it_walks_at_a_time() {
     );
     let keys = scan_all(&s, 1, 1, std::time::Instant::now, |_| {});
     assert_eq!(keys, vec![last]);
+}
+
+#[test]
+fn scan_for_a_confined_user_counts_and_matches_only_what_it_may_see() {
+    let s = store_with(1, Some(9), 1 << 30);
+    // One shard: the records sit in slots in claim order, a:0..a:4 between
+    // 100 records of another tenant each.
+    for i in 0..5 {
+        for j in 0..100 {
+            acquired(run(&s, Command::Claim(claim(&format!("b:{i}-{j}"))), 0));
+        }
+        acquired(run(&s, Command::Claim(claim(&format!("a:{i}"))), 0));
+    }
+    let visible = |k: &[u8]| k.starts_with(b"a:");
+    let tried = std::cell::RefCell::new(Vec::new());
+    let matches = |k: &[u8]| {
+        tried.borrow_mut().push(b(std::str::from_utf8(k).unwrap()));
+        true
+    };
+    // COUNT 1: each call returns the next visible key, whatever lies
+    // between; the walk takes a call per visible key (and one to end),
+    // not one per record.
+    let (mut cursor, mut keys, mut calls) = (0, Vec::new(), 0);
+    loop {
+        let (next, got) = s.scan(cursor, 1, 1, later(), Some(&visible), &matches);
+        assert!(got.len() <= 1, "{got:?}");
+        keys.extend(got);
+        calls += 1;
+        if next == 0 {
+            break;
+        }
+        cursor = next;
+    }
+    assert_eq!(
+        keys,
+        (0..5).map(|i| b(&format!("a:{i}"))).collect::<Vec<_>>()
+    );
+    assert!(calls <= 6, "{calls} calls for 5 visible keys");
+    // The pattern never met another tenant's key.
+    assert!(
+        tried.borrow().iter().all(|k| k.starts_with(b"a:")),
+        "{:?}",
+        tried.borrow()
+    );
+    // Unconfined, COUNT counts every record.
+    let (_, got) = s.scan(0, 50, 1, later(), None, &|_| true);
+    assert_eq!(got.len(), 50);
 }
