@@ -613,5 +613,6 @@ async fn scan_lists_only_the_keys_a_user_may_read() {
         }
     }
     assert_eq!(seen, 30);
-    assert!(calls <= 31, "{calls} calls for 30 keys of 260 records");
+    // (A call that runs out of its 10 ms may come back empty: some slack.)
+    assert!(calls <= 40, "{calls} calls for 30 keys of 260 records");
 }

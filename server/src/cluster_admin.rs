@@ -114,8 +114,9 @@ pub fn replication(node: &Node, tls: bool) -> Replication {
             .find(|m| m.id == id)
             .map(|m| host_port(client_addr_for(&m.addr.client, tls)))
     };
-    // A removed node may still believe it leads: it is no one's master.
-    if v.state == ServerState::Leader && !v.removed {
+    // The leader once it serves (as HELLO says); a removed node may still
+    // believe it leads: it is no one's master.
+    if v.state == ServerState::Leader && v.serving && !v.removed {
         let replicas = v
             .members
             .iter()

@@ -167,7 +167,8 @@ impl Out {
 /// The membership's voters, and on the leader the other members it
 /// reaches and how far behind each one is.
 fn replicas(o: &mut Out, v: &ClusterView) {
-    let leads = v.state == ServerState::Leader;
+    // As ROLE sees it: the leader once it serves.
+    let leads = v.state == ServerState::Leader && v.serving && !v.removed;
     o.one(
         "idem_raft_voters",
         "gauge",
@@ -175,15 +176,26 @@ fn replicas(o: &mut Out, v: &ClusterView) {
         v.members.iter().filter(|m| m.voter).count(),
     );
     let others = || v.members.iter().filter(|m| m.id != v.me);
+    let answering = |voters: bool| {
+        if leads {
+            others()
+                .filter(|m| m.answering() && !m.addr.client.is_empty() && (m.voter || !voters))
+                .count()
+        } else {
+            0
+        }
+    };
     o.one(
         "idem_raft_replicas_connected",
         "gauge",
-        "On the leader: the other members that answer it (ROLE's replicas: answered its last call, or one within 1 s); 0 elsewhere.",
-        if leads && !v.removed {
-            others().filter(|m| m.answering()).count()
-        } else {
-            0
-        },
+        "On the leader: the other members that answer it (ROLE's replicas: answered its last call, or one within 1 s), learners included; 0 elsewhere.",
+        answering(false),
+    );
+    o.one(
+        "idem_raft_voters_connected",
+        "gauge",
+        "On the leader: the other voters that answer it; 0 elsewhere. Below idem_raft_voters - 1, one more failure may stop writes.",
+        answering(true),
     );
     o.family(
         "idem_raft_replica_lag_entries",

@@ -65,6 +65,10 @@ pub use snapshot::{SNAPSHOT_VERSION, SnapshotCopy, SnapshotError};
 /// µs): applies wait no longer than that for a scan.
 pub const SCAN_BATCH: usize = 1024;
 
+/// The fewest live records a SCAN step for a user confined to some keys
+/// copies under a shard's lock at a time (see [`Store::scan`]).
+pub const SCAN_MIN_CONFINED_BATCH: usize = 64;
+
 /// A test a SCAN step applies to a key (see [`Store::scan`]).
 pub type KeyTest<'a> = &'a dyn Fn(&[u8]) -> bool;
 
@@ -346,9 +350,10 @@ impl Store {
     /// the cursor to go on from (0 once the walk is done). With `visible`
     /// given, only the live records it accepts count toward `count`, and
     /// `matches` (a client's pattern, whose cost the client chooses) never
-    /// sees the others: neither the number of records the caller may not
-    /// see nor their keys show in what a call returns or how long it
-    /// takes. A record that is there for the whole walk is returned
+    /// sees the others' keys, so no pattern times them. The cursor is a
+    /// slot position, so the distance between two still shows roughly how
+    /// many slots lie between, and a call's time grows with the records it
+    /// skips. A record that is there for the whole walk is returned
     /// exactly once: a record keeps its slot for life (until the store is
     /// rebuilt from a snapshot), and the cursor (shard << 32 | slot) only
     /// moves forward. Under a shard's lock the walk only copies keys, at
@@ -378,11 +383,19 @@ impl Store {
                 let end = sh.slab.slots() as u64;
                 let (mut batch, mut visited) = (0, 0);
                 // Every record counts when all are visible; otherwise only
-                // the visible ones, known once the lock is let go.
+                // the visible ones, known once the lock is let go: as many
+                // live records as could still count (a few dozen at least,
+                // so that a small COUNT does not take the lock per record).
+                let want = count
+                    .saturating_sub(looked)
+                    .clamp(SCAN_MIN_CONFINED_BATCH, SCAN_BATCH);
                 while slot < end
                     && batch < SCAN_BATCH
                     && visited < 4 * SCAN_BATCH
-                    && (visible.is_some() || looked < count)
+                    && match visible {
+                        None => looked < count,
+                        Some(_) => live.len() < want,
+                    }
                 {
                     if let Some(rec) = sh.slab.get(slot as u32) {
                         batch += 1;

@@ -797,7 +797,7 @@ impl RaftEngine {
         // unless peers prove they hold the secret.
         if let MembershipChange::Add { addr, .. } = &change
             && let Ok(peer) = addr.peer.parse::<std::net::SocketAddr>()
-            && !peer.ip().is_loopback()
+            && !peer.ip().to_canonical().is_loopback()
             && self.cluster.secret.is_none()
         {
             return Err(cluster::ChangeError::Refused(format!(

@@ -1120,6 +1120,9 @@ async fn serve_conn(
             return Err(std::io::Error::other("closed in its handshake for a newer connection"));
         }
     };
+    // Its part done: no longer one that can be closed for a newer
+    // connection (an eviction from here on would free no place).
+    drop(handshake);
     let refuse = |why: String| {
         peers.refused(addr, &format!("from node {}: {why}", hello.from));
         why
@@ -1198,7 +1201,6 @@ async fn serve_conn(
         },
     )
     .await?;
-    drop(handshake);
     // Only from a member connecting from its recorded host: any process
     // that can complete a handshake (on loopback without a secret, any
     // local one) could otherwise send this cluster's clients, and the
@@ -2507,28 +2509,34 @@ mod tests {
         let _fifth = stuck("127.0.0.1:0").await;
         assert!(closed_soon(&mut first[0]).await, "the oldest was kept");
         assert!(!closed_soon(&mut first[1]).await, "a newer one was closed");
-        // A member at that address still gets through, and is answered.
-        let d = dir.0.join("me");
-        std::fs::create_dir_all(&d).unwrap();
-        let me = Peers::new(
-            1,
-            "127.0.0.1:7001".into(),
-            None,
-            d,
-            Arc::new(TcpDialer),
-            PeerLimits::default(),
-        )
-        .unwrap();
-        me.set_cluster(c).unwrap();
+        // A member at that address still gets through, and is answered
+        // (each probe from a node of its own: a pooled connection would
+        // not be let in again).
+        let member = |name: &str| {
+            let d = dir.0.join(name);
+            std::fs::create_dir_all(&d).unwrap();
+            let me = Peers::new(
+                1,
+                "127.0.0.1:7001".into(),
+                None,
+                d,
+                Arc::new(TcpDialer),
+                PeerLimits::default(),
+            )
+            .unwrap();
+            me.set_cluster(c).unwrap();
+            me
+        };
         assert!(
-            PeerClient::new(Arc::clone(&me), 2, a2.to_string())
+            PeerClient::new(member("me1"), 2, a2.to_string())
                 .probe()
                 .await
                 .is_ok()
         );
-        // Every place taken by connections in their handshake, from other
-        // addresses (4 each from 127.0.0.2 and .3, 12 places in all): a
-        // new one closes the oldest of all, and a member gets through.
+        // Every place taken (12 in all: the four still in their handshake
+        // from 127.0.0.1 and four each from 127.0.0.2 and .3): a new
+        // connection closes the oldest still in its handshake of all, and
+        // a member gets through.
         let mut others = Vec::new();
         for src in ["127.0.0.2:0", "127.0.0.3:0"] {
             for _ in 0..4 {
@@ -2537,8 +2545,16 @@ mod tests {
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
         assert!(
-            PeerClient::new(me, 2, a2.to_string()).probe().await.is_ok(),
+            PeerClient::new(member("me2"), 2, a2.to_string())
+                .probe()
+                .await
+                .is_ok(),
             "a member was kept out by connections stuck in their handshake"
         );
+        assert!(
+            closed_soon(&mut first[1]).await,
+            "the oldest of all was kept"
+        );
+        assert!(!closed_soon(&mut others[7]).await, "the newest was closed");
     }
 }
