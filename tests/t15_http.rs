@@ -567,6 +567,40 @@ async fn bodies_are_bounded() {
     assert_eq!(retry.problem(), "urn:idem:problem:outcome-unknown");
 }
 
+/// A body declared larger than `max_request_bytes` was read up to the
+/// limit first: with `Expect: 100-continue` the caller was even told to
+/// send it, and one that then sent little waited out `body_timeout` for a
+/// 408. Now the declared length alone gets the 413, at once, with no
+/// `100 Continue` and nothing claimed.
+#[tokio::test]
+async fn a_body_declared_too_large_is_refused_before_it_is_read() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let a = app(|l| l.max_request_bytes(1000)).await;
+    let mut s = tokio::net::TcpStream::connect(a.addr).await.unwrap();
+    s.write_all(
+        b"POST /pay HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n\
+          Idempotency-Key: declared-big\r\nExpect: 100-continue\r\nContent-Length: 5000000000\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    let started = std::time::Instant::now();
+    while !String::from_utf8_lossy(&got).contains("body-too-large") {
+        let n = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf))
+            .await
+            .expect("no answer to a body declared too large")
+            .unwrap();
+        assert!(n > 0, "closed: {}", String::from_utf8_lossy(&got));
+        got.extend_from_slice(&buf[..n]);
+    }
+    let text = String::from_utf8_lossy(&got);
+    assert!(text.starts_with("HTTP/1.1 413"), "{text}");
+    assert!(!text.contains("100 Continue"), "{text}");
+    assert!(started.elapsed() < Duration::from_secs(2));
+    assert_eq!(a.runs.pay.load(Ordering::SeqCst), 0);
+}
+
 /// A caller that trickled its body held a buffer of up to
 /// `max_request_bytes` for as long as it liked (the body was read with no
 /// time limit). Now the body must arrive within `body_timeout`: `408`,

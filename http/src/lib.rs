@@ -535,6 +535,15 @@ where
         },
     };
     let (parts, body) = req.into_parts();
+    // A body declared larger than the limit (Content-Length) is refused
+    // before a byte of it is read: no `100 Continue` invites it, and the
+    // caller does not wait for a timeout.
+    if body.size_hint().lower() > s.max_request_bytes as u64 {
+        return Ok(Problem::BodyTooLarge.response(&format!(
+            "the request body is larger than {} bytes",
+            s.max_request_bytes
+        )));
+    }
     let read = tokio::time::timeout(
         s.body_timeout,
         Limited::new(body, s.max_request_bytes).collect(),
