@@ -1329,13 +1329,18 @@ impl Limits {
 /// its entries to the followers while it writes them itself (the vendored
 /// openraft's `append_to_log_in_background`), so after a kill -9 its log can
 /// lack entries the followers hold under that very term, and leading again
-/// under it would hand the same log ids to other entries. Its vote is
-/// raised to an uncommitted one of the next term instead: it starts as a
+/// under it would hand the same log ids to other entries. Its vote is kept
+/// (the same term, for itself) but no longer committed: it starts as a
 /// follower, and an election in a later term decides (the most up-to-date
-/// log wins). Raising a vote never breaks Raft's rules: the node only
-/// declines to vote for others in that term. A node alone in its
-/// membership waits for each flush before it commits (and replicates to
-/// no one), so it leads again at once as before.
+/// log wins). It still records the one vote this node cast in that term,
+/// so it grants no vote Raft's rules would not. It was raised to the next
+/// term once, which outranked the leader elected meanwhile in that very
+/// term whenever this node's id was the higher (votes of a term are
+/// ordered by node id): the restarted node refused that leader's
+/// AppendEntries, and the leader stepped down, a second failover for
+/// nothing. A node alone in its membership waits for each flush before it
+/// commits (and replicates to no one), so it leads again at once as
+/// before.
 async fn step_down_at_restart(
     log: &LogStore,
     sm: &mut StateMachine,
@@ -1358,7 +1363,7 @@ async fn step_down_at_restart(
         .map_err(|e| StartError::Raft(e.to_string()))?;
     if membership.effective().nodes().nth(1).is_some() {
         let term = v.leader_id().get_term();
-        log.save_vote(&types::Vote::new(term + 1, me))
+        log.save_vote(&types::Vote::new(term, me))
             .await
             .map_err(|e| StartError::Raft(e.to_string()))?;
         info!(
