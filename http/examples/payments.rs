@@ -12,7 +12,7 @@
 //! Keys are scoped by `X-Account-Id`, which stands for what a gateway in
 //! front sets from the authenticated caller (it must drop any the client
 //! sent: the layer trusts it). A request without a valid one is refused
-//! (`401`) before the layer: it must not fall into a key space shared with
+//! (`400`) before the layer: it must not fall into a key space shared with
 //! other callers.
 
 use std::sync::Arc;
@@ -72,7 +72,7 @@ async fn require_account(req: Request, next: Next) -> Response {
         return next.run(req).await;
     }
     (
-        StatusCode::UNAUTHORIZED,
+        StatusCode::BAD_REQUEST,
         Json(serde_json::json!({"error": "X-Account-Id is missing or invalid"})),
     )
         .into_response()

@@ -179,7 +179,16 @@ fn replicas(o: &mut Out, v: &ClusterView) {
     let answering = |voters: bool| {
         if leads {
             others()
-                .filter(|m| m.answering() && !m.addr.client.is_empty() && (m.voter || !voters))
+                // As ROLE lists replicas (with a client address); voters
+                // whatever address they were last seen with.
+                .filter(|m| {
+                    m.answering()
+                        && if voters {
+                            m.voter
+                        } else {
+                            !m.addr.client.is_empty()
+                        }
+                })
                 .count()
         } else {
             0

@@ -25,8 +25,9 @@
 //! down saves the higher vote it saw before it answers anyone as a
 //! follower, so it never reports as matching an entry it has not flushed;
 //! and a leader of other members that restarts after a crash comes back
-//! as a follower in a later term (`step_down_at_restart`), since its log
-//! may lack entries it had sent.
+//! as a follower, its vote no longer committed, and leads again only if
+//! elected in a later term (`step_down_at_restart`), since its log may
+//! lack entries it had sent.
 //! Entries not yet purged are also kept in memory, so reads of
 //! the log never touch the disk or wait for a sync: in their encoded form,
 //! the bytes written to the files, so the log costs its size in memory

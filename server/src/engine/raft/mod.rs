@@ -378,7 +378,7 @@ impl RaftEngine {
         let mut sm = StateMachine::open(Arc::clone(&store), &data_dir)?
             .snapshots_on_own_thread(io.writing == log_store::Writing::Thread)
             .reporting_to(log.clone());
-        step_down_at_restart(&log, &mut sm, cfg.node_id).await?;
+        let stepped_down = step_down_at_restart(&log, &mut sm, cfg.node_id).await?;
         let peers = peer::Peers::new(
             cfg.node_id,
             cfg.cluster.client_advertise.clone(),
@@ -445,6 +445,24 @@ impl RaftEngine {
         .await
         .map_err(|e| StartError::Raft(e.to_string()))?;
         peers.set_raft(raft.clone());
+        if stepped_down {
+            // No campaign of its own until it hears of a leader, or a
+            // leader's lease and the longest election timeout have
+            // passed: a campaign in the term the others elected a leader
+            // in meanwhile would outrank that leader whenever this node's
+            // id is the higher, and depose it. The leader reaches it well
+            // within that time.
+            raft.runtime_config().elect(false);
+            let raft = raft.clone();
+            let hold = Duration::from_millis(cfg.election_timeout_ms.saturating_mul(3));
+            tokio::spawn(async move {
+                let _ = raft
+                    .wait(Some(hold))
+                    .metrics(|m| m.current_leader.is_some(), "a leader heard of")
+                    .await;
+                raft.runtime_config().elect(true);
+            });
+        }
         let initialized = raft
             .is_initialized()
             .await
@@ -1338,14 +1356,17 @@ impl Limits {
 /// term whenever this node's id was the higher (votes of a term are
 /// ordered by node id): the restarted node refused that leader's
 /// AppendEntries, and the leader stepped down, a second failover for
-/// nothing. A node alone in its membership waits for each flush before it
+/// nothing. For the same reason it does not campaign until it hears of a
+/// leader (or a lease and an election timeout pass): its own campaign in
+/// that term would outrank the new leader too. Returns whether it stepped
+/// down. A node alone in its membership waits for each flush before it
 /// commits (and replicates to no one), so it leads again at once as
 /// before.
 async fn step_down_at_restart(
     log: &LogStore,
     sm: &mut StateMachine,
     me: NodeId,
-) -> Result<(), StartError> {
+) -> Result<bool, StartError> {
     use openraft::storage::{RaftLogStorage, StorageHelper};
     let mut log = log.clone();
     let vote = log
@@ -1353,7 +1374,7 @@ async fn step_down_at_restart(
         .await
         .map_err(|e| StartError::Raft(e.to_string()))?;
     let Some(v) = vote.filter(|v| v.is_committed() && v.leader_id().voted_for() == Some(me)) else {
-        return Ok(());
+        return Ok(false);
     };
     // The membership it led (the last in its log, else the applied one):
     // the same test as the one that sends a leader's writes beside its own.
@@ -1370,8 +1391,9 @@ async fn step_down_at_restart(
             term,
             "this node led when it stopped: it rejoins as a follower, and an election in a later term decides who leads"
         );
+        return Ok(true);
     }
-    Ok(())
+    Ok(false)
 }
 
 /// What the proposer writes through.
