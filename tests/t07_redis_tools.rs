@@ -261,9 +261,8 @@ async fn http(addr: std::net::SocketAddr, request: &[u8]) -> String {
     String::from_utf8(out).unwrap()
 }
 
-#[tokio::test]
-async fn prometheus_scrapes_metrics_listen() {
-    let dir = DataDir::new("metrics");
+/// A durable idemd on `dir` serving /metrics, and that address.
+async fn with_metrics(dir: &DataDir) -> (Idemd, std::net::SocketAddr) {
     let web = std::net::SocketAddr::from(([127, 0, 0, 1], crate::support::cluster::free_port()));
     let web_arg = web.to_string();
     let s = Idemd::start_with(
@@ -278,6 +277,13 @@ async fn prometheus_scrapes_metrics_listen() {
         ],
     )
     .await;
+    (s, web)
+}
+
+#[tokio::test]
+async fn prometheus_scrapes_metrics_listen() {
+    let dir = DataDir::new("metrics");
+    let (s, web) = with_metrics(&dir).await;
     let mut c = s.conn().await;
     let k = key("prom");
     let mut fences = Vec::new();
@@ -415,20 +421,7 @@ async fn the_alerting_rules_read_series_idemd_serves_and_pass_their_tests() {
     let rules_dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../config/prometheus");
     let rules = std::fs::read_to_string(rules_dir.join("idem-alerts.yml")).unwrap();
     let dir = DataDir::new("rules");
-    let web = std::net::SocketAddr::from(([127, 0, 0, 1], crate::support::cluster::free_port()));
-    let web_arg = web.to_string();
-    let _s = Idemd::start_with(
-        &[],
-        &[
-            "--engine",
-            "raft",
-            "--data-dir",
-            dir.arg(),
-            "--metrics-listen",
-            &web_arg,
-        ],
-    )
-    .await;
+    let (_s, web) = with_metrics(&dir).await;
     let page = scrape(web).await;
     let mut read = std::collections::BTreeSet::new();
     for (i, _) in rules.match_indices("idem_") {

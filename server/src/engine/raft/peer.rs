@@ -2358,6 +2358,24 @@ mod tests {
         drop(peers);
     }
 
+    /// Node 1 of cluster `c`, no secret, its data under `dir`/`name`: a
+    /// client of the node the test serves.
+    fn member_of(dir: &Dir, name: &str, c: ClusterId) -> Arc<Peers> {
+        let d = dir.0.join(name);
+        std::fs::create_dir_all(&d).unwrap();
+        let me = Peers::new(
+            1,
+            "127.0.0.1:7001".into(),
+            None,
+            d,
+            Arc::new(TcpDialer),
+            PeerLimits::default(),
+        )
+        .unwrap();
+        me.set_cluster(c).unwrap();
+        me
+    }
+
     fn append(term: u64, leader: NodeId, entry_terms: &[u64]) -> Request {
         Request::Append(AppendEntriesRequest {
             vote: openraft::Vote::new_committed(term, leader),
@@ -2427,18 +2445,7 @@ mod tests {
         let dir = Dir::new("term");
         let c = random16();
         let (_p2, a2) = node(&dir, 2, None, Some(c)).await;
-        let d = dir.0.join("me");
-        std::fs::create_dir_all(&d).unwrap();
-        let me = Peers::new(
-            1,
-            "127.0.0.1:7001".into(),
-            None,
-            d,
-            Arc::new(TcpDialer),
-            PeerLimits::default(),
-        )
-        .unwrap();
-        me.set_cluster(c).unwrap();
+        let me = member_of(&dir, "me", c);
         let mut client = PeerClient::new(Arc::clone(&me), 2, a2.clone());
         match client
             .call(append(u64::MAX, 1, &[]), Duration::from_secs(5))
@@ -2512,21 +2519,7 @@ mod tests {
         // A member at that address still gets through, and is answered
         // (each probe from a node of its own: a pooled connection would
         // not be let in again).
-        let member = |name: &str| {
-            let d = dir.0.join(name);
-            std::fs::create_dir_all(&d).unwrap();
-            let me = Peers::new(
-                1,
-                "127.0.0.1:7001".into(),
-                None,
-                d,
-                Arc::new(TcpDialer),
-                PeerLimits::default(),
-            )
-            .unwrap();
-            me.set_cluster(c).unwrap();
-            me
-        };
+        let member = |name: &str| member_of(&dir, name, c);
         assert!(
             PeerClient::new(member("me1"), 2, a2.to_string())
                 .probe()
