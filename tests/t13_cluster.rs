@@ -38,7 +38,14 @@ async fn a_cluster_bootstraps_and_followers_redirect_like_redis_cluster() {
         assert_eq!(m.info("cluster_known_nodes").await, "3");
         assert_eq!(m.info("cluster_state").await, "ok");
         assert_eq!(m.info("idem_voters").await, "3");
-        assert_eq!(m.info("idem_leader_addr").await, leader.client.to_string());
+        assert_eq!(
+            m.info("idem_leader_host").await,
+            leader.client.ip().to_string()
+        );
+        assert_eq!(
+            m.info("idem_leader_port").await,
+            leader.client.port().to_string()
+        );
     }
     assert_eq!(leader.info("idem_role").await, "leader");
     for f in c.followers().await {
@@ -1607,8 +1614,19 @@ async fn a_leader_cut_off_from_its_peers_stops_serving_and_the_majority_takes_ov
     assert!(refused_at.0 < Duration::from_millis(1500), "{refused_at:?}");
     let started = std::time::Instant::now();
     let w = conn.cmd(&["CLAIM", "during-cut"]).await;
-    assert!(err(&w).starts_with("TRYAGAIN"), "{w:?}");
+    assert!(
+        err(&w).starts_with("TRYAGAIN") || err(&w).starts_with("CLUSTERDOWN"),
+        "{w:?}"
+    );
     assert!(started.elapsed() < Duration::from_millis(2500));
+    // Past its lease and an election's time without a majority, it says
+    // the cluster is down, as a follower would.
+    eventually("the cut-off leader reports the cluster down", async || {
+        let r = conn.cmd(&["CLAIM", "during-cut"]).await;
+        (err(&r).starts_with("CLUSTERDOWN") && old.info("cluster_state").await == "fail")
+            .then_some(())
+    })
+    .await;
     // The majority elects another leader, which has the record and takes
     // writes.
     let others: Vec<&Member> = c.members.iter().filter(|m| m.id != old.id).collect();
@@ -1641,6 +1659,59 @@ async fn a_leader_cut_off_from_its_peers_stops_serving_and_the_majority_takes_ov
     })
     .await;
     assert_eq!(old.info("idem_role").await, "follower");
+}
+
+/// A leader whose followers are all gone answers the writes it had
+/// proposed once its lease lapses (not at `proposal_timeout_ms`), then
+/// reports the cluster down on every channel an operator or a client
+/// reads: `-CLUSTERDOWN`, `cluster_state:fail`, `idem_raft_has_leader 0`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_left_without_a_majority_answers_what_it_proposed_and_reports_the_cluster_down() {
+    let metrics: Vec<std::net::SocketAddr> = (0..3)
+        .map(|_| std::net::SocketAddr::from(([127, 0, 0, 1], free_port())))
+        .collect();
+    let mut c = Cluster::start_each("alone", 3, |id| {
+        vec![(
+            "IDEM_METRICS_LISTEN".to_owned(),
+            metrics[id as usize - 1].to_string(),
+        )]
+    })
+    .await;
+    let l = c.leader().await;
+    let mut conn = c.members[l].conn().await;
+    conn.acquire(&["CLAIM", "warm"]).await;
+    let followers = c.followers().await;
+    for f in followers {
+        c.members[f].kill().await;
+    }
+    // Sent at once: taken and proposed while the lease still holds, never
+    // committed (proposal_timeout_ms is 10 s by default).
+    let sent = std::time::Instant::now();
+    for i in 0..8 {
+        conn.write(&["CLAIM", &format!("alone-{i}")]).await;
+    }
+    for i in 0..8 {
+        let r = tokio::time::timeout(Duration::from_secs(5), conn.reply())
+            .await
+            .unwrap_or_else(|_| panic!("claim {i} unanswered after 5 s"));
+        assert!(err(&r).starts_with("TRYAGAIN"), "{i}: {r:?}");
+    }
+    assert!(
+        sent.elapsed() < Duration::from_millis(2000),
+        "{:?}",
+        sent.elapsed()
+    );
+    let leader = &c.members[l];
+    eventually("the lone leader reports the cluster down", async || {
+        let r = conn.cmd(&["CLAIM", "later"]).await;
+        (err(&r).starts_with("CLUSTERDOWN") && leader.info("cluster_state").await == "fail")
+            .then_some(())
+    })
+    .await;
+    assert_eq!(leader.info("idem_role").await, "leader");
+    let page = crate::t07_redis_tools::scrape(metrics[l]).await;
+    assert!(page.contains("\nidem_raft_has_leader 0\n"), "{page}");
+    assert!(page.contains("\nidem_raft_is_leader 1\n"), "{page}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -259,12 +259,18 @@ pub fn info_text(v: &ClusterView, commit_index: u64) -> String {
         .filter(|_| !v.removed);
     // A node outside the membership (removed, or not added yet) is not
     // part of a working cluster, whatever leader it last knew.
-    let ok = v.leader.is_some() && me.is_some();
+    // Nor is a leader no majority has answered for longer than an
+    // election takes.
+    let ok = v.leader.is_some() && me.is_some() && !v.quorum_lost;
     let leader_addr = v
         .leader
         .and_then(|l| v.members.iter().find(|m| m.id == l))
         .map(|m| m.addr.client.clone())
         .unwrap_or_default();
+    // Host and port on lines of their own: no value holds a `:` (as in
+    // Redis's), since clients split each line on every one of them
+    // (redis-py's `cluster_info()` fails on a third part).
+    let (leader_host, leader_port) = leader_addr.rsplit_once(':').unwrap_or(("", ""));
     let role = match me {
         Some(m) => role_name(v, m),
         None => "none",
@@ -274,7 +280,7 @@ pub fn info_text(v: &ClusterView, commit_index: u64) -> String {
         o,
         "cluster_state:{}\r\ncluster_slots_assigned:{}\r\ncluster_slots_ok:{}\r\ncluster_slots_pfail:0\r\ncluster_slots_fail:{}\r\n\
          cluster_known_nodes:{}\r\ncluster_size:{}\r\ncluster_current_epoch:{}\r\ncluster_my_epoch:{}\r\n\
-         idem_node_id:{}\r\nidem_role:{}\r\nidem_leader_id:{}\r\nidem_leader_addr:{}\r\n\
+         idem_node_id:{}\r\nidem_role:{}\r\nidem_leader_id:{}\r\nidem_leader_host:{}\r\nidem_leader_port:{}\r\n\
          idem_commit_index:{}\r\nidem_applied_index:{}\r\nidem_last_log_index:{}\r\nidem_voters:{}\r\nidem_learners:{}\r\nidem_retired:{}\r\nidem_cluster_id:{}\r\n",
         if ok { "ok" } else { "fail" },
         if ok { 16384 } else { 0 },
@@ -287,7 +293,8 @@ pub fn info_text(v: &ClusterView, commit_index: u64) -> String {
         v.me,
         role,
         v.leader.map_or(String::new(), |l| l.to_string()),
-        leader_addr,
+        leader_host,
+        leader_port,
         commit_index,
         v.applied_index,
         v.last_log_index,

@@ -500,8 +500,8 @@ pub fn render(node: &Node) -> String {
         o.one(
             "idem_raft_has_leader",
             "gauge",
-            "1 while this node knows a leader.",
-            u8::from(r.leader || r.leader_known),
+            "1 while this node knows a leader (on the leader: while a majority answers it, or has within an election's time).",
+            u8::from((r.leader || r.leader_known) && !r.quorum_lost),
         );
         o.one("idem_raft_term", "gauge", "The current term.", r.term);
         o.one(

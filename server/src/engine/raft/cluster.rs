@@ -385,6 +385,49 @@ impl Role {
             && self.us(Instant::now()).saturating_sub(acked) < self.lease.as_micros() as u64
     }
 
+    /// The latest instant a majority acknowledgement counts from: the
+    /// last one, or the host's last wake from a suspension if later (µs
+    /// since `base`; 0: neither).
+    fn acked_or_woke_us(&self) -> u64 {
+        self.note_suspension();
+        self.acked_at_us
+            .load(Ordering::Acquire)
+            .max(self.woke_at_us.load(Ordering::Acquire))
+    }
+
+    /// When a write this leader proposed and a majority has not committed
+    /// yet stops waiting for one: `hold` after the lease lapses (as a
+    /// request that comes then is held no longer). `None` on a single
+    /// voter, whose writes need no majority.
+    pub fn cut_off_at(&self) -> Option<Instant> {
+        self.replicated().then(|| {
+            self.base + Duration::from_micros(self.acked_or_woke_us()) + self.lease + self.hold
+        })
+    }
+
+    /// Whether this leader is cut off: it serves several voters, and no
+    /// majority has acknowledged it since its lease lapsed and `hold`
+    /// after ([`Role::cut_off_at`]).
+    pub fn cut_off(&self) -> bool {
+        self.serving()
+            && !self.lease_holds()
+            && self.cut_off_at().is_some_and(|at| Instant::now() >= at)
+    }
+
+    /// Whether this leader has gone without a majority for longer than
+    /// its lease and `election_timeout` (as long as a follower goes
+    /// without a leader before it reports the cluster down): the cluster
+    /// is down as seen from here, and this node says so.
+    pub fn quorum_lost(&self) -> bool {
+        if !self.serving() || !self.replicated() || self.lease_holds() {
+            return false;
+        }
+        let since = self
+            .us(Instant::now())
+            .saturating_sub(self.acked_or_woke_us());
+        since >= (self.lease + self.election_timeout).as_micros() as u64
+    }
+
     /// How long ago a majority acknowledged this leader, ms (None if never).
     pub fn since_quorum_ack_ms(&self) -> Option<u64> {
         let acked = self.acked_at_us.load(Ordering::Acquire);
@@ -545,6 +588,9 @@ pub fn not_serving(
         );
     }
     match leader {
+        Some(id) if id == me && role.quorum_lost() => EngineError::ClusterDown(
+            "this node leads but no majority of the voters has answered it for longer than an election takes: the cluster is down from here",
+        ),
         Some(id) if id == me && role.serving() => EngineError::TryAgain(
             "this node leads but a majority of the voters has not answered it lately: it may be cut off",
         ),
@@ -1082,6 +1128,10 @@ pub struct ClusterView {
     /// This node was removed: its membership says so, or the members
     /// refuse it as removed (see [`not_serving`]).
     pub removed: bool,
+    /// This node leads but has gone without a majority for longer than an
+    /// election takes ([`Role::quorum_lost`]): the cluster is down as
+    /// seen from here.
+    pub quorum_lost: bool,
     /// How long ago the leader this node follows (or last followed) last
     /// sent it an AppendEntries: `None` on the leader, and on a node that
     /// has heard from none since it started.
@@ -1138,6 +1188,7 @@ impl ClusterView {
             last_log_index: m.last_log_index.unwrap_or(0),
             applied_index: m.last_applied.map_or(0, |l| l.index),
             removed: removed(peers, &retired, m.current_leader),
+            quorum_lost: role.quorum_lost(),
             leader_heard: m
                 .current_leader
                 .or(role.last_leader())

@@ -220,6 +220,27 @@ struct Proposal {
     state: Arc<AtomicU8>,
 }
 
+/// The answer to a write whose leader was cut off from the majority
+/// before the write was committed ([`cluster::Role::cut_off`]): withdrawn
+/// if the proposer had not taken it yet (so certainly not applied), its
+/// outcome if that has just come, else unknown.
+fn cut_off(state: &AtomicU8, rx: &mut oneshot::Receiver<Submitted>) -> Submitted {
+    if state
+        .compare_exchange(QUEUED, WITHDRAWN, Ordering::AcqRel, Ordering::Acquire)
+        .is_ok()
+    {
+        return Err(EngineError::TryAgain(
+            "this node lost its majority before proposing the write (withdrawn: not applied)",
+        ));
+    }
+    if let Ok(r) = rx.try_recv() {
+        return r;
+    }
+    Err(EngineError::TryAgain(
+        "this node lost its majority after proposing the write: it may have been applied",
+    ))
+}
+
 const QUEUED: u8 = 0;
 const TAKEN: u8 = 1;
 const WITHDRAWN: u8 = 2;
@@ -694,9 +715,13 @@ impl RaftEngine {
         };
         let timeout = self.proposal_timeout;
         let clustered = self.clustered();
+        // A leader of several voters stops waiting for a majority once it
+        // is cut off from it (answered below), not at the deadline only.
+        let role = self.role.replicated().then(|| Arc::clone(&self.role));
         let full = waiting.is_some();
         let fut = Box::pin(async move {
-            let deadline = tokio::time::Instant::now() + timeout;
+            let now = tokio::time::Instant::now();
+            let deadline = now + timeout;
             if let Some((proposals, p)) = waiting {
                 match tokio::time::timeout_at(deadline, proposals.push(p)).await {
                     Ok(Ok(())) => {}
@@ -718,10 +743,23 @@ impl RaftEngine {
                     "the engine stopped after taking the write: it may have been applied"
                 })
             };
-            match tokio::time::timeout_at(deadline, &mut rx).await {
-                Ok(Ok(r)) => return r,
-                Ok(Err(_)) => return Err(stopped(&state)),
-                Err(_) => {}
+            let mut now = now;
+            loop {
+                // Until the deadline, or until this leader would be cut
+                // off if no majority answers it meanwhile.
+                let wake = match role.as_ref().and_then(|r| r.cut_off_at()) {
+                    Some(at) if at > now => at.min(deadline),
+                    Some(_) if role.as_ref().is_some_and(|r| r.cut_off()) => {
+                        return cut_off(&state, &mut rx);
+                    }
+                    _ => deadline,
+                };
+                match tokio::time::timeout_at(wake, &mut rx).await {
+                    Ok(Ok(r)) => return r,
+                    Ok(Err(_)) => return Err(stopped(&state)),
+                    Err(_) if wake >= deadline => break,
+                    Err(_) => now = tokio::time::Instant::now(),
+                }
             }
             // Timed out: withdrawn if the proposer has not taken it yet (so
             // it is certainly not applied). Once taken into an entry, a
@@ -946,6 +984,7 @@ impl RaftEngine {
             snapshot_pause_max_ms: snapshots.max_pause_ms,
             leader: m.current_leader == Some(m.id),
             leader_known: m.current_leader.is_some(),
+            quorum_lost: self.role.quorum_lost(),
             // openraft lists the leader among its replication targets.
             followers: m
                 .replication
@@ -1062,6 +1101,9 @@ pub struct RaftInfo {
     pub leader: bool,
     /// Whether this node knows a leader.
     pub leader_known: bool,
+    /// Whether this node leads but has gone without a majority for longer
+    /// than an election takes ([`cluster::Role::quorum_lost`]).
+    pub quorum_lost: bool,
     /// Nodes the leader replicates to (0 on a follower).
     pub followers: u64,
     /// Log `fdatasync`s since start.
