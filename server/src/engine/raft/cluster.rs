@@ -34,7 +34,7 @@ use tokio::time::Instant;
 
 use openraft::{BasicNode, ChangeMembers, Raft, ServerState};
 use parking_lot::{Mutex, RwLock};
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use super::peer::{PeerClient, Peers, ProbeInfo, cluster_hex, random16};
 use super::types::{NodeId, TypeConfig};
@@ -679,8 +679,13 @@ pub async fn watch_role(w: Arc<Watch>) {
             } else if leader.is_some() {
                 r.leaderless_since = None;
             }
-            if r.leader != leader || r.term != term {
+            // A new leader, or a leader in a new term; terms that pass
+            // with no leader (campaigns that fail, twice a second in a
+            // minority) are not news.
+            if r.leader != leader || (leader.is_some() && r.term != term) {
                 info!(leader = ?leader, term, "leader changed");
+            } else if r.term != term {
+                debug!(term, "a term passed with no leader");
             }
             r.leader = leader;
             if leader.is_some() {

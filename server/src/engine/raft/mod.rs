@@ -474,14 +474,15 @@ impl RaftEngine {
             // id is the higher, and depose it. The leader reaches it well
             // within that time.
             raft.runtime_config().elect(false);
-            let raft = raft.clone();
+            let (raft, peers) = (raft.clone(), Arc::clone(&peers));
             let hold = Duration::from_millis(cfg.election_timeout_ms.saturating_mul(3));
             tokio::spawn(async move {
                 let _ = raft
                     .wait(Some(hold))
                     .metrics(|m| m.current_leader.is_some(), "a leader heard of")
                     .await;
-                raft.runtime_config().elect(true);
+                // (A node the members refuse as removed campaigns no more.)
+                raft.runtime_config().elect(!peers.told_removed());
             });
         }
         let initialized = raft

@@ -1556,7 +1556,14 @@ impl PeerClient {
                     .removed
                     .swap(true, std::sync::atomic::Ordering::Relaxed)
                 {
-                    warn!(target = self.target, reason = %why, "this node was removed from the cluster: it serves no one; stop it");
+                    warn!(target = self.target, reason = %why, "this node was removed from the cluster: it serves no one and no longer campaigns; stop it");
+                }
+                // Its campaigns can never win (the members refuse it), and
+                // each would raise its term and log a leader change, twice
+                // a second for as long as it is left running. Ids are
+                // never reused, so it never campaigns again.
+                if let Some(raft) = self.peers.raft.get() {
+                    raft.runtime_config().elect(false);
                 }
                 Err(self.refused(&why))
             }
