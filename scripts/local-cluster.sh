@@ -68,8 +68,17 @@ start() {
             >>"$d/idemd.log" 2>&1 &
         echo $! >"$d/pid"
     done
-    # Wait until a leader serves (at most 30 s).
+    # Wait until a leader serves (at most 30 s). A node that exits (its
+    # ports taken, say) fails the start at once.
     for _ in $(seq 1 300); do
+        for i in $(seq 1 "$n"); do
+            if ! running "$i"; then
+                echo "node $i exited; the end of $DIR/node$i/idemd.log:" >&2
+                tail -n 5 "$DIR/node$i/idemd.log" >&2
+                status >&2 || true
+                exit 1
+            fi
+        done
         if status quiet; then
             # The leader may change between the two looks (an election
             # right after a restart): the listing then says so, and the
@@ -89,23 +98,54 @@ field() {
     redis-cli -p "$1" CLUSTER INFO 2>/dev/null | tr -d '\r' | sed -n "s/^$2://p"
 }
 
+# Whether node $1's process runs.
+running() {
+    local f="$DIR/node$1/pid"
+    [ -f "$f" ] && kill -0 "$(cat "$f")" 2>/dev/null
+}
+
+# The pid of the process answering on port $1 (empty if none).
+answering_pid() {
+    redis-cli -p "$1" INFO server 2>/dev/null | tr -d '\r' | sed -n 's/^process_id://p'
+}
+
 status() {
-    local n leader="" up=0
+    local n leader="" up=0 alive=0
     n=$(nodes_present)
     [ "$n" -gt 0 ] || { echo "no nodes in $DIR"; return 1; }
     for i in $(seq 1 "$n"); do
-        local port=$((BASE_PORT + i)) role pid="-"
-        [ -f "$DIR/node$i/pid" ] && pid=$(cat "$DIR/node$i/pid")
-        role=$(field "$port" idem_role || true)
+        local port=$((BASE_PORT + i)) role="" pid="-" state
+        if running "$i"; then
+            alive=$((alive + 1))
+            pid=$(cat "$DIR/node$i/pid")
+            # Only what this node's own process answers counts: another
+            # process on its port (another cluster's node) is not it.
+            local other
+            other=$(answering_pid "$port" || true)
+            if [ -n "$other" ] && [ "$other" != "$pid" ]; then
+                state="not answering: port $port is held by pid $other"
+            else
+                role=$(field "$port" idem_role || true)
+                state=${role:-not answering}
+            fi
+        else
+            state="stopped"
+        fi
         if [ -n "$role" ]; then
             up=$((up + 1))
             [ "$role" = leader ] && leader=$i
         fi
         [ "${1:-}" = quiet ] || printf 'node %s  client 127.0.0.1:%s  peer 127.0.0.1:%s  pid %s  %s\n' \
-            "$i" "$port" "$((PEER_BASE_PORT + i))" "$pid" "${role:-down}"
+            "$i" "$port" "$((PEER_BASE_PORT + i))" "$pid" "$state"
     done
     if [ -z "$leader" ]; then
-        [ "${1:-}" = quiet ] || echo "no leader: $up of $n nodes answer (an election may be running; see $DIR/node*/idemd.log)"
+        if [ "${1:-}" != quiet ]; then
+            if [ "$alive" -eq 0 ]; then
+                echo "no node runs (data kept in $DIR; start again with: $0 start)"
+            else
+                echo "no leader: $up of $n nodes answer (an election may be running; see $DIR/node*/idemd.log)"
+            fi
+        fi
         return 1
     fi
     [ "${1:-}" = quiet ] && return 0
@@ -115,12 +155,12 @@ status() {
 }
 
 stop() {
-    local n
+    local n stopped=0
     n=$(nodes_present)
     for i in $(seq 1 "$n"); do
-        local f="$DIR/node$i/pid"
-        if [ -f "$f" ] && kill -0 "$(cat "$f")" 2>/dev/null; then
-            kill -TERM "$(cat "$f")"
+        if running "$i"; then
+            kill -TERM "$(cat "$DIR/node$i/pid")"
+            stopped=$((stopped + 1))
         fi
     done
     for i in $(seq 1 "$n"); do
@@ -132,7 +172,11 @@ stop() {
             rm -f "$f"
         fi
     done
-    echo "stopped $n nodes (data kept in $DIR)"
+    if [ "$stopped" -eq 0 ]; then
+        echo "no node was running (data kept in $DIR)"
+    else
+        echo "stopped $stopped of $n nodes (data kept in $DIR)"
+    fi
 }
 
 case "${1:-}" in

@@ -1336,6 +1336,80 @@ async fn redis_cli_in_cluster_mode_follows_the_leader() {
     assert!(text.starts_with("MOVED"), "{text}");
 }
 
+/// `scripts/local-cluster.sh` with `args`, its nodes under `dir` on the
+/// ports after `base` (clients) and `base + 100` (peers): its exit code,
+/// stdout and stderr.
+fn local_cluster(dir: &std::path::Path, base: u16, args: &[&str]) -> (i32, String, String) {
+    let out = std::process::Command::new("bash")
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../scripts/local-cluster.sh"
+        ))
+        .args(args)
+        .env("DIR", dir)
+        .env("BASE_PORT", base.to_string())
+        .env("PEER_BASE_PORT", (base + 100).to_string())
+        .env("IDEMD", env!("CARGO_BIN_EXE_idemd"))
+        .output()
+        .expect("bash runs");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// The script that starts a cluster on loopback says whether it did: a
+/// second cluster started on the same ports failed (its nodes exited at
+/// once) and the script said it was up, naming the other cluster's
+/// processes; `stop` said it stopped nodes that were not running.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_cluster_script_reports_what_it_started_and_stopped() {
+    // Six free ports: three for clients after `base`, three for peers
+    // after `base + 100`.
+    let base = loop {
+        let b = free_port().min(u16::MAX - 200);
+        let free = (1..=3).all(|i| {
+            std::net::TcpListener::bind(("127.0.0.1", b + i)).is_ok()
+                && std::net::TcpListener::bind(("127.0.0.1", b + 100 + i)).is_ok()
+        });
+        if free {
+            break b;
+        }
+    };
+    let a = DataDir::new("script-a");
+    let b = DataDir::new("script-b");
+    // Stops what the script started, whatever the test's outcome.
+    struct Stop<'a>(&'a std::path::Path, u16);
+    impl Drop for Stop<'_> {
+        fn drop(&mut self) {
+            local_cluster(self.0, self.1, &["stop"]);
+        }
+    }
+    let _stop = (Stop(&a.0, base), Stop(&b.0, base));
+    let (code, out, err) = local_cluster(&a.0, base, &["start", "3"]);
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(out.contains("leader: node"), "{out}");
+    // The same ports again, under another folder: its nodes cannot listen.
+    let (code, out, err) = local_cluster(&b.0, base, &["start", "3"]);
+    assert_eq!(code, 1, "{out}\n{err}");
+    assert!(err.contains("exited") && err.contains("in use"), "{err}");
+    let (code, out, _) = local_cluster(&b.0, base, &["status"]);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("no node runs"), "{out}");
+    assert!(!out.contains("leader"), "{out}");
+    let (code, out, _) = local_cluster(&a.0, base, &["status"]);
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(out.matches("follower").count(), 2, "{out}");
+    let (_, out, _) = local_cluster(&a.0, base, &["stop"]);
+    assert!(out.contains("stopped 3 of 3 nodes"), "{out}");
+    let (_, out, _) = local_cluster(&a.0, base, &["stop"]);
+    assert!(out.contains("no node was running"), "{out}");
+    let (code, out, _) = local_cluster(&a.0, base, &["status"]);
+    assert_eq!(code, 1, "{out}");
+    assert_eq!(out.matches("stopped").count(), 3, "{out}");
+}
+
 /// Runs idemd with `args`, which must refuse to start: returns what it
 /// printed on stderr.
 fn refused(args: &[String]) -> String {
