@@ -910,6 +910,55 @@ impl RawConfig {
                 "a cluster node listening on port 0 must name its client address (advertise)",
             ));
         }
+        // Clients are redirected to the advertised address: a wildcard
+        // (what `--listen 0.0.0.0:P` advertises unless told otherwise)
+        // would send them nowhere.
+        let wild = |v: &str| {
+            v.parse::<SocketAddr>()
+                .is_ok_and(|a| a.ip().is_unspecified())
+        };
+        if wild(client_advertise.split('+').next().unwrap_or_default()) {
+            let what = match self.advertise.trim() {
+                "" => format!("listen {listen} is a wildcard"),
+                v => format!("'{v}' is a wildcard"),
+            };
+            return Err(invalid(
+                "advertise",
+                format!(
+                    "{what}: a cluster node must name the address its clients are redirected to (e.g. --advertise 10.0.0.1:7379)"
+                ),
+            ));
+        }
+        if let Some(what) = tls_wildcard(&self.tls_advertise, &self.tls_listen) {
+            return Err(invalid(
+                "tls_advertise",
+                format!(
+                    "{what}: a cluster node must name the address its TLS clients are redirected to"
+                ),
+            ));
+        }
+        if peer_advertise
+            .parse::<SocketAddr>()
+            .is_ok_and(|a| a.ip().is_unspecified())
+        {
+            return Err(invalid(
+                "peer_advertise",
+                format!("'{peer_advertise}' is a wildcard: name the address peers connect to"),
+            ));
+        }
+        // The peer listener binds before the client one: on the same
+        // address the client listener then fails as if another process
+        // held the port.
+        if peer.port() == listen.port()
+            && (peer.ip() == listen.ip()
+                || peer.ip().is_unspecified()
+                || listen.ip().is_unspecified())
+        {
+            return Err(invalid(
+                "peer_listen",
+                format!("{peer} overlaps listen {listen}: give peers a port of their own"),
+            ));
+        }
         if peer.ip().is_unspecified() && self.peer_advertise.trim().is_empty() {
             return Err(invalid(
                 "peer_advertise",
@@ -1346,6 +1395,21 @@ pub fn worker_threads_for(configured: usize, cpus: usize) -> usize {
     }
 }
 
+/// Why the TLS address a cluster node advertises is a wildcard, if it is:
+/// `tls_advertise` itself, or `tls_listen` when that is what is
+/// advertised.
+fn tls_wildcard(tls_advertise: &str, tls_listen: &str) -> Option<String> {
+    let wild = |v: &str| {
+        v.parse::<SocketAddr>()
+            .is_ok_and(|a| a.ip().is_unspecified())
+    };
+    match (tls_advertise.trim(), tls_listen.trim()) {
+        ("", l) if wild(l) => Some(format!("tls_listen {l} is a wildcard")),
+        (a, _) if wild(a) => Some(format!("'{a}' is a wildcard")),
+        _ => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1576,6 +1640,53 @@ mod tests {
             .contains("at least 16")
         );
         assert!(msg(set(&[("node_id", "0")])).contains("node_id"));
+        // Addresses clients or peers could not use, or that collide.
+        let wildcard = msg(set(&[
+            ("listen", "0.0.0.0:7379"),
+            ("peer_listen", "127.0.0.1:17379"),
+        ]));
+        assert!(
+            wildcard.contains("advertise") && wildcard.contains("wildcard"),
+            "{wildcard}"
+        );
+        assert!(
+            msg(set(&[
+                ("listen", "0.0.0.0:7379"),
+                ("advertise", "0.0.0.0:7379"),
+                ("peer_listen", "127.0.0.1:17379"),
+            ]))
+            .contains("wildcard")
+        );
+        assert!(
+            set(&[
+                ("listen", "0.0.0.0:7379"),
+                ("advertise", "127.0.0.1:7379"),
+                ("peer_listen", "127.0.0.1:17379"),
+            ])
+            .is_ok()
+        );
+        assert!(
+            msg(set(&[
+                ("peer_listen", "127.0.0.1:17379"),
+                ("peer_advertise", "0.0.0.0:17379"),
+            ]))
+            .contains("peer_advertise")
+        );
+        assert!(
+            msg(set(&[
+                ("listen", "127.0.0.1:7379"),
+                ("peer_listen", "0.0.0.0:7379"),
+                ("peer_advertise", "127.0.0.1:7379"),
+            ]))
+            .contains("overlaps listen")
+        );
+        assert!(
+            msg(set(&[
+                ("peer_listen", "127.0.0.1:17379"),
+                ("initial_cluster", "1=127.0.0.1:17379,2=127.0.0.1:17379")
+            ]))
+            .contains("both listed at")
+        );
         let ok = set(&[
             ("peer_listen", "10.1.2.3:17379"),
             ("cluster_secret", "0123456789abcdef"),

@@ -187,6 +187,11 @@ pub fn parse_initial_cluster(s: &str) -> Result<Vec<(NodeId, String)>, String> {
         if out.iter().any(|(i, _)| *i == id) {
             return Err(format!("node {id} is listed twice"));
         }
+        if let Some((other, _)) = out.iter().find(|(_, a)| a == addr) {
+            return Err(format!(
+                "nodes {other} and {id} are both listed at {addr}: each node needs a peer address of its own"
+            ));
+        }
         out.push((id, addr.to_owned()));
     }
     Ok(out)
