@@ -579,13 +579,16 @@ pub fn render(node: &Node) -> String {
             "Commands in the log entries written.",
             r.ops,
         );
+        let name = "idem_wal_fsync_duration_seconds";
         o.labelled(
-            "idem_wal_fsync_duration_seconds",
-            "gauge",
-            "Recent fdatasync times, by quantile.",
+            name,
+            "summary",
+            "Log fdatasync times since start, by quantile.",
             "quantile",
             [("0.5", r.fsync_p50_us), ("0.99", r.fsync_p99_us)].map(|(q, us)| (q, us as f64 / 1e6)),
         );
+        o.sample(&format!("{name}_sum"), "", r.fsync_total_us as f64 / 1e6);
+        o.sample(&format!("{name}_count"), "", r.fsyncs);
     }
     if let Some((user, sys)) = crate::admin::process_cpu() {
         o.one(

@@ -380,6 +380,11 @@ impl LogStore {
         self.sync_times.summary()
     }
 
+    /// The `fdatasync`s' total time since start, µs.
+    pub fn syncs_total_us(&self) -> u64 {
+        self.sync_times.total_us()
+    }
+
     /// Notified after each append: what waits for the log to grow (a
     /// snapshot that comes due) need not poll it.
     pub fn grown(&self) -> Arc<tokio::sync::Notify> {

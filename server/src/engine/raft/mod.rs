@@ -995,6 +995,7 @@ impl RaftEngine {
             fsyncs_inline,
             fsync_p50_us,
             fsync_p99_us,
+            fsync_total_us: self.log.syncs_total_us(),
             entries,
             ops: self.stats.ops.load(Ordering::Relaxed),
             log_entries,
@@ -1116,6 +1117,8 @@ pub struct RaftInfo {
     pub fsync_p50_us: u64,
     /// Their 99th percentile time, µs.
     pub fsync_p99_us: u64,
+    /// Their total time, µs.
+    pub fsync_total_us: u64,
     /// Entries proposed since start.
     pub entries: u64,
     /// Ops proposed since start.
