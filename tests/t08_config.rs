@@ -26,6 +26,23 @@ fn invalid_settings_exit_with_a_clear_message() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("max_wait_ms"));
     let out = idemd(&["--config", "/nonexistent/idem.toml"], &[]);
     assert!(String::from_utf8_lossy(&out.stderr).contains("cannot read config file"));
+    // 5,000 threads were started without a word.
+    let out = idemd(&[], &[("IDEM_WORKER_THREADS", "5000")]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("invalid value for worker_threads"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // A RUST_LOG that does not parse is refused as a bad `log` is (it was
+    // ignored in silence).
+    let out = idemd(&[], &[("RUST_LOG", "bad=[[")]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("invalid log filter in RUST_LOG"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// A refusal is one line naming the setting and every cause, whatever
@@ -53,7 +70,7 @@ fn a_refusal_is_one_line_with_its_causes_and_no_backtrace() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(
         stderr.trim_end(),
-        "idemd: error: invalid value for listen: '127.0.0.1:99999' is not HOST:PORT (an IP address and a port)"
+        "idemd: error: invalid value for listen: '127.0.0.1:99999' is not IP:PORT (an IP address and a port; host names are not resolved)"
     );
 }
 

@@ -126,6 +126,22 @@ async fn a_second_idemd_on_one_data_dir_is_refused() {
     assert!(err.contains("in use by another idemd"), "{err}");
 }
 
+/// A file where the data directory should be is named for what it is
+/// (it was `File exists (os error 17)`).
+#[test]
+fn a_file_given_as_the_data_dir_is_refused_as_such() {
+    let dir = DataDir::new("a-file");
+    std::fs::write(&dir.0, b"not a directory").unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_idemd"))
+        .args(["--listen", "127.0.0.1:0", "--data-dir", dir.arg()])
+        .output()
+        .expect("idemd runs");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("is not a directory"), "{err}");
+    std::fs::remove_file(&dir.0).unwrap();
+}
+
 /// A data directory written by a newer idemd (or not by idemd at all) is
 /// refused with the reason, and left untouched.
 #[tokio::test]

@@ -395,7 +395,12 @@ async fn frames_before_auth_are_small() {
     c.write_raw(b"*3\r\n$4\r\nAUTH\r\n$7\r\nsomeone\r\n$100000\r\n")
         .await;
     let reply = error_text(&c.reply().await);
-    assert!(reply.contains("over the limit of 16384"), "{reply}");
+    // The reply names the setting behind the limit.
+    assert!(
+        reply.contains("over the limit of 16384")
+            && reply.contains("max_unauthenticated_frame_bytes"),
+        "{reply}"
+    );
     assert!(c.closed().await, "the connection was kept");
     // A login fits, and after it a 100 kB value is fine.
     let mut c = s.conn().await;

@@ -293,6 +293,22 @@ async fn bad_tls_settings_stop_the_start() {
         "/nonexistent.key",
     ]);
     assert!(e.contains("/nonexistent.crt"), "{e}");
+    // A good certificate and a missing key: the key's setting is named.
+    let dir = DataDir::new("tls-missing-key");
+    std::fs::create_dir_all(&dir.0).unwrap();
+    let cert = Ca::new("Idem test CA").server(&dir.0, "server");
+    let e = run(&[
+        "--tls-listen",
+        "127.0.0.1:7380",
+        "--tls-cert-file",
+        cert.cert_file.to_str().unwrap(),
+        "--tls-key-file",
+        "/nonexistent.key",
+    ]);
+    assert!(
+        e.contains("invalid value for tls_key_file") && e.contains("/nonexistent.key"),
+        "{e}"
+    );
     let e = run(&[
         "--tls-listen",
         "127.0.0.1:7380",

@@ -734,7 +734,7 @@ impl Acl {
             }
             if !line.starts_with("user ") {
                 return Err(format!(
-                    "{}:{}: a line starts with 'user'",
+                    "{}:{}: a line must start with 'user'",
                     path.display(),
                     i + 1
                 ));

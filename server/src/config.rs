@@ -59,7 +59,7 @@ pub struct RawConfig {
     pub data_dir: String,
     /// This node's id in its cluster (a positive integer, never reused).
     pub node_id: u64,
-    /// Address to listen on for peers (Raft traffic), HOST:PORT; empty: a
+    /// Address to listen on for peers (Raft traffic), IP:PORT; empty: a
     /// single node.
     pub peer_listen: String,
     /// The client address other nodes redirect clients to (default: the
@@ -85,9 +85,9 @@ pub struct RawConfig {
     /// and `nopass`), clients connecting from other hosts than this one are
     /// refused (`-DENIED`).
     pub protected_mode: bool,
-    /// Where TLS clients connect, HOST:PORT; empty: no TLS listener.
+    /// Where TLS clients connect, IP:PORT; empty: no TLS listener.
     pub tls_listen: String,
-    /// Where Prometheus scrapes `GET /metrics`, HOST:PORT; empty: no
+    /// Where Prometheus scrapes `GET /metrics`, IP:PORT; empty: no
     /// metrics listener.
     pub metrics_listen: String,
     /// The server's certificate chain (PEM).
@@ -699,7 +699,12 @@ impl RawConfig {
                     ("tls_cert_file", self.tls_cert_file.clone()),
                     ("tls_key_file", self.tls_key_file.clone()),
                     ("tls_ca_cert_file", self.tls_ca_cert_file.clone()),
-                    ("tls_auth_clients", self.tls_auth_clients.clone()),
+                    // In force: unset means yes once a CA is given.
+                    ("tls_auth_clients", match self.tls_auth_clients.trim() {
+                        "" if !self.tls_ca_cert_file.trim().is_empty() => "yes".into(),
+                        "" => "no".into(),
+                        v => v.to_owned(),
+                    }),
                     ("tls_auth_clients_user", self.tls_auth_clients_user.clone()),
                     ("tls_cluster", if self.tls_cluster { "yes" } else { "no" }.into()),
                     ("tls_advertise", self.tls_advertise.clone()),
@@ -721,7 +726,7 @@ impl RawConfig {
             v => Some(v.parse::<SocketAddr>().map_err(|_| {
                 invalid(
                     "tls_listen",
-                    format!("'{v}' is not HOST:PORT (an IP address and a port)"),
+                    format!("'{v}' is not IP:PORT (an IP address and a port; host names are not resolved)"),
                 )
             })?),
         };
@@ -779,7 +784,7 @@ impl RawConfig {
         };
         let v = self.tls_advertise.trim();
         if !v.is_empty() && v.parse::<SocketAddr>().is_err() {
-            return Err(invalid("tls_advertise", format!("'{v}' is not HOST:PORT")));
+            return Err(invalid("tls_advertise", format!("'{v}' is not IP:PORT")));
         }
         if listen.is_some_and(|l| l.port() == 0) {
             return Err(invalid("tls_listen", "needs a port (0 is not supported)"));
@@ -851,7 +856,7 @@ impl RawConfig {
             v.trim().parse().map_err(|_| {
                 invalid(
                     key,
-                    format!("'{v}' is not HOST:PORT (an IP address and a port)"),
+                    format!("'{v}' is not IP:PORT (an IP address and a port; host names are not resolved)"),
                 )
             })
         };
@@ -1015,7 +1020,7 @@ impl RawConfig {
             invalid(
                 "listen",
                 format!(
-                    "'{}' is not HOST:PORT (an IP address and a port)",
+                    "'{}' is not IP:PORT (an IP address and a port; host names are not resolved)",
                     self.listen
                 ),
             )
@@ -1025,7 +1030,7 @@ impl RawConfig {
             v => Some(v.parse::<SocketAddr>().map_err(|_| {
                 invalid(
                     "metrics_listen",
-                    format!("'{v}' is not HOST:PORT (an IP address and a port)"),
+                    format!("'{v}' is not IP:PORT (an IP address and a port; host names are not resolved)"),
                 )
             })?),
         };
@@ -1101,6 +1106,12 @@ impl RawConfig {
             return Err(invalid(
                 "snapshot_log_percent",
                 "must be between 0 and 10000",
+            ));
+        }
+        if self.worker_threads > MAX_WORKER_THREADS {
+            return Err(invalid(
+                "worker_threads",
+                format!("must be from 0 (automatic) to {MAX_WORKER_THREADS}"),
             ));
         }
         if !(4096..=64 << 20).contains(&self.max_batch_bytes) {
@@ -1251,7 +1262,7 @@ impl RawConfig {
         let (acl, aclfile) = self.acl(password_sha256)?;
         let tls = match self.tls()? {
             Some(t) => Some(std::sync::Arc::new(
-                crate::tls::Tls::new(t).map_err(|e| invalid("tls_cert_file", e))?,
+                crate::tls::Tls::new(t).map_err(|e| invalid(e.key, e.reason))?,
             )),
             None => None,
         };
@@ -1372,6 +1383,9 @@ impl RawConfig {
         })
     }
 }
+
+/// The most runtime worker threads `worker_threads` may ask for.
+pub const MAX_WORKER_THREADS: usize = 1024;
 
 /// A machine of this many CPUs or fewer runs one worker thread unless
 /// `worker_threads` says otherwise.

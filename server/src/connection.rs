@@ -727,9 +727,12 @@ async fn run(
                     Ok(None) => break,
                     Err(e) => {
                         let reply = match e {
-                            FrameError::TooBig { .. } => {
+                            FrameError::TooBig { what, .. } => {
                                 bump(&node.metrics().toobig);
-                                ServerError::owned(ErrorCode::TooBig, e.to_string())
+                                ServerError::owned(
+                                    ErrorCode::TooBig,
+                                    format!("{e}{}", limit_setting(what, session.user.is_some())),
+                                )
                             }
                             _ => {
                                 bump(&node.metrics().protocol_errors);
@@ -951,6 +954,22 @@ async fn run(
                 return Ok(());
             }
         }
+    }
+}
+
+/// The setting behind a frame limit, for the `-TOOBIG` reply: `" (key)"`,
+/// or nothing for a limit no setting moves.
+fn limit_setting(what: &str, authenticated: bool) -> &'static str {
+    match (what, authenticated) {
+        ("array length", _) => " (max_args)",
+        ("nesting depth", _) => "",
+        (_, false) => " (max_unauthenticated_frame_bytes: before AUTH)",
+        ("bulk length", true) => {
+            " (the largest argument limit: max_value_bytes, max_journal_bytes, max_key_bytes, max_fingerprint_bytes, max_attempt_bytes)"
+        }
+        ("inline command", true) => " (max_inline_bytes)",
+        ("frame size", true) => " (max_frame_bytes)",
+        _ => "",
     }
 }
 

@@ -319,18 +319,30 @@ async fn serve_tls(node: Node, socket: TcpStream, addr: SocketAddr, stop: watch:
         h = tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, tls.acceptor().accept(socket)) => h,
         _ = stop_early.wait_for(|stopping| *stopping) => return,
     };
-    let stream = match handshake {
-        Ok(Ok(s)) => s,
-        Ok(Err(e)) => {
-            bump(&node.metrics().tls_handshake_failures);
-            tracing::debug!(client = %addr, error = %e, "TLS handshake failed");
-            return;
-        }
-        Err(_) => {
-            bump(&node.metrics().tls_handshake_failures);
-            tracing::debug!(client = %addr, "TLS handshake timed out");
-            return;
-        }
+    let why = match handshake {
+        Ok(Ok(s)) => return crate::connection::serve_tls(node, s, addr, laddr, stop).await,
+        Ok(Err(e)) => e.to_string(),
+        Err(_) => "timed out".to_owned(),
     };
-    crate::connection::serve_tls(node, stream, addr, laddr, stop).await;
+    bump(&node.metrics().tls_handshake_failures);
+    // Logged (the latest, with how many since the last line) at most every
+    // 10 s: a client with a bad certificate learns little from the
+    // connection closing, and its operator looks here.
+    static LOGGED: parking_lot::Mutex<(u64, Option<std::time::Instant>)> =
+        parking_lot::Mutex::new((0, None));
+    let due = {
+        let mut l = LOGGED.lock();
+        l.0 += 1;
+        (l.1.is_none_or(|t| t.elapsed() >= Duration::from_secs(10))).then(|| {
+            let n = l.0;
+            *l = (0, Some(std::time::Instant::now()));
+            n
+        })
+    };
+    match due {
+        Some(failures) => {
+            warn!(client = %addr, error = %why, failures, "TLS handshake failed (logged at most every 10 s)")
+        }
+        None => tracing::debug!(client = %addr, error = %why, "TLS handshake failed"),
+    }
 }

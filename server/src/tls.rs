@@ -60,6 +60,26 @@ pub struct Tls {
     loaded: RwLock<Loaded>,
 }
 
+/// Why the TLS files could not be loaded, and the setting at fault.
+#[derive(Debug)]
+pub struct TlsError {
+    /// The config key to fix (`tls_cert_file`, `tls_key_file`, ...).
+    pub key: &'static str,
+    /// What is wrong.
+    pub reason: String,
+}
+
+impl std::fmt::Display for TlsError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.reason)
+    }
+}
+
+/// Blames `key` for an error.
+fn at(key: &'static str) -> impl Fn(String) -> TlsError {
+    move |reason| TlsError { key, reason }
+}
+
 fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
@@ -127,25 +147,34 @@ impl TlsSettings {
     }
 
     /// Reads the files and builds the configurations.
-    fn load(&self) -> Result<Loaded, String> {
-        let certs = read_certs(&self.cert_file)?;
-        let key = read_key(&self.key_file)?;
+    fn load(&self) -> Result<Loaded, TlsError> {
+        let certs = read_certs(&self.cert_file).map_err(at("tls_cert_file"))?;
+        let key = read_key(&self.key_file).map_err(at("tls_key_file"))?;
         let roots = match &self.ca_cert_file {
-            Some(p) => Some(read_roots(p)?),
+            Some(p) => Some(read_roots(p).map_err(at("tls_ca_cert_file"))?),
             None => None,
         };
-        let server = self.server_config(self.auth_clients, &certs, &key, roots.as_ref())?;
+        let server = self
+            .server_config(self.auth_clients, &certs, &key, roots.as_ref())
+            .map_err(at("tls_cert_file"))?;
         let (peer_client, peer_server) = if self.cluster {
             let Some(roots) = &roots else {
-                return Err("tls_cluster needs tls_ca_cert_file (peers verify each other)".into());
+                return Err(at("tls_cluster")(
+                    "needs tls_ca_cert_file (peers verify each other)".into(),
+                ));
             };
             let client = rustls::ClientConfig::builder_with_provider(provider())
                 .with_safe_default_protocol_versions()
-                .map_err(|e| e.to_string())?
-                .with_root_certificates(Arc::clone(roots))
-                .with_client_auth_cert(certs.clone(), key.clone_key())
-                .map_err(|e| e.to_string())?;
-            let server = self.server_config(AuthClients::Yes, &certs, &key, Some(roots))?;
+                .map_err(|e| e.to_string())
+                .and_then(|b| {
+                    b.with_root_certificates(Arc::clone(roots))
+                        .with_client_auth_cert(certs.clone(), key.clone_key())
+                        .map_err(|e| e.to_string())
+                })
+                .map_err(at("tls_cert_file"))?;
+            let server = self
+                .server_config(AuthClients::Yes, &certs, &key, Some(roots))
+                .map_err(at("tls_cert_file"))?;
             (Some(Arc::new(client)), Some(server))
         } else {
             (None, None)
@@ -164,7 +193,7 @@ impl Tls {
     /// # Errors
     ///
     /// When a file cannot be read or the certificate and key do not match.
-    pub fn new(settings: TlsSettings) -> Result<Tls, String> {
+    pub fn new(settings: TlsSettings) -> Result<Tls, TlsError> {
         let loaded = settings.load()?;
         Ok(Tls {
             settings,
@@ -184,7 +213,10 @@ impl Tls {
     ///
     /// As [`Tls::new`].
     pub fn reload(&self) -> Result<(), String> {
-        let loaded = self.settings.load()?;
+        let loaded = self
+            .settings
+            .load()
+            .map_err(|e| format!("{}: {}", e.key, e.reason))?;
         *self.loaded.write() = loaded;
         Ok(())
     }

@@ -138,8 +138,9 @@ async fn park_every_worker() {
 #[derive(Parser, Debug)]
 #[command(name = "idemd", version, about)]
 struct Args {
-    /// Address to listen on, HOST:PORT (default 127.0.0.1:7379).
-    #[arg(long, value_name = "HOST:PORT")]
+    /// Address to listen on, IP:PORT (default 127.0.0.1:7379; host names
+    /// are not resolved here).
+    #[arg(long, value_name = "IP:PORT")]
     listen: Option<String>,
     /// Storage engine: raft (default: a durable log on disk) or memory
     /// (nothing survives a restart).
@@ -152,18 +153,19 @@ struct Args {
     /// node whose data was lost).
     #[arg(long, value_name = "N")]
     node_id: Option<u64>,
-    /// Address to listen on for peers (Raft traffic), HOST:PORT; makes this
+    /// Address to listen on for peers (Raft traffic), IP:PORT; makes this
     /// node a cluster member. Not loopback: set `cluster_secret` too.
-    #[arg(long, value_name = "HOST:PORT")]
+    #[arg(long, value_name = "IP:PORT")]
     peer_listen: Option<String>,
     /// The client address other nodes redirect to (default: --listen).
-    #[arg(long, value_name = "HOST:PORT")]
+    #[arg(long, value_name = "IP:PORT")]
     advertise: Option<String>,
     /// The peer address other nodes connect to (default: --peer-listen).
-    #[arg(long, value_name = "HOST:PORT")]
+    #[arg(long, value_name = "IP:PORT")]
     peer_advertise: Option<String>,
     /// Bootstrap a new cluster of these members: `1=HOST:PEERPORT,2=...`
-    /// (ignored once the data directory holds a membership).
+    /// (host names are resolved when dialled; ignored once the data
+    /// directory holds a membership).
     #[arg(long, value_name = "ID=HOST:PORT,...")]
     initial_cluster: Option<String>,
     /// The default user's password (clients `AUTH` with it), or `#` and its
@@ -184,11 +186,11 @@ struct Args {
     #[arg(long, value_name = "yes|no")]
     protected_mode: Option<String>,
     /// Where TLS clients connect (a second listener beside --listen).
-    #[arg(long, value_name = "HOST:PORT")]
+    #[arg(long, value_name = "IP:PORT")]
     tls_listen: Option<String>,
     /// Where Prometheus scrapes GET /metrics (plain HTTP, no
     /// authentication: loopback or a trusted network).
-    #[arg(long, value_name = "HOST:PORT")]
+    #[arg(long, value_name = "IP:PORT")]
     metrics_listen: Option<String>,
     /// The server's certificate chain (PEM).
     #[arg(long, value_name = "FILE")]
@@ -211,7 +213,7 @@ struct Args {
     #[arg(long, value_name = "yes|no")]
     tls_cluster: Option<String>,
     /// The address MOVED and CLUSTER SLOTS give TLS clients.
-    #[arg(long, value_name = "HOST:PORT")]
+    #[arg(long, value_name = "IP:PORT")]
     tls_advertise: Option<String>,
     /// Configuration file (TOML); `IDEM_CONFIG` also names one.
     #[arg(long, value_name = "FILE")]
@@ -293,9 +295,13 @@ fn run() -> anyhow::Result<()> {
         }
     }
     let config = raw.validate()?;
-    let filter = EnvFilter::try_from_default_env()
-        .or_else(|_| EnvFilter::try_new(&config.log))
-        .context("invalid log filter")?;
+    // RUST_LOG overrides `log`; one that does not parse is an error, as a
+    // bad `log` is (it was ignored in silence).
+    let filter = match std::env::var("RUST_LOG") {
+        Ok(v) if !v.trim().is_empty() => EnvFilter::try_new(&v)
+            .with_context(|| format!("invalid log filter in RUST_LOG: '{v}'"))?,
+        _ => EnvFilter::try_new(&config.log).context("invalid log filter")?,
+    };
     // Colours only on a terminal: a log file or a journal gets plain text.
     tracing_subscriber::fmt()
         .with_env_filter(filter)

@@ -375,7 +375,11 @@ impl RaftEngine {
     ) -> Result<RaftEngine, StartError> {
         fs::create_dir_all(&cfg.data_dir).map_err(|e| StartError::DataDir {
             path: cfg.data_dir.clone(),
-            reason: e.to_string(),
+            // (`File exists` for a file where the directory should be.)
+            reason: match fs::metadata(&cfg.data_dir) {
+                Ok(m) if !m.is_dir() => "is not a directory (a file is there)".to_owned(),
+                _ => e.to_string(),
+            },
         })?;
         let data_dir = fs::canonicalize(&cfg.data_dir).map_err(|e| StartError::DataDir {
             path: cfg.data_dir.clone(),
