@@ -56,7 +56,7 @@ start() {
     for i in $(seq 1 "$n"); do
         local d="$DIR/node$i"
         mkdir -p "$d"
-        if [ -f "$d/pid" ] && kill -0 "$(cat "$d/pid")" 2>/dev/null; then
+        if [ -f "$d/pid" ] && alive "$(cat "$d/pid")"; then
             echo "node $i already runs (pid $(cat "$d/pid"))"
             continue
         fi
@@ -98,10 +98,19 @@ field() {
     redis-cli -p "$1" CLUSTER INFO 2>/dev/null | tr -d '\r' | sed -n "s/^$2://p"
 }
 
+# Whether process $1 lives: exists and has not exited (an exited one
+# stays a zombie until its parent, init here, reaps it).
+alive() {
+    kill -0 "$1" 2>/dev/null || return 1
+    local _pid _comm state=""
+    [ -r "/proc/$1/stat" ] && read -r _pid _comm state _ <"/proc/$1/stat"
+    [ "$state" != Z ]
+}
+
 # Whether node $1's process runs.
 running() {
     local f="$DIR/node$1/pid"
-    [ -f "$f" ] && kill -0 "$(cat "$f")" 2>/dev/null
+    [ -f "$f" ] && alive "$(cat "$f")"
 }
 
 # The pid of the process answering on port $1 (empty if none).
@@ -168,7 +177,7 @@ stop() {
         if [ -f "$f" ]; then
             local pid
             pid=$(cat "$f")
-            for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+            for _ in $(seq 1 100); do alive "$pid" || break; sleep 0.1; done
             rm -f "$f"
         fi
     done
