@@ -534,6 +534,44 @@ async fn reply_amplification_is_held_to_the_client_memory_budget() {
     drop(hogs);
 }
 
+/// Replies made while an earlier one is not known yet (a write on its way
+/// to the log) wait in the connection's queue: they were counted nowhere.
+/// Connections that each sent a write and then a thousand `COMMAND`s (10
+/// KB of reply each, for 9 bytes of request) and never read took 1.3 GB
+/// past a 64 MB budget. Now they count toward `max_client_memory_bytes`
+/// and `max_output_buffer_bytes` as the moment they are made.
+#[tokio::test]
+async fn replies_waiting_behind_a_write_count_toward_the_client_budget() {
+    let dir = DataDir::new("queued-replies");
+    let s = Idemd::start_with(
+        &[("IDEM_MAX_CLIENT_MEMORY_BYTES", "8388608")],
+        &["--engine", "raft", "--data-dir", dir.arg()],
+    )
+    .await;
+    let mut c = s.conn().await;
+    assert_eq!(c.cmd(&["PING"]).await, Frame::simple("PONG"));
+    let before = s.rss();
+    let mut hogs = Vec::new();
+    for i in 0..30 {
+        let mut h = s.conn().await;
+        let mut req = format!("*2\r\n$5\r\nCLAIM\r\n$9\r\nfront-{i:03}\r\n").into_bytes();
+        for _ in 0..1000 {
+            req.extend_from_slice(b"*1\r\n$7\r\nCOMMAND\r\n");
+        }
+        h.write_raw(&req).await;
+        hogs.push(h);
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    let grew = s.peak_rss().saturating_sub(before);
+    let evicted = info_field(&mut c, "client_budget_disconnects").await
+        + info_field(&mut c, "output_limit_disconnects").await;
+    assert!(evicted > 0, "nobody was disconnected");
+    // 30 × 1000 × ~10 KB was 300 MB at the peak.
+    assert!(grew < 96 << 20, "the server grew by {grew} bytes");
+    assert_eq!(c.cmd(&["PING"]).await, Frame::simple("PONG"));
+    drop(hogs);
+}
+
 /// A client that owes replies and takes none of them for
 /// `client_write_timeout_ms` is disconnected (it was kept forever).
 #[tokio::test]

@@ -43,6 +43,26 @@ pub enum Frame {
 }
 
 impl Frame {
+    /// The heap memory the frame holds beyond its own size: its strings'
+    /// bytes and its arrays' and maps' element storage, recursively (a
+    /// string shared with others is counted in full).
+    pub fn heap_size(&self) -> usize {
+        match self {
+            Frame::Simple(b) | Frame::Error(b) | Frame::Bulk(b) => b.len(),
+            Frame::Array(v) => {
+                v.capacity() * std::mem::size_of::<Frame>()
+                    + v.iter().map(Frame::heap_size).sum::<usize>()
+            }
+            Frame::Map(v) => {
+                v.capacity() * std::mem::size_of::<(Frame, Frame)>()
+                    + v.iter()
+                        .map(|(k, x)| k.heap_size() + x.heap_size())
+                        .sum::<usize>()
+            }
+            Frame::Integer(_) | Frame::Null | Frame::Boolean(_) | Frame::Double(_) => 0,
+        }
+    }
+
     /// A simple string from a static word.
     pub fn simple(s: &'static str) -> Frame {
         Frame::Simple(Bytes::from_static(s.as_bytes()))

@@ -28,9 +28,23 @@ pub struct OutBuf {
     pieces: VecDeque<Bytes>,
     /// Bytes in `pieces`.
     queued: usize,
+    /// Bytes written off the front piece: its allocation holds them until
+    /// the whole piece is written.
+    front_dead: usize,
     /// Where small replies are copied.
     tail: BytesMut,
+    /// Bytes written off the front of `tail` since its allocation was last
+    /// replaced: still allocated (writing does not shrink the buffer), no
+    /// longer in its `capacity()`.
+    tail_dead: usize,
 }
+
+/// Once more than this much of the copy buffer has been written while the
+/// rest is still owed, and more than the rest, the rest moves to a buffer
+/// of its own size and the large one is let go of (a client that reads
+/// slowly holds what it owes, not the largest buffer it ever owed). Each
+/// byte is moved at most once per as many bytes written.
+pub const COMPACT_AFTER: usize = 64 * 1024;
 
 impl OutBuf {
     /// An empty buffer, holding no memory.
@@ -53,7 +67,7 @@ impl OutBuf {
     /// buffer that references it, an upper bound of what it holds alive
     /// (the store may drop its own reference while replies are owed).
     pub fn memory(&self) -> usize {
-        self.queued + self.tail.capacity()
+        self.queued + self.front_dead + self.tail.capacity() + self.tail_dead
     }
 
     /// Copies `bytes` in.
@@ -136,18 +150,37 @@ impl OutBuf {
     pub fn advance(&mut self, mut n: usize) {
         while n > 0 {
             let Some(front) = self.pieces.front_mut() else {
-                self.tail.advance(n.min(self.tail.len()));
+                let n = n.min(self.tail.len());
+                self.tail.advance(n);
+                self.tail_dead += n;
+                self.compact_tail();
                 return;
             };
             if n < front.len() {
                 front.advance(n);
                 self.queued -= n;
+                self.front_dead += n;
                 return;
             }
             n -= front.len();
             self.queued -= front.len();
             self.pieces.pop_front();
+            self.front_dead = 0;
         }
+    }
+
+    /// Lets go of the copy buffer's written part once it is large and
+    /// larger than what is still owed ([`COMPACT_AFTER`]).
+    fn compact_tail(&mut self) {
+        if self.tail_dead <= COMPACT_AFTER || self.tail_dead <= self.tail.len() {
+            return;
+        }
+        self.tail = if self.tail.is_empty() {
+            BytesMut::new()
+        } else {
+            BytesMut::from(&self.tail[..])
+        };
+        self.tail_dead = 0;
     }
 
     /// Lets go of the buffer's memory once nothing is owed: an idle client
@@ -158,6 +191,8 @@ impl OutBuf {
             // Even with no room left: written out to its last byte, the
             // tail still holds its allocation.
             self.tail = BytesMut::new();
+            self.tail_dead = 0;
+            self.front_dead = 0;
             if self.pieces.capacity() > 0 {
                 self.pieces = VecDeque::new();
             }
@@ -219,6 +254,44 @@ mod tests {
                 assert_eq!(out.to_vec(), copied.to_vec(), "len {len}");
             }
         }
+    }
+
+    /// What was written off a buffer is still allocated until the buffer
+    /// goes: `memory()` counts it (it counted only the capacity left, a
+    /// fifth of what a slow reader held), and past [`COMPACT_AFTER`] the
+    /// rest moves to a buffer of its own size.
+    #[test]
+    fn memory_counts_what_is_allocated_until_it_is_let_go_of() {
+        let mut out = OutBuf::new();
+        for _ in 0..10_000 {
+            out.put(&[b'x'; 100]);
+        }
+        let held = out.memory();
+        assert!(held >= 1_000_000, "{held}");
+        // Written below the threshold: still allocated, still counted.
+        out.advance(COMPACT_AFTER - 1);
+        assert_eq!(out.len(), 1_000_000 - (COMPACT_AFTER - 1));
+        assert_eq!(out.memory(), held);
+        // Most of it written: the rest moves, and the memory goes.
+        out.advance(800_000);
+        let rest = 1_000_000 - (COMPACT_AFTER - 1) - 800_000;
+        assert_eq!(out.len(), rest);
+        assert!(out.tail.capacity() < 2 * rest, "{}", out.tail.capacity());
+        assert!(out.memory() < 2 * rest, "{}", out.memory());
+        let mut expected = vec![b'x'; rest];
+        assert_eq!(out.to_vec(), std::mem::take(&mut expected));
+        // A shared body written in part is held whole until it is done.
+        let value = Bytes::from(vec![b'v'; 1 << 20]);
+        let mut out = OutBuf::new();
+        out.push_reply(
+            Version::Resp2,
+            &Reply::Claim(ClaimReply::Completed {
+                outcome: Outcome::Ok,
+                value,
+            }),
+        );
+        out.advance(600_000);
+        assert!(out.memory() >= 1 << 20, "{}", out.memory());
     }
 
     /// A large body is referenced: the piece points into the stored value.

@@ -335,6 +335,34 @@ fn opt_bulk(v: &Option<Bytes>) -> Frame {
 }
 
 impl Reply {
+    /// The memory the reply holds while it waits to be sent: its own size
+    /// and what it refers to (a stored value shared with the store is
+    /// counted in full, an upper bound).
+    pub fn memory(&self) -> usize {
+        let held = match self {
+            Reply::Ok => 0,
+            Reply::Claim(ClaimReply::Completed { value, .. })
+            | Reply::Settle(SettleReply::Completed { value, .. }) => value.len(),
+            Reply::Claim(ClaimReply::Recover { journal, .. })
+            | Reply::Settle(SettleReply::Abandoned { journal }) => journal.len(),
+            Reply::Claim(_) | Reply::Settle(_) => 0,
+            Reply::Inspect(None) => 0,
+            Reply::Inspect(Some(r)) => {
+                std::mem::size_of::<RecordInfo>()
+                    + [&r.value, &r.fingerprint, &r.journal, &r.attempt]
+                        .iter()
+                        .map(|b| b.as_ref().map_or(0, Bytes::len))
+                        .sum::<usize>()
+            }
+            Reply::Error(e) => match &e.message {
+                Cow::Owned(m) => m.capacity(),
+                Cow::Borrowed(_) => 0,
+            },
+            Reply::Frame(f) => f.heap_size(),
+        };
+        std::mem::size_of::<Reply>() + held
+    }
+
     /// Appends the wire form of the reply to `dst`: the same bytes as
     /// encoding [`Reply::to_frame`], without building the frame for the
     /// common replies.

@@ -144,6 +144,9 @@ struct Started {
 #[derive(Default)]
 struct Pending {
     queue: VecDeque<(Owed, Version, Option<Started>)>,
+    /// The memory of the known replies waiting in `queue`
+    /// ([`Reply::memory`]): counted as the client's, as its output is.
+    ready_bytes: usize,
     /// A blocking request is in the queue.
     blocked: bool,
     /// Entries whose reply is not known yet (`Later` or `Blocking`).
@@ -165,8 +168,14 @@ impl Pending {
         if self.queue.is_empty() {
             out.push_reply(version, &reply);
         } else {
+            self.ready_bytes += reply.memory();
             self.queue.push_back((Owed::Ready(reply), version, None));
         }
+    }
+
+    /// The memory of the known replies waiting behind one not known yet.
+    fn ready_bytes(&self) -> usize {
+        self.ready_bytes
     }
 
     /// The reply at the front, once it is known (counted in `stats`).
@@ -197,7 +206,10 @@ impl Pending {
             return Poll::Pending;
         }
         match self.queue.pop_front() {
-            Some((Owed::Ready(r), v, _)) => Poll::Ready((r, v)),
+            Some((Owed::Ready(r), v, _)) => {
+                self.ready_bytes = self.ready_bytes.saturating_sub(r.memory());
+                Poll::Ready((r, v))
+            }
             _ => Poll::Pending,
         }
     }
@@ -239,6 +251,7 @@ impl Pending {
     fn unblock_with(&mut self, reply: &Reply, stats: &CmdStats) {
         for (owed, _, started) in &mut self.queue {
             if matches!(owed, Owed::Blocking(_)) {
+                self.ready_bytes += reply.memory();
                 *owed = Owed::Ready(reply.clone());
                 if let Some(s) = started.take() {
                     stats.record(s.id, s.at.elapsed(), reply);
@@ -352,8 +365,8 @@ async fn charge(node: &Node, info: &ClientInfo, accounted: &mut u64, owed: u64) 
 /// server-wide client budget: replies owed, and requests read but not run
 /// yet (a partly received frame included: a client that sends most of a
 /// large frame and stops holds it).
-fn client_bytes(out: &OutBuf, inbuf: &BytesMut) -> u64 {
-    (out.memory() + inbuf.len()) as u64
+fn client_bytes(out: &OutBuf, inbuf: &BytesMut, pending: &Pending) -> u64 {
+    (out.memory() + inbuf.len() + pending.ready_bytes()) as u64
 }
 
 /// Bytes of an emptied read buffer a connection keeps for its next read,
@@ -792,12 +805,12 @@ async fn run(
                     closing = true;
                 }
             }
-            if out.len() > max_out {
+            if out.len() + pending.ready_bytes() > max_out {
                 break;
             }
             // Replies are counted against the server-wide budget as they
             // pile up, not only once the batch is done.
-            let holds = client_bytes(&out, &inbuf);
+            let holds = client_bytes(&out, &inbuf, &pending);
             if holds > accounted + ACCOUNT_STEP {
                 mark = None;
                 if !charge(node, &info, &mut accounted, holds).await {
@@ -808,11 +821,12 @@ async fn run(
         if decoded {
             last_activity = Instant::now();
         }
-        if out.len() > max_out {
+        // Replies made and waiting behind one not known yet count too.
+        if out.len() + pending.ready_bytes() > max_out {
             bump(&node.metrics().output_limit_disconnects);
             warn!(
                 client = session.info.id,
-                bytes = out.len(),
+                bytes = out.len() + pending.ready_bytes(),
                 "client output over max_output_buffer_bytes: disconnecting"
             );
             return Ok(());
@@ -858,7 +872,14 @@ async fn run(
         }
         // Evicted: the server is over its client memory budget and this
         // client owes the most.
-        if !charge(node, &info, &mut accounted, client_bytes(&out, &inbuf)).await {
+        if !charge(
+            node,
+            &info,
+            &mut accounted,
+            client_bytes(&out, &inbuf, &pending),
+        )
+        .await
+        {
             return Ok(());
         }
         let stall_deadline = match write_timeout {
@@ -898,7 +919,7 @@ async fn run(
                 last_activity = Instant::now();
                 for (reply, v) in ready.drain(..) {
                     out.push_reply(v, &reply);
-                    let holds = client_bytes(&out, &inbuf);
+                    let holds = client_bytes(&out, &inbuf, &pending);
                     if holds > accounted + ACCOUNT_STEP
                         && !charge(node, &info, &mut accounted, holds).await
                     {

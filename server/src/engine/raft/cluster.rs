@@ -266,6 +266,12 @@ pub struct Role {
     /// When this node last found that the host had been suspended: µs
     /// since `base`. Acknowledgements from before it do not count.
     woke_at_us: AtomicU64,
+    /// When the role watcher last looked (µs since `base`; every quarter
+    /// lease), and when it last found it had not run for an election
+    /// timeout (a process paused: SIGSTOP, a frozen VM): a leader cannot
+    /// tell the cluster is down from a silence it slept through.
+    ticked_us: AtomicU64,
+    resumed_us: AtomicU64,
     /// Signalled when an acknowledgement moves the lease on, and when this
     /// node stops serving: what requests held through a lapse wait for.
     lease_changed: tokio::sync::Notify,
@@ -344,6 +350,8 @@ impl Role {
             suspended,
             suspended_fast,
             woke_at_us: AtomicU64::new(0),
+            ticked_us: AtomicU64::new(0),
+            resumed_us: AtomicU64::new(0),
             lease_changed: tokio::sync::Notify::new(),
             lease_lapses: AtomicU64::new(0),
             leader_changes: AtomicU64::new(0),
@@ -427,10 +435,26 @@ impl Role {
         if !self.serving() || !self.replicated() || self.lease_holds() {
             return false;
         }
-        let since = self
-            .us(Instant::now())
-            .saturating_sub(self.acked_or_woke_us());
-        since >= (self.lease + self.election_timeout).as_micros() as u64
+        let now = self.us(Instant::now());
+        let paused = self.election_timeout.as_micros() as u64;
+        // Not looked for that long: this process did not run (and has not
+        // heard what came meanwhile yet).
+        if now.saturating_sub(self.ticked_us.load(Ordering::Acquire)) > paused {
+            return false;
+        }
+        let from = self
+            .acked_or_woke_us()
+            .max(self.resumed_us.load(Ordering::Acquire));
+        now.saturating_sub(from) >= (self.lease + self.election_timeout).as_micros() as u64
+    }
+
+    /// Notes that the role watcher looks now (see `ticked_us`).
+    fn ticked(&self) {
+        let now = self.us(Instant::now()).max(1);
+        let last = self.ticked_us.swap(now, Ordering::AcqRel);
+        if last != 0 && now.saturating_sub(last) > self.election_timeout.as_micros() as u64 {
+            self.resumed_us.fetch_max(now, Ordering::AcqRel);
+        }
     }
 
     /// How long ago a majority acknowledged this leader, ms (None if never).
@@ -752,6 +776,7 @@ enum LeaseState {
 /// lapsed for longer than requests are held, answers the parked ones
 /// (once per loss); notes when a majority answers again.
 fn check_lease(w: &Watch, state: &mut LeaseState) {
+    w.role.ticked();
     let serving = w.role.serving();
     let holds = w.role.lease_holds();
     if serving && !holds {
