@@ -1,6 +1,6 @@
 //! Bad input: clear errors, no panics, nothing huge buffered.
 
-use idem_protocol::Frame;
+use idem_protocol::{ClaimReply, Frame};
 
 use crate::support::*;
 
@@ -125,6 +125,37 @@ async fn oversized_value_is_refused_before_it_is_read() {
     let mut d = s.conn().await;
     assert_eq!(d.cmd(&["PING"]).await, Frame::simple("PONG"));
     assert_eq!(info_field(&mut d, "toobig_refusals").await, 1);
+}
+
+/// A web page can make a browser POST to idemd's port: the request's
+/// header lines were answered `-ERR unknown command` one by one, and the
+/// lines of its body ran as commands (a FORGET deleted a record). The
+/// connection now closes at the request's first line, as Redis does.
+#[tokio::test]
+async fn an_http_request_closes_the_connection_before_its_body_runs() {
+    let s = Idemd::start().await;
+    let mut c = s.conn().await;
+    let fence = c.acquire(&["CLAIM", "victim"]).await;
+    assert_eq!(
+        c.cmd(&["COMPLETE", "victim", &fence.to_string(), "v"])
+            .await,
+        ok()
+    );
+    for first in ["POST / HTTP/1.1", "Host: 127.0.0.1:7379"] {
+        let mut web = s.conn().await;
+        web.write_raw(
+            format!(
+                "{first}\r\nHost: 127.0.0.1\r\nContent-Type: text/plain\r\n\r\nFORGET victim\r\nCLAIM planted\r\n"
+            )
+            .as_bytes(),
+        )
+        .await;
+        assert!(web.closed().await, "{first}: the connection stayed open");
+    }
+    let r = claim(c.cmd(&["CLAIM", "victim"]).await);
+    assert!(matches!(r, ClaimReply::Completed { .. }), "{r:?}");
+    assert_eq!(c.cmd(&["INSPECT", "planted"]).await, Frame::Null);
+    assert_eq!(info_field(&mut c, "http_refusals").await, 2);
 }
 
 #[tokio::test]

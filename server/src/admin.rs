@@ -642,7 +642,7 @@ pub fn info_text(node: &Node, wanted: &[String], tls: bool) -> String {
              waits_timed_out:{}\r\nwaits_refused:{}\r\ninflight_conflicts:{}\r\nfenced:{}\r\nlease_lapses:{}\r\nmismatches:{}\r\n\
              oom_refusals:{}\r\nrecords_completed:{}\r\nexpired_records:{}\r\nexpired_keys:{}\r\nevicted_keys:0\r\n\
              toobig_refusals:{}\r\n\
-             protocol_errors:{}\r\noutput_limit_disconnects:{}\r\nclient_budget_disconnects:{}\r\n\
+             protocol_errors:{}\r\nhttp_refusals:{}\r\noutput_limit_disconnects:{}\r\nclient_budget_disconnects:{}\r\n\
              client_write_timeouts:{}\r\nauth_failures:{}\r\nprotected_mode_refusals:{}\r\n\
              acl_access_denied_auth:{}\r\nacl_access_denied_cmd:{}\r\nacl_access_denied_key:{}\r\n\
              tls_handshake_failures:{}\r\ntotal_error_replies:{}\r\n\
@@ -667,6 +667,7 @@ pub fn info_text(node: &Node, wanted: &[String], tls: bool) -> String {
             c.dropped,
             get(&m.toobig),
             get(&m.protocol_errors),
+            get(&m.http_refusals),
             get(&m.output_limit_disconnects),
             node.clients().evictions(),
             get(&m.write_timeouts),

@@ -772,6 +772,24 @@ async fn run(
                 id: c.id(),
                 at: mark.take().unwrap_or_else(std::time::Instant::now),
             });
+            // An HTTP request, as a web page can make a browser send to any
+            // port it likes, would run its body's lines as commands: closed
+            // at its first line, without an answer (as Redis does).
+            if let Err((CommandError::Unknown(name), _)) = &cmd
+                && (name.eq_ignore_ascii_case(b"post") || name.eq_ignore_ascii_case(b"host:"))
+            {
+                bump(&node.metrics().http_refusals);
+                static LOGGED: crate::metrics::LogEvery = crate::metrics::LogEvery::new();
+                if let Some(n) = LOGGED.due() {
+                    warn!(
+                        client = %session.info.addr,
+                        count = n,
+                        "an HTTP request (POST or Host:) came to the client port: possibly cross-protocol scripting from a web page; connection closed (logged at most every 10 s)"
+                    );
+                }
+                closing = true;
+                break;
+            }
             let action = match cmd {
                 Ok(cmd) => dispatch(node, &mut session, cmd),
                 Err((e, named)) => {

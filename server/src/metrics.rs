@@ -3,6 +3,33 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+/// Events of one kind that are logged at most every
+/// [`LogEvery::INTERVAL`], with how many there were since the last line.
+#[derive(Debug, Default)]
+pub struct LogEvery(parking_lot::Mutex<(u64, Option<std::time::Instant>)>);
+
+impl LogEvery {
+    /// The least time between two lines.
+    pub const INTERVAL: std::time::Duration = std::time::Duration::from_secs(10);
+
+    /// None logged yet.
+    pub const fn new() -> LogEvery {
+        LogEvery(parking_lot::Mutex::new((0, None)))
+    }
+
+    /// Counts one more event: the number to log (this one included) if a
+    /// line is due.
+    pub fn due(&self) -> Option<u64> {
+        let mut l = self.0.lock();
+        l.0 += 1;
+        l.1.is_none_or(|t| t.elapsed() >= Self::INTERVAL).then(|| {
+            let n = l.0;
+            *l = (0, Some(std::time::Instant::now()));
+            n
+        })
+    }
+}
+
 /// Connection-layer counters.
 #[derive(Debug, Default)]
 pub struct Metrics {
@@ -16,6 +43,10 @@ pub struct Metrics {
     pub toobig: AtomicU64,
     /// Malformed frames (connection closed).
     pub protocol_errors: AtomicU64,
+    /// Connections closed for sending `POST` or `Host:` as a command: an
+    /// HTTP request, as a web page may have a browser send to this port
+    /// (cross-protocol scripting).
+    pub http_refusals: AtomicU64,
     /// Clients disconnected at `max_output_buffer_bytes`.
     pub output_limit_disconnects: AtomicU64,
     /// Clients disconnected at `client_write_timeout_ms`.

@@ -328,18 +328,8 @@ async fn serve_tls(node: Node, socket: TcpStream, addr: SocketAddr, stop: watch:
     // Logged (the latest, with how many since the last line) at most every
     // 10 s: a client with a bad certificate learns little from the
     // connection closing, and its operator looks here.
-    static LOGGED: parking_lot::Mutex<(u64, Option<std::time::Instant>)> =
-        parking_lot::Mutex::new((0, None));
-    let due = {
-        let mut l = LOGGED.lock();
-        l.0 += 1;
-        (l.1.is_none_or(|t| t.elapsed() >= Duration::from_secs(10))).then(|| {
-            let n = l.0;
-            *l = (0, Some(std::time::Instant::now()));
-            n
-        })
-    };
-    match due {
+    static LOGGED: crate::metrics::LogEvery = crate::metrics::LogEvery::new();
+    match LOGGED.due() {
         Some(failures) => {
             warn!(client = %addr, error = %why, failures, "TLS handshake failed (logged at most every 10 s)")
         }
