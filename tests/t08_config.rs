@@ -26,6 +26,30 @@ fn invalid_settings_exit_with_a_clear_message() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("max_wait_ms"));
     let out = idemd(&["--config", "/nonexistent/idem.toml"], &[]);
     assert!(String::from_utf8_lossy(&out.stderr).contains("cannot read config file"));
+    // A count that wrapped past the open-files check panicked at start; a
+    // terabyte segment filled the disk before the start failed.
+    for (var, value, key) in [
+        (
+            "IDEM_MAX_CONNECTIONS",
+            "18446744073709551615",
+            "max_connections",
+        ),
+        (
+            "IDEM_WAL_SEGMENT_BYTES",
+            "1099511627776",
+            "wal_segment_bytes",
+        ),
+        (
+            "IDEM_WORKER_THREADS",
+            "18446744073709551615",
+            "worker_threads",
+        ),
+    ] {
+        let out = idemd(&["--data-dir", "/nonexistent/idem-data"], &[(var, value)]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{var}: {err}");
+        assert!(err.contains(&format!("invalid value for {key}")), "{err}");
+    }
     // 5,000 threads were started without a word.
     let out = idemd(&[], &[("IDEM_WORKER_THREADS", "5000")]);
     assert!(!out.status.success());

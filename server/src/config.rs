@@ -1048,6 +1048,12 @@ impl RawConfig {
         positive("default_retain_ms", self.default_retain_ms)?;
         positive("max_key_bytes", self.max_key_bytes as u64)?;
         positive("max_connections", self.max_connections as u64)?;
+        if self.max_connections > MAX_CONNECTIONS {
+            return Err(invalid(
+                "max_connections",
+                format!("must be at most {MAX_CONNECTIONS}"),
+            ));
+        }
         positive("sweep_interval_ms", self.sweep_interval_ms)?;
         positive("sweep_batch", self.sweep_batch as u64)?;
         positive("expire_batch", self.expire_batch as u64)?;
@@ -1120,8 +1126,13 @@ impl RawConfig {
                 "must be between 4096 and 67108864",
             ));
         }
-        if self.wal_segment_bytes < 4096 {
-            return Err(invalid("wal_segment_bytes", "must be at least 4096"));
+        // Each segment is preallocated whole: a terabyte would fill the
+        // disk before the start failed.
+        if !(4096..=MAX_WAL_SEGMENT_BYTES).contains(&self.wal_segment_bytes) {
+            return Err(invalid(
+                "wal_segment_bytes",
+                format!("must be between 4096 and {MAX_WAL_SEGMENT_BYTES}"),
+            ));
         }
         if self.data_dir.trim().is_empty() {
             return Err(invalid("data_dir", "must not be empty"));
@@ -1383,6 +1394,13 @@ impl RawConfig {
         })
     }
 }
+
+/// The largest `wal_segment_bytes` (1 GiB): segments are preallocated.
+pub const MAX_WAL_SEGMENT_BYTES: u64 = 1 << 30;
+
+/// The largest `max_connections` (each needs a file descriptor; far past
+/// what one process serves).
+pub const MAX_CONNECTIONS: usize = 1 << 24;
 
 /// The most runtime worker threads `worker_threads` may ask for.
 pub const MAX_WORKER_THREADS: usize = 1024;
