@@ -149,6 +149,53 @@ async fn refused_hellos_and_pipelined_guesses_change_nothing() {
     );
 }
 
+/// Past `max_auth_failures_per_sec` wrong passwords in a second, every AUTH
+/// on the server was refused unchecked: 150 connections guessing kept a
+/// client with the right password out for as long as they went on. The
+/// limit now holds per source address (and, once reached in all, for
+/// sources that guessed wrong this second): a source that gives no wrong
+/// password is always checked.
+#[tokio::test]
+async fn guessers_cannot_lock_out_the_clients_of_other_addresses() {
+    let s = Idemd::start_with(
+        &[("IDEM_MAX_AUTH_FAILURES_PER_SEC", "5")],
+        &["--requirepass", PASS],
+    )
+    .await;
+    let until = std::time::Instant::now() + std::time::Duration::from_millis(2500);
+    let mut guessers = Vec::new();
+    for i in 0..30 {
+        let addr = s.addr;
+        guessers.push(tokio::spawn(async move {
+            let mut c = Conn::connect(addr).await;
+            let mut held_back = 0;
+            while std::time::Instant::now() < until {
+                let e = error_text(&c.cmd(&["AUTH", &format!("guess-{i}")]).await);
+                if e.starts_with("TRYAGAIN") {
+                    held_back += 1;
+                }
+            }
+            held_back
+        }));
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let other: std::net::IpAddr = [127, 0, 0, 2].into();
+    let mut logins = 0;
+    while std::time::Instant::now() < until {
+        let mut c = Conn::connect_from(other, s.addr).await;
+        assert_eq!(c.cmd(&["AUTH", PASS]).await, ok(), "login {logins}");
+        logins += 1;
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert!(logins >= 10, "{logins}");
+    // The guessers themselves were held back.
+    let mut held_back = 0;
+    for g in guessers {
+        held_back += g.await.unwrap();
+    }
+    assert!(held_back > 0, "no guess was held back");
+}
+
 #[tokio::test]
 async fn guessing_is_limited_server_wide() {
     let s = Idemd::start_with(

@@ -227,7 +227,8 @@ pub struct RawConfig {
     /// Longest connection name (`CLIENT SETNAME`, `HELLO ... SETNAME`) and
     /// library name or version (`CLIENT SETINFO`) a connection may set.
     pub max_client_name_bytes: usize,
-    /// Wrong passwords accepted per second, server-wide (guessing limit).
+    /// Wrong passwords accepted per second from one source address, and
+    /// from all of them for one that gave any (guessing limit).
     pub max_auth_failures_per_sec: u64,
     /// Log filter (tracing `EnvFilter` syntax); `RUST_LOG` overrides it.
     pub log: String,
@@ -407,8 +408,9 @@ pub struct Config {
     pub max_client_name_bytes: usize,
     /// Bounds on parked (waiting) requests.
     pub wait_limits: crate::waiters::WaitLimits,
-    /// Wrong passwords accepted per second, server-wide; past it, every
-    /// AUTH waits for the next second.
+    /// Wrong passwords accepted per second from one source address (and
+    /// from all, for an address that gave any); past it, its AUTHs wait
+    /// for the next second.
     pub max_auth_failures_per_sec: u64,
     /// Log filter.
     pub log: String,

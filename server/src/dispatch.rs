@@ -377,21 +377,25 @@ fn refuse(
 /// commands of the connection wait behind it; other clients do not.
 const AUTH_FAILURE_DELAY: std::time::Duration = std::time::Duration::from_millis(200);
 
-/// `AUTH`, and `HELLO` (which may carry `AUTH`): past
-/// `max_auth_failures_per_sec` wrong passwords this second, a password is
-/// not checked but answered `-TRYAGAIN` once the second is over.
+/// `AUTH`, and `HELLO` (which may carry `AUTH`): from a source that gave
+/// `max_auth_failures_per_sec` wrong passwords this second (or gave one
+/// while all sources together gave that many), a password is not checked
+/// but answered `-TRYAGAIN` once the second is over ([`AuthWindow`]).
+///
+/// [`AuthWindow`]: crate::metrics::AuthWindow
 fn authenticate(node: &Node, session: &mut Session, cmd: Command) -> Action {
     let checks_password = match &cmd {
         Command::Auth(_) => true,
         Command::Hello(h) => h.auth.is_some(),
         _ => false,
     };
-    if checks_password && let Some(wait) = auth_throttled(node) {
+    let source = session.info.addr.ip().to_canonical();
+    if checks_password && let Some(wait) = auth_throttled(node, source) {
         return Action::Block(Box::pin(async move {
             tokio::time::sleep(wait).await;
             Reply::Error(ServerError::new(
                 ErrorCode::TryAgain,
-                "too many wrong passwords on this server lately (max_auth_failures_per_sec): AUTH again",
+                "too many wrong passwords from this address lately (max_auth_failures_per_sec): AUTH again",
             ))
         }));
     }
@@ -409,44 +413,30 @@ fn authenticate(node: &Node, session: &mut Session, cmd: Command) -> Action {
         Command::Hello(h) => admin::hello(node, session, h),
         _ => err("not an authentication command"),
     };
-    auth_answer(node, reply)
+    auth_answer(node, reply, source)
 }
 
 /// How long an `AUTH` must wait before it is checked: until the next
 /// second once `max_auth_failures_per_sec` wrong passwords were given in
 /// this one (`None`: checked now).
-fn auth_throttled(node: &Node) -> Option<std::time::Duration> {
+fn auth_throttled(node: &Node, source: std::net::IpAddr) -> Option<std::time::Duration> {
     let elapsed = node.started().elapsed();
-    let w = node
-        .metrics()
-        .auth_window
-        .load(std::sync::atomic::Ordering::Relaxed);
-    let failures = w & 0xffff_ffff;
-    if w >> 32 == elapsed.as_secs() && failures >= node.config().max_auth_failures_per_sec {
-        Some(std::time::Duration::from_secs(elapsed.as_secs() + 1).saturating_sub(elapsed))
-    } else {
-        None
-    }
+    let throttled = node.metrics().auth_window.lock().throttled(
+        elapsed.as_secs(),
+        source,
+        node.config().max_auth_failures_per_sec,
+    );
+    throttled.then(|| std::time::Duration::from_secs(elapsed.as_secs() + 1).saturating_sub(elapsed))
 }
 
 /// The answer to `AUTH` or `HELLO`: a refused password is answered only
 /// after [`AUTH_FAILURE_DELAY`] (counted in INFO `auth_failures`).
-fn auth_answer(node: &Node, reply: Reply) -> Action {
+fn auth_answer(node: &Node, reply: Reply, source: std::net::IpAddr) -> Action {
     match reply {
         Reply::Error(e) if e.code == ErrorCode::WrongPass => {
             bump(&node.metrics().auth_failures);
             let now = node.started().elapsed().as_secs();
-            let _ = node.metrics().auth_window.fetch_update(
-                std::sync::atomic::Ordering::Relaxed,
-                std::sync::atomic::Ordering::Relaxed,
-                |w| {
-                    Some(if w >> 32 == now {
-                        w + 1
-                    } else {
-                        (now << 32) | 1
-                    })
-                },
-            );
+            node.metrics().auth_window.lock().failed(now, source);
             Action::Block(Box::pin(async move {
                 tokio::time::sleep(AUTH_FAILURE_DELAY).await;
                 Reply::Error(e)

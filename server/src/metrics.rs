@@ -62,9 +62,57 @@ pub struct Metrics {
     pub tls_handshake_failures: AtomicU64,
     /// Clients refused by protected mode.
     pub protected_mode_refusals: AtomicU64,
-    /// The second (since start) of the current AUTH failure window, and
-    /// the failures in it (see `dispatch`): `second << 32 | failures`.
-    pub auth_window: AtomicU64,
+    /// Wrong passwords in the current second, by source (see `dispatch`).
+    pub auth_window: parking_lot::Mutex<AuthWindow>,
+}
+
+/// Sources tracked in one second's [`AuthWindow`], at most: past it, a new
+/// source counts as one that already failed.
+const AUTH_SOURCES_TRACKED: usize = 65_536;
+
+/// Wrong passwords given in the current second (since start), in all and
+/// by source address: what decides whether an `AUTH` is checked.
+#[derive(Debug, Default)]
+pub struct AuthWindow {
+    second: u64,
+    total: u64,
+    by_source: std::collections::HashMap<std::net::IpAddr, u64>,
+}
+
+impl AuthWindow {
+    fn roll(&mut self, second: u64) {
+        if self.second != second {
+            self.second = second;
+            self.total = 0;
+            self.by_source.clear();
+            if self.by_source.capacity() > 1024 {
+                self.by_source.shrink_to(1024);
+            }
+        }
+    }
+
+    /// Whether a password from `source` in `second` goes unchecked: the
+    /// source gave `max` wrong ones in this second, or gave one while all
+    /// sources together gave `max`. A source that gave none this second is
+    /// always checked, so that guessers cannot lock everyone else out.
+    pub fn throttled(&mut self, second: u64, source: std::net::IpAddr, max: u64) -> bool {
+        self.roll(second);
+        let mine = match self.by_source.get(&source) {
+            Some(n) => *n,
+            None if self.by_source.len() >= AUTH_SOURCES_TRACKED => 1,
+            None => 0,
+        };
+        mine >= max || (mine > 0 && self.total >= max)
+    }
+
+    /// Counts a wrong password from `source` in `second`.
+    pub fn failed(&mut self, second: u64, source: std::net::IpAddr) {
+        self.roll(second);
+        self.total += 1;
+        if self.by_source.len() < AUTH_SOURCES_TRACKED || self.by_source.contains_key(&source) {
+            *self.by_source.entry(source).or_default() += 1;
+        }
+    }
 }
 
 /// Adds one to a counter.

@@ -145,6 +145,19 @@ impl Conn {
         }
     }
 
+    /// A connection from the local address `from` (any port): on
+    /// loopback, another source address than 127.0.0.1.
+    pub async fn connect_from(from: std::net::IpAddr, addr: SocketAddr) -> Conn {
+        let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+        socket.bind(SocketAddr::new(from, 0)).expect("bind");
+        let stream = socket.connect(addr).await.expect("connect");
+        stream.set_nodelay(true).ok();
+        Conn {
+            stream,
+            buf: BytesMut::new(),
+        }
+    }
+
     /// A connection, or `None` if `addr` refuses it (within 1 s).
     pub async fn try_connect(addr: SocketAddr) -> Option<Conn> {
         let stream = tokio::time::timeout(Duration::from_secs(1), TcpStream::connect(addr))
