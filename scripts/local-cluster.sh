@@ -49,7 +49,7 @@ start() {
         echo "building $IDEMD (cargo build --release --bin idemd)"
         (cd "$ROOT" && cargo build --release --bin idemd)
     fi
-    local initial=""
+    local initial="" launched=()
     for i in $(seq 1 "$n"); do
         initial="${initial:+$initial,}$i=127.0.0.1:$((PEER_BASE_PORT + i))"
     done
@@ -67,6 +67,7 @@ start() {
             --initial-cluster "$initial" \
             >>"$d/idemd.log" 2>&1 &
         echo $! >"$d/pid"
+        launched+=("$!")
     done
     # Wait until a leader serves (at most 30 s). A node that exits (its
     # ports taken, say) fails the start at once.
@@ -75,6 +76,13 @@ start() {
             if ! running "$i"; then
                 echo "node $i exited; the end of $DIR/node$i/idemd.log:" >&2
                 tail -n 5 "$DIR/node$i/idemd.log" >&2
+                # The others this start launched go too: a cluster short
+                # of a node is not what was asked for.
+                local pid
+                for pid in "${launched[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+                for pid in "${launched[@]}"; do
+                    for _ in $(seq 1 100); do alive "$pid" || break; sleep 0.1; done
+                done
                 status >&2 || true
                 exit 1
             fi

@@ -33,10 +33,13 @@ pub struct OutBuf {
     front_dead: usize,
     /// Where small replies are copied.
     tail: BytesMut,
-    /// Bytes written off the front of `tail` since its allocation was last
-    /// replaced: still allocated (writing does not shrink the buffer), no
-    /// longer in its `capacity()`.
+    /// Bytes written off the front of `tail`: still allocated (writing
+    /// does not shrink the buffer), no longer in its `capacity()`. They
+    /// count while the buffer's data starts where the last write left it
+    /// (`tail_dead_at`); once a copy into it moved its data (back to the
+    /// start of its allocation, or to a new one), they are gone.
     tail_dead: usize,
+    tail_dead_at: usize,
 }
 
 /// Once more than this much of the copy buffer has been written while the
@@ -67,7 +70,16 @@ impl OutBuf {
     /// buffer that references it, an upper bound of what it holds alive
     /// (the store may drop its own reference while replies are owed).
     pub fn memory(&self) -> usize {
-        self.queued + self.front_dead + self.tail.capacity() + self.tail_dead
+        self.queued + self.front_dead + self.tail.capacity() + self.dead_in_tail()
+    }
+
+    /// [`OutBuf::tail_dead`], if the buffer's data has not moved since.
+    fn dead_in_tail(&self) -> usize {
+        if self.tail.as_ptr() as usize == self.tail_dead_at {
+            self.tail_dead
+        } else {
+            0
+        }
     }
 
     /// Copies `bytes` in.
@@ -116,10 +128,14 @@ impl OutBuf {
         self.put(b"\r\n");
     }
 
-    /// Moves what the copy buffer holds into the pieces.
+    /// Moves what the copy buffer holds into the pieces: copied, so that
+    /// the piece owns its memory (a split would share the buffer's
+    /// allocation, which would then stay alive uncounted after the piece
+    /// was written), and the buffer keeps its room.
     fn freeze_tail(&mut self) {
         if !self.tail.is_empty() {
-            let piece = self.tail.split().freeze();
+            let piece = Bytes::copy_from_slice(&self.tail);
+            self.tail.clear();
             self.queued += piece.len();
             self.pieces.push_back(piece);
         }
@@ -151,8 +167,10 @@ impl OutBuf {
         while n > 0 {
             let Some(front) = self.pieces.front_mut() else {
                 let n = n.min(self.tail.len());
+                let dead = self.dead_in_tail();
                 self.tail.advance(n);
-                self.tail_dead += n;
+                self.tail_dead = dead + n;
+                self.tail_dead_at = self.tail.as_ptr() as usize;
                 self.compact_tail();
                 return;
             };
@@ -172,7 +190,8 @@ impl OutBuf {
     /// Lets go of the copy buffer's written part once it is large and
     /// larger than what is still owed ([`COMPACT_AFTER`]).
     fn compact_tail(&mut self) {
-        if self.tail_dead <= COMPACT_AFTER || self.tail_dead <= self.tail.len() {
+        let dead = self.dead_in_tail();
+        if dead <= COMPACT_AFTER || dead <= self.tail.len() {
             return;
         }
         self.tail = if self.tail.is_empty() {
@@ -292,6 +311,16 @@ mod tests {
         );
         out.advance(600_000);
         assert!(out.memory() >= 1 << 20, "{}", out.memory());
+        // Written out whole, then written into again: the buffer takes its
+        // room back (its data moves to the start) and is counted once.
+        let mut out = OutBuf::new();
+        out.put(&[b'x'; 10_000]);
+        let held = out.memory();
+        out.advance(10_000);
+        assert_eq!(out.memory(), held);
+        out.put(&[b'y'; 5_000]);
+        out.put(&[b'z'; 5_000]);
+        assert!(out.memory() <= held + 64, "{} for {held}", out.memory());
     }
 
     /// A large body is referenced: the piece points into the stored value.

@@ -956,10 +956,16 @@ impl RawConfig {
         // The peer listener binds before the client one: on the same
         // address the client listener then fails as if another process
         // held the port.
+        // (Port 0 is two different ports; an IPv4 wildcard leaves IPv6
+        // alone, an IPv6 one takes IPv4 too.)
+        let covers = |wild: std::net::IpAddr, other: std::net::IpAddr| {
+            wild.is_unspecified() && (wild.is_ipv6() || other.is_ipv4())
+        };
         if peer.port() == listen.port()
+            && peer.port() != 0
             && (peer.ip() == listen.ip()
-                || peer.ip().is_unspecified()
-                || listen.ip().is_unspecified())
+                || covers(peer.ip(), listen.ip())
+                || covers(listen.ip(), peer.ip()))
         {
             return Err(invalid(
                 "peer_listen",
@@ -1713,6 +1719,25 @@ mod tests {
                 ("peer_advertise", "127.0.0.1:7379"),
             ]))
             .contains("overlaps listen")
+        );
+        // Different families, or ports the system picks: no overlap.
+        assert!(
+            set(&[
+                ("listen", "[::1]:7379"),
+                ("peer_listen", "0.0.0.0:7379"),
+                ("peer_advertise", "10.1.2.3:7379"),
+                ("cluster_secret", "0123456789abcdef"),
+            ])
+            .is_ok()
+        );
+        assert!(
+            set(&[
+                ("listen", "127.0.0.1:0"),
+                ("advertise", "127.0.0.1:7379"),
+                ("peer_listen", "127.0.0.1:0"),
+                ("peer_advertise", "127.0.0.1:17379"),
+            ])
+            .is_ok()
         );
         assert!(
             msg(set(&[

@@ -67,8 +67,21 @@ pub struct Metrics {
 }
 
 /// Sources tracked in one second's [`AuthWindow`], at most: past it, a new
-/// source counts as one that already failed.
+/// source's failures are counted in the total only.
 const AUTH_SOURCES_TRACKED: usize = 65_536;
+
+/// The source an AUTH is counted against: an IPv4 address, or an IPv6
+/// address's /64 (one host is commonly given a whole /64, and would
+/// otherwise have as many fresh sources as it likes).
+fn auth_source(ip: std::net::IpAddr) -> std::net::IpAddr {
+    match ip.to_canonical() {
+        std::net::IpAddr::V6(v6) => {
+            let s = v6.segments();
+            std::net::IpAddr::V6(std::net::Ipv6Addr::new(s[0], s[1], s[2], s[3], 0, 0, 0, 0))
+        }
+        v4 => v4,
+    }
+}
 
 /// Wrong passwords given in the current second (since start), in all and
 /// by source address: what decides whether an `AUTH` is checked.
@@ -97,11 +110,11 @@ impl AuthWindow {
     /// always checked, so that guessers cannot lock everyone else out.
     pub fn throttled(&mut self, second: u64, source: std::net::IpAddr, max: u64) -> bool {
         self.roll(second);
-        let mine = match self.by_source.get(&source) {
-            Some(n) => *n,
-            None if self.by_source.len() >= AUTH_SOURCES_TRACKED => 1,
-            None => 0,
-        };
+        let mine = self
+            .by_source
+            .get(&auth_source(source))
+            .copied()
+            .unwrap_or(0);
         mine >= max || (mine > 0 && self.total >= max)
     }
 
@@ -109,6 +122,7 @@ impl AuthWindow {
     pub fn failed(&mut self, second: u64, source: std::net::IpAddr) {
         self.roll(second);
         self.total += 1;
+        let source = auth_source(source);
         if self.by_source.len() < AUTH_SOURCES_TRACKED || self.by_source.contains_key(&source) {
             *self.by_source.entry(source).or_default() += 1;
         }
@@ -123,4 +137,60 @@ pub fn bump(a: &AtomicU64) {
 /// A counter's value.
 pub fn get(a: &AtomicU64) -> u64 {
     a.load(Ordering::Relaxed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ip(s: &str) -> std::net::IpAddr {
+        s.parse().unwrap()
+    }
+
+    /// A source is held back after `max` wrong passwords, or after one
+    /// once all together gave `max`; a source that gave none never is.
+    #[test]
+    fn guessing_is_counted_per_source() {
+        let mut w = AuthWindow::default();
+        let (a, b, c) = (ip("10.0.0.1"), ip("10.0.0.2"), ip("10.0.0.3"));
+        for _ in 0..3 {
+            assert!(!w.throttled(7, a, 3));
+            w.failed(7, a);
+        }
+        assert!(w.throttled(7, a, 3));
+        assert!(!w.throttled(7, b, 3), "a clean source is checked");
+        w.failed(7, b);
+        assert!(w.throttled(7, b, 3), "one wrong, with the total past max");
+        assert!(!w.throttled(7, c, 3));
+        // A new second starts clean.
+        assert!(!w.throttled(8, a, 3));
+    }
+
+    /// An IPv6 host's /64 is one source; an IPv4-mapped address is its
+    /// IPv4 one.
+    #[test]
+    fn an_ipv6_slash_64_is_one_source() {
+        let mut w = AuthWindow::default();
+        for i in 0..3 {
+            w.failed(1, ip(&format!("2001:db8:1:2::{i:x}")));
+        }
+        assert!(w.throttled(1, ip("2001:db8:1:2:ffff::9"), 3));
+        assert!(!w.throttled(1, ip("2001:db8:1:3::1"), 3));
+        for _ in 0..3 {
+            w.failed(1, ip("::ffff:10.0.0.9"));
+        }
+        assert!(w.throttled(1, ip("10.0.0.9"), 3));
+    }
+
+    /// Past the sources tracked, a new source is still checked: the map
+    /// never locks clean sources out.
+    #[test]
+    fn a_full_map_locks_no_clean_source_out() {
+        let mut w = AuthWindow::default();
+        for i in 0..AUTH_SOURCES_TRACKED as u32 + 10 {
+            w.failed(1, std::net::IpAddr::V4(std::net::Ipv4Addr::from(i)));
+        }
+        assert!(w.by_source.len() <= AUTH_SOURCES_TRACKED);
+        assert!(!w.throttled(1, ip("192.0.2.200"), 100));
+    }
 }

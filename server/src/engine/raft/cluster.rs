@@ -412,9 +412,17 @@ impl Role {
     /// yet stops waiting for one: `hold` after the lease lapses (as a
     /// request that comes then is held no longer). `None` on a single
     /// voter, whose writes need no majority.
+    ///
+    /// Read on every write: the clocks are not read again here (the
+    /// request's route just did); a suspension noticed later moves
+    /// `woke_at_us` on, and [`Role::cut_off`] reads them.
     pub fn cut_off_at(&self) -> Option<Instant> {
         self.replicated().then(|| {
-            self.base + Duration::from_micros(self.acked_or_woke_us()) + self.lease + self.hold
+            let from = self
+                .acked_at_us
+                .load(Ordering::Acquire)
+                .max(self.woke_at_us.load(Ordering::Acquire));
+            self.base + Duration::from_micros(from) + self.lease + self.hold
         })
     }
 

@@ -1560,8 +1560,8 @@ impl PeerClient {
                 }
                 // Its campaigns can never win (the members refuse it), and
                 // each would raise its term and log a leader change, twice
-                // a second for as long as it is left running. Ids are
-                // never reused, so it never campaigns again.
+                // a second for as long as it is left running. (A member
+                // that welcomes it later turns them back on: see below.)
                 if let Some(raft) = self.peers.raft.get() {
                     raft.runtime_config().elect(false);
                 }
@@ -1612,9 +1612,17 @@ impl PeerClient {
                     return Err(unreachable(std::io::Error::other(why)));
                 }
                 self.peers.learn_incarnation(node, incarnation);
-                self.peers
+                // Welcomed: a refusal as removed came from a membership
+                // change not committed after all (it was cut from the log
+                // when another leader took over): campaign again.
+                if self
+                    .peers
                     .removed
-                    .store(false, std::sync::atomic::Ordering::Relaxed);
+                    .swap(false, std::sync::atomic::Ordering::Relaxed)
+                    && let Some(raft) = self.peers.raft.get()
+                {
+                    raft.runtime_config().elect(true);
+                }
                 if !client_addr.is_empty() {
                     self.peers.advertised.lock().insert(node, client_addr);
                 }
