@@ -46,6 +46,9 @@ pub struct ClientInfo {
     pub evicted: AtomicBool,
     /// Woken when it is evicted.
     pub evict: tokio::sync::Notify,
+    /// What it owed when it was evicted: counted as being freed until its
+    /// connection has closed.
+    freeing: AtomicU64,
     /// Set, and given a permit, when `CLIENT KILL` closes it.
     pub killed: AtomicBool,
     /// See `killed`.
@@ -110,6 +113,12 @@ pub struct Clients {
     map: Mutex<BTreeMap<u64, Arc<ClientInfo>>>,
     /// Reply bytes owed to all clients together.
     owed: AtomicU64,
+    /// What evicted clients owed, until their connections have closed and
+    /// freed it: other connections wait for it before they add more (a
+    /// flag is quick, a connection's turn to close may come late).
+    freeing: AtomicU64,
+    /// Woken when an evicted client's connection has closed.
+    freed: tokio::sync::Notify,
     /// The most they may owe together (0: no limit).
     budget: u64,
     /// Clients disconnected to keep within the budget.
@@ -170,6 +179,43 @@ impl Clients {
     pub fn settle(&self, client: &ClientInfo) {
         let owed = client.owed.swap(0, Ordering::Relaxed);
         self.owed.fetch_sub(owed, Ordering::Relaxed);
+        let freed = client.freeing.swap(0, Ordering::Relaxed);
+        if freed > 0 {
+            self.freeing.fetch_sub(freed, Ordering::Relaxed);
+            self.freed.notify_waiters();
+        }
+    }
+
+    /// Whether what clients owe, with what evicted ones still hold, is
+    /// over the budget.
+    pub fn over_budget(&self) -> bool {
+        self.budget > 0
+            && self.owed.load(Ordering::Relaxed) + self.freeing.load(Ordering::Relaxed)
+                > self.budget
+    }
+
+    /// Waits, at most `max`, until evicted clients' connections have
+    /// closed enough for the total to fit the budget (or `client` is
+    /// evicted itself).
+    pub async fn room(&self, client: &ClientInfo, max: std::time::Duration) {
+        let deadline = tokio::time::Instant::now() + max;
+        loop {
+            let freed = self.freed.notified();
+            tokio::pin!(freed);
+            freed.as_mut().enable();
+            if !self.over_budget() || client.evicted.load(Ordering::Relaxed) {
+                return;
+            }
+            tokio::select! {
+                _ = &mut freed => {}
+                _ = client.evict.notified() => {
+                    // (Taken: give it back for the connection's own wait.)
+                    client.evict.notify_one();
+                    return;
+                }
+                _ = tokio::time::sleep_until(deadline) => return,
+            }
+        }
     }
 
     /// Evicts the clients owing the most until the total fits; whether
@@ -194,7 +240,11 @@ impl Clients {
                 continue;
             }
             any = true;
-            self.settle(&c);
+            // Off the total at once, but held until its connection closes.
+            let owed = c.owed.swap(0, Ordering::Relaxed);
+            self.owed.fetch_sub(owed, Ordering::Relaxed);
+            c.freeing.fetch_add(owed, Ordering::Relaxed);
+            self.freeing.fetch_add(owed, Ordering::Relaxed);
             self.evictions.fetch_add(1, Ordering::Relaxed);
             c.evict.notify_one();
             tracing::warn!(
@@ -222,6 +272,7 @@ impl Clients {
             owed: AtomicU64::new(0),
             evicted: AtomicBool::new(false),
             evict: tokio::sync::Notify::new(),
+            freeing: AtomicU64::new(0),
             killed: AtomicBool::new(false),
             kill: tokio::sync::Notify::new(),
         });

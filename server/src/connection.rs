@@ -45,6 +45,9 @@ const PARKED_READ_AHEAD: usize = 64 * 1024;
 /// Reply bytes a connection may add before counting them against the
 /// server-wide client budget (it counts at least once per turn as well).
 const ACCOUNT_STEP: u64 = 64 * 1024;
+/// How long a connection that would grow past the client budget waits for
+/// evicted clients' connections to close, at most.
+const ROOM_WAIT: Duration = Duration::from_secs(1);
 /// How long owed replies may take to go out when the connection closes.
 const CLOSE_FLUSH: Duration = Duration::from_secs(5);
 /// How long replies already made may take to go out when `CLIENT KILL`
@@ -353,11 +356,15 @@ async fn charge(node: &Node, info: &ClientInfo, accounted: &mut u64, owed: u64) 
     *accounted = owed;
     match found {
         Accounted::Evicted => false,
-        Accounted::EvictedOthers => {
-            tokio::task::yield_now().await;
-            true
+        Accounted::EvictedOthers | Accounted::Ok => {
+            // Adding more while evicted clients still hold what they owed
+            // (their turn to close has not come) would grow the server
+            // by as much again: their connections close first.
+            if node.clients().over_budget() {
+                node.clients().room(info, ROOM_WAIT).await;
+            }
+            !info.evicted.load(std::sync::atomic::Ordering::Relaxed)
         }
-        Accounted::Ok => true,
     }
 }
 
