@@ -50,23 +50,21 @@ fn invalid_settings_exit_with_a_clear_message() {
         assert_eq!(out.status.code(), Some(1), "{var}: {err}");
         assert!(err.contains(&format!("invalid value for {key}")), "{err}");
     }
-    // 5,000 threads were started without a word.
-    let out = idemd(&[], &[("IDEM_WORKER_THREADS", "5000")]);
-    assert!(!out.status.success());
-    assert!(
-        String::from_utf8_lossy(&out.stderr).contains("invalid value for worker_threads"),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    // A RUST_LOG that does not parse is refused as a bad `log` is (it was
-    // ignored in silence).
-    let out = idemd(&[], &[("RUST_LOG", "bad=[[")]);
-    assert!(!out.status.success());
-    assert!(
-        String::from_utf8_lossy(&out.stderr).contains("invalid log filter in RUST_LOG"),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    // 5,000 threads were started without a word; a RUST_LOG that does not
+    // parse was ignored in silence (a bad `log` is refused).
+    for (var, value, says) in [
+        (
+            "IDEM_WORKER_THREADS",
+            "5000",
+            "invalid value for worker_threads",
+        ),
+        ("RUST_LOG", "bad=[[", "invalid log filter in RUST_LOG"),
+    ] {
+        let out = idemd(&[], &[(var, value)]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{var}: {err}");
+        assert!(err.contains(says), "{err}");
+    }
 }
 
 /// A refusal is one line naming the setting and every cause, whatever

@@ -12,7 +12,7 @@ use idem_protocol::{ClaimReply, Frame, Outcome, key_slot};
 
 #[cfg(debug_assertions)]
 use crate::support::cluster::SlowSyncs;
-use crate::support::cluster::{Cluster, Member, assert_completed, cmd_served, free_port};
+use crate::support::cluster::{Cluster, Member, assert_completed, cmd_served};
 use crate::support::*;
 use crate::t07_redis_tools::sample;
 
@@ -140,16 +140,7 @@ async fn replication_field(m: &Member, name: &str) -> String {
 /// primary and its replicas do, through a failover too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn role_and_info_replication_name_the_leader_and_its_replicas_as_redis_does() {
-    let metrics: Vec<std::net::SocketAddr> = (0..3)
-        .map(|_| std::net::SocketAddr::from(([127, 0, 0, 1], free_port())))
-        .collect();
-    let mut c = Cluster::start_each("role", 3, |id| {
-        vec![(
-            "IDEM_METRICS_LISTEN".to_owned(),
-            metrics[id as usize - 1].to_string(),
-        )]
-    })
-    .await;
+    let (mut c, metrics) = Cluster::start_with_metrics("role", 3).await;
     let l = c.leader().await;
     let mut conn = c.members[l].conn().await;
     for i in 0..5 {
@@ -1757,16 +1748,7 @@ async fn a_leader_cut_off_from_its_peers_stops_serving_and_the_majority_takes_ov
 /// reads: `-CLUSTERDOWN`, `cluster_state:fail`, `idem_raft_has_leader 0`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leader_left_without_a_majority_answers_what_it_proposed_and_reports_the_cluster_down() {
-    let metrics: Vec<std::net::SocketAddr> = (0..3)
-        .map(|_| std::net::SocketAddr::from(([127, 0, 0, 1], free_port())))
-        .collect();
-    let mut c = Cluster::start_each("alone", 3, |id| {
-        vec![(
-            "IDEM_METRICS_LISTEN".to_owned(),
-            metrics[id as usize - 1].to_string(),
-        )]
-    })
-    .await;
+    let (mut c, metrics) = Cluster::start_with_metrics("alone", 3).await;
     let l = c.leader().await;
     let mut conn = c.members[l].conn().await;
     conn.acquire(&["CLAIM", "warm"]).await;

@@ -920,11 +920,7 @@ impl RawConfig {
         // Clients are redirected to the advertised address: a wildcard
         // (what `--listen 0.0.0.0:P` advertises unless told otherwise)
         // would send them nowhere.
-        let wild = |v: &str| {
-            v.parse::<SocketAddr>()
-                .is_ok_and(|a| a.ip().is_unspecified())
-        };
-        if wild(client_advertise.split('+').next().unwrap_or_default()) {
+        if wildcard(client_advertise.split('+').next().unwrap_or_default()) {
             let what = match self.advertise.trim() {
                 "" => format!("listen {listen} is a wildcard"),
                 v => format!("'{v}' is a wildcard"),
@@ -944,10 +940,7 @@ impl RawConfig {
                 ),
             ));
         }
-        if peer_advertise
-            .parse::<SocketAddr>()
-            .is_ok_and(|a| a.ip().is_unspecified())
-        {
+        if wildcard(&peer_advertise) {
             return Err(invalid(
                 "peer_advertise",
                 format!("'{peer_advertise}' is a wildcard: name the address peers connect to"),
@@ -1435,17 +1428,19 @@ pub fn worker_threads_for(configured: usize, cpus: usize) -> usize {
     }
 }
 
+/// Whether `addr` is an address with a wildcard IP (`0.0.0.0`, `::`).
+fn wildcard(addr: &str) -> bool {
+    addr.parse::<SocketAddr>()
+        .is_ok_and(|a| a.ip().is_unspecified())
+}
+
 /// Why the TLS address a cluster node advertises is a wildcard, if it is:
 /// `tls_advertise` itself, or `tls_listen` when that is what is
 /// advertised.
 fn tls_wildcard(tls_advertise: &str, tls_listen: &str) -> Option<String> {
-    let wild = |v: &str| {
-        v.parse::<SocketAddr>()
-            .is_ok_and(|a| a.ip().is_unspecified())
-    };
     match (tls_advertise.trim(), tls_listen.trim()) {
-        ("", l) if wild(l) => Some(format!("tls_listen {l} is a wildcard")),
-        (a, _) if wild(a) => Some(format!("'{a}' is a wildcard")),
+        ("", l) if wildcard(l) => Some(format!("tls_listen {l} is a wildcard")),
+        (a, _) if wildcard(a) => Some(format!("'{a}' is a wildcard")),
         _ => None,
     }
 }

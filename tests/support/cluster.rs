@@ -269,6 +269,22 @@ impl Cluster {
         Cluster::start_each(name, n, |_| env.clone()).await
     }
 
+    /// [`start`](Self::start), each node serving `/metrics` at the
+    /// address returned for it (by member index).
+    pub async fn start_with_metrics(name: &str, n: u64) -> (Cluster, Vec<SocketAddr>) {
+        let metrics: Vec<SocketAddr> = (0..n)
+            .map(|_| SocketAddr::from(([127, 0, 0, 1], free_port())))
+            .collect();
+        let c = Cluster::start_each(name, n, |id| {
+            vec![(
+                "IDEM_METRICS_LISTEN".to_owned(),
+                metrics[id as usize - 1].to_string(),
+            )]
+        })
+        .await;
+        (c, metrics)
+    }
+
     /// [`start`](Self::start) with environment variables per node id.
     pub async fn start_each(
         name: &str,

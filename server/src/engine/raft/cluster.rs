@@ -400,9 +400,9 @@ impl Role {
 
     /// The latest instant a majority acknowledgement counts from: the
     /// last one, or the host's last wake from a suspension if later (µs
-    /// since `base`; 0: neither).
+    /// since `base`; 0: neither), as last noted (the clocks are not read
+    /// here).
     fn acked_or_woke_us(&self) -> u64 {
-        self.note_suspension();
         self.acked_at_us
             .load(Ordering::Acquire)
             .max(self.woke_at_us.load(Ordering::Acquire))
@@ -418,11 +418,7 @@ impl Role {
     /// `woke_at_us` on, and [`Role::cut_off`] reads them.
     pub fn cut_off_at(&self) -> Option<Instant> {
         self.replicated().then(|| {
-            let from = self
-                .acked_at_us
-                .load(Ordering::Acquire)
-                .max(self.woke_at_us.load(Ordering::Acquire));
-            self.base + Duration::from_micros(from) + self.lease + self.hold
+            self.base + Duration::from_micros(self.acked_or_woke_us()) + self.lease + self.hold
         })
     }
 

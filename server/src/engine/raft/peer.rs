@@ -65,6 +65,7 @@ use tokio_util::codec::{Framed, LengthDelimitedCodec};
 use tracing::{debug, info, warn};
 
 use super::types::{NodeId, TypeConfig, decode_sharing, encoded_size_hint};
+use crate::metrics::LogEvery;
 
 /// The peer protocol version.
 pub const PEER_PROTOCOL: u32 = 2;
@@ -87,24 +88,6 @@ pub const MAX_PEER_HANDSHAKES_PER_SOURCE: usize = 32;
 /// so a term a peer pushes up to it can still not stop elections; no
 /// cluster gets near it on its own.
 pub const MAX_TERM: u64 = u64::MAX - (1 << 32);
-
-/// Refused peer connections are logged at most this often.
-const REFUSALS_LOGGED_EVERY: Duration = Duration::from_secs(10);
-
-/// Counts one more event in `slot` (events since the last logged, and
-/// when that was): the count to log, if one is due (at most every
-/// [`REFUSALS_LOGGED_EVERY`]).
-fn due(slot: &Mutex<(u64, Option<std::time::Instant>)>) -> Option<u64> {
-    let mut r = slot.lock();
-    r.0 += 1;
-    if r.1.is_none_or(|t| t.elapsed() >= REFUSALS_LOGGED_EVERY) {
-        let n = r.0;
-        *r = (0, Some(std::time::Instant::now()));
-        Some(n)
-    } else {
-        None
-    }
-}
 
 /// What this node knows of a peer's answers to its calls.
 #[derive(Debug, Default)]
@@ -387,12 +370,12 @@ pub struct Peers {
     handshaking: Mutex<Handshakes>,
     /// `max_peer_handshakes_per_source`.
     max_handshakes_per_source: usize,
-    /// Connections refused since the last refusal logged, and when that was.
-    refusals: Mutex<(u64, Option<std::time::Instant>)>,
+    /// Connections refused, logged at most every [`LogEvery::INTERVAL`].
+    refusals: LogEvery,
     /// The same for the refusals of this node by others.
-    refused_by: Mutex<(u64, Option<std::time::Instant>)>,
+    refused_by: LogEvery,
     /// The same for peers this node refused once they answered.
-    refused_answers: Mutex<(u64, Option<std::time::Instant>)>,
+    refused_answers: LogEvery,
     /// A member refused this node as removed from the cluster, and none
     /// has welcomed it since (only what clients are told depends on it).
     removed: std::sync::atomic::AtomicBool,
@@ -620,19 +603,19 @@ impl Peers {
             appends_pipelined: Default::default(),
             handshaking: Mutex::new(Handshakes::default()),
             max_handshakes_per_source: limits.max_handshakes_per_source.max(1),
-            refusals: Mutex::new((0, None)),
-            refused_by: Mutex::new((0, None)),
-            refused_answers: Mutex::new((0, None)),
+            refusals: LogEvery::new(),
+            refused_by: LogEvery::new(),
+            refused_answers: LogEvery::new(),
             removed: std::sync::atomic::AtomicBool::new(false),
             snapshot_in: Mutex::new(None),
             watch: Arc::default(),
         }))
     }
 
-    /// Logs a refused connection, at most every [`REFUSALS_LOGGED_EVERY`]
+    /// Logs a refused connection, at most every [`LogEvery::INTERVAL`]
     /// (with the count of those not logged since).
     fn refused(&self, addr: SocketAddr, why: &str) {
-        if let Some(n) = due(&self.refusals) {
+        if let Some(n) = self.refusals.due() {
             warn!(%addr, refused = n, "refusing a peer connection: {why} (logged at most every 10 s)");
         }
     }
@@ -644,19 +627,19 @@ impl Peers {
     }
 
     /// Logs a refusal of this node by `target`, at most every
-    /// [`REFUSALS_LOGGED_EVERY`] (a removed node's elections are refused
+    /// [`LogEvery::INTERVAL`] (a removed node's elections are refused
     /// several times a second).
     fn refused_by(&self, target: NodeId, addr: &str, why: &str) {
-        if let Some(n) = due(&self.refused_by) {
+        if let Some(n) = self.refused_by.due() {
             warn!(target, %addr, refused = n, reason = %why, "a peer refused this node (logged at most every 10 s)");
         }
     }
 
     /// Logs this node's refusal of a peer that answered its call, at most
-    /// every [`REFUSALS_LOGGED_EVERY`] (a member kept out is called several
+    /// every [`LogEvery::INTERVAL`] (a member kept out is called several
     /// times a second).
     fn refused_answer(&self, target: NodeId, addr: &str, why: &str) {
-        if let Some(n) = due(&self.refused_answers) {
+        if let Some(n) = self.refused_answers.due() {
             warn!(target, %addr, refused = n, reason = %why, "refused a peer (logged at most every 10 s)");
         }
     }
