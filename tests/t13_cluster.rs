@@ -1572,6 +1572,13 @@ async fn a_single_node_grows_into_a_cluster_and_shrinks_back() {
     assert!(e.contains("never reused"), "{e}");
     let other = c.members[1 - l].id.to_string();
     assert_eq!(conn.cmd(&["CLUSTER", "REMOVE", &other]).await, ok());
+    // Consecutive ids are kept as one range.
+    let retired = if other == "2" {
+        "1-2".into()
+    } else {
+        format!("1,{other}")
+    };
+    assert_eq!(c.members[l].info("idem_retired").await, retired);
     let me = c.members[l].id.to_string();
     let e = err(&conn.cmd(&["CLUSTER", "REMOVE", &me]).await);
     assert!(e.contains("last voter"), "{e}");

@@ -300,11 +300,7 @@ pub fn info_text(v: &ClusterView, commit_index: u64) -> String {
         v.last_log_index,
         v.members.iter().filter(|m| m.voter).count(),
         v.members.iter().filter(|m| !m.voter).count(),
-        v.retired
-            .iter()
-            .map(u64::to_string)
-            .collect::<Vec<_>>()
-            .join(","),
+        v.retired,
         v.cluster_id.clone().unwrap_or_default(),
     );
     o

@@ -4,10 +4,13 @@
 //!
 //! openraft's `BasicNode { addr }` of each member holds
 //! `CLIENT_ADDR@PEER_ADDR` (Redis's `ip:port@busport` notation, with the
-//! whole peer address), then ` retired=ID,ID...` once members were removed:
-//! every member's entry carries the ids removed so far, so the membership
-//! itself (replicated, in every snapshot) remembers them and an id is never
-//! accepted again. A data directory written by a single-node release
+//! whole peer address), then ` retired=ID,FIRST-LAST,...` once members were
+//! removed: every member's entry carries the ids removed so far, so the
+//! membership itself (replicated, in every snapshot) remembers them and an
+//! id is never accepted again. Runs of consecutive ids are kept as one
+//! range ([`IdSet`]), so a cluster whose nodes were replaced one after
+//! another for years carries a few bytes, not a list that every change of
+//! membership copies into every member's entry. A data directory written by a single-node release
 //! holds an empty `addr`: the node records its addresses once it leads with
 //! a peer address.
 //!
@@ -63,7 +66,7 @@ pub struct MemberAddr {
     /// Where peers connect (Raft traffic).
     pub peer: String,
     /// Ids removed from the cluster, never accepted again.
-    pub retired: std::collections::BTreeSet<NodeId>,
+    pub retired: IdSet,
     /// The incarnation of the member's data directory (a random number
     /// made when the directory was created), recorded once the leader
     /// first reaches it: a member that answers with another one lost its
@@ -72,15 +75,15 @@ pub struct MemberAddr {
 }
 
 impl MemberAddr {
-    /// Reads `CLIENT@PEER[ inc=HEX][ retired=ID,...]` (empty parts when
-    /// absent).
+    /// Reads `CLIENT@PEER[ inc=HEX][ retired=ID,FIRST-LAST,...]` (empty
+    /// parts when absent).
     pub fn parse(addr: &str) -> MemberAddr {
         let mut words = addr.split_whitespace();
         let first = words.next().unwrap_or("");
-        let (mut retired, mut inc) = (std::collections::BTreeSet::new(), None);
+        let (mut retired, mut inc) = (IdSet::default(), None);
         for w in words {
             if let Some(ids) = w.strip_prefix("retired=") {
-                retired.extend(ids.split(',').filter_map(|id| id.parse::<NodeId>().ok()));
+                retired = IdSet::parse(ids);
             } else if let Some(hex) = w.strip_prefix("inc=") {
                 inc = u64::from_str_radix(hex, 16).ok();
             }
@@ -94,7 +97,7 @@ impl MemberAddr {
         }
     }
 
-    /// `CLIENT@PEER[ inc=HEX][ retired=ID,...]`, as kept in the
+    /// `CLIENT@PEER[ inc=HEX][ retired=ID,FIRST-LAST,...]`, as kept in the
     /// membership.
     pub fn node(&self) -> BasicNode {
         let mut addr = format!("{}@{}", self.client, self.peer);
@@ -102,21 +105,103 @@ impl MemberAddr {
             addr.push_str(&format!(" inc={inc:016x}"));
         }
         if !self.retired.is_empty() {
-            let ids: Vec<String> = self.retired.iter().map(u64::to_string).collect();
-            addr.push_str(" retired=");
-            addr.push_str(&ids.join(","));
+            addr.push_str(&format!(" retired={}", self.retired));
         }
         BasicNode { addr }
     }
 }
 
+/// A set of node ids kept as sorted, disjoint, non-adjacent ranges:
+/// written `ID,FIRST-LAST,...` (`2,5-9`), the form a list of single ids
+/// (`2,4`) already has.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct IdSet {
+    /// `(first, last)` inclusive, sorted, with gaps between them.
+    ranges: Vec<(NodeId, NodeId)>,
+}
+
+impl IdSet {
+    /// Reads `ID,FIRST-LAST,...`; a part that does not parse (or a range
+    /// whose last id is below its first) is skipped.
+    pub fn parse(s: &str) -> IdSet {
+        let mut set = IdSet::default();
+        for part in s.split(',') {
+            let range = match part.split_once('-') {
+                Some((a, b)) => a.parse().ok().zip(b.parse().ok()),
+                None => part.parse().ok().map(|id| (id, id)),
+            };
+            if let Some((a, b)) = range.filter(|(a, b)| a <= b) {
+                set.insert_range(a, b);
+            }
+        }
+        set
+    }
+
+    /// Whether no id is in the set.
+    pub fn is_empty(&self) -> bool {
+        self.ranges.is_empty()
+    }
+
+    /// Whether `id` is in the set.
+    pub fn contains(&self, id: NodeId) -> bool {
+        let i = self.ranges.partition_point(|&(_, last)| last < id);
+        self.ranges.get(i).is_some_and(|&(first, _)| first <= id)
+    }
+
+    /// Adds `id`.
+    pub fn insert(&mut self, id: NodeId) {
+        self.insert_range(id, id);
+    }
+
+    /// Adds every id in `other`.
+    pub fn extend(&mut self, other: &IdSet) {
+        for &(a, b) in &other.ranges {
+            self.insert_range(a, b);
+        }
+    }
+
+    /// Adds `first..=last` (`first <= last`), merging it with the ranges
+    /// it overlaps or touches.
+    fn insert_range(&mut self, mut first: NodeId, mut last: NodeId) {
+        // The ranges that end at or after `first - 1` and start at or
+        // before `last + 1` merge with it.
+        let lo = self
+            .ranges
+            .partition_point(|&(_, l)| l.saturating_add(1) < first);
+        let hi = self
+            .ranges
+            .partition_point(|&(f, _)| f <= last.saturating_add(1));
+        if lo < hi {
+            first = first.min(self.ranges[lo].0);
+            last = last.max(self.ranges[hi - 1].1);
+        }
+        self.ranges.splice(lo..hi, [(first, last)]);
+    }
+}
+
+impl std::fmt::Display for IdSet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (i, &(a, b)) in self.ranges.iter().enumerate() {
+            if i > 0 {
+                f.write_str(",")?;
+            }
+            if a == b {
+                write!(f, "{a}")?;
+            } else {
+                write!(f, "{a}-{b}")?;
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Every id the membership records as removed.
-pub fn retired_ids<'a>(
-    nodes: impl Iterator<Item = (&'a NodeId, &'a BasicNode)>,
-) -> std::collections::BTreeSet<NodeId> {
-    nodes
-        .flat_map(|(_, n)| MemberAddr::parse(&n.addr).retired)
-        .collect()
+pub fn retired_ids<'a>(nodes: impl Iterator<Item = (&'a NodeId, &'a BasicNode)>) -> IdSet {
+    let mut set = IdSet::default();
+    for (_, n) in nodes {
+        set.extend(&MemberAddr::parse(&n.addr).retired);
+    }
+    set
 }
 
 /// The cluster settings of a node.
@@ -584,13 +669,9 @@ impl Role {
 /// removed leader), or the members it asks for votes do (a removed voter
 /// never hears of its removal) while it knows no other leader. It serves
 /// no one, and may still believe it leads.
-fn removed(
-    peers: &Peers,
-    retired: &std::collections::BTreeSet<NodeId>,
-    leader: Option<NodeId>,
-) -> bool {
+fn removed(peers: &Peers, retired: &IdSet, leader: Option<NodeId>) -> bool {
     let me = peers.node_id();
-    retired.contains(&me) || (peers.told_removed() && leader.is_none_or(|l| l == me))
+    retired.contains(me) || (peers.told_removed() && leader.is_none_or(|l| l == me))
 }
 
 /// What a node that does not serve answers a command on `key`.
@@ -1163,7 +1244,7 @@ pub struct ClusterView {
     /// Members, by id.
     pub members: Vec<MemberView>,
     /// Ids removed from the cluster (never accepted again).
-    pub retired: std::collections::BTreeSet<NodeId>,
+    pub retired: IdSet,
     /// This node was removed: its membership says so, or the members
     /// refuse it as removed (see [`not_serving`]).
     pub removed: bool,
@@ -1271,7 +1352,7 @@ pub async fn add_member(
             "node {id} is already a member"
         )));
     }
-    if view.retired.contains(&id) {
+    if view.retired.contains(id) {
         return Err(ChangeError::Refused(format!(
             "node {id} was removed from this cluster, and ids are never reused: give the node a new id"
         )));
@@ -1419,8 +1500,11 @@ mod tests {
         assert_eq!(a.peer, "10.0.0.1:17379");
         assert!(a.retired.is_empty());
         assert_eq!(a.node().addr, "10.0.0.1:7379@10.0.0.1:17379");
+        let mut retired = IdSet::default();
+        retired.insert(4);
+        retired.insert(2);
         let b = MemberAddr {
-            retired: [4, 2].into(),
+            retired,
             ..a.clone()
         };
         assert_eq!(b.node().addr, "10.0.0.1:7379@10.0.0.1:17379 retired=2,4");
@@ -1430,8 +1514,51 @@ mod tests {
         let nodes = [(1, b.node()), (3, a.node())];
         assert_eq!(
             retired_ids(nodes.iter().map(|(i, n)| (i, n))),
-            [2, 4].into()
+            IdSet::parse("2,4")
         );
+    }
+
+    #[test]
+    fn retired_ids_keep_runs_as_ranges() {
+        let mut set = IdSet::default();
+        // Nodes replaced one after another: 2,000 removals in a few bytes.
+        for id in (4..2004).rev() {
+            set.insert(id);
+        }
+        set.insert(1);
+        assert_eq!(set.to_string(), "1,4-2003");
+        // Filling the gap joins the ranges on both sides.
+        set.insert(3);
+        set.insert(2);
+        assert_eq!(set.to_string(), "1-2003");
+        set.insert(2005);
+        set.insert(1000);
+        assert_eq!(set.to_string(), "1-2003,2005");
+        for (id, expect) in [
+            (0, false),
+            (1, true),
+            (2003, true),
+            (2004, false),
+            (2005, true),
+        ] {
+            assert_eq!(set.contains(id), expect, "{id}");
+        }
+        assert_eq!(IdSet::parse(&set.to_string()), set);
+        // Overlapping, unsorted parts and parts that do not parse.
+        let parsed = IdSet::parse("9-12,3,x,7-5,10-20,4,,21");
+        assert_eq!(parsed.to_string(), "3-4,9-21");
+        let mut other = IdSet::parse("5-8");
+        other.extend(&parsed);
+        assert_eq!(other.to_string(), "3-21");
+        let edge = IdSet::parse("18446744073709551614-18446744073709551615,0");
+        assert!(edge.contains(u64::MAX) && edge.contains(0) && !edge.contains(1));
+        // Each member's entry carries the ranges.
+        let a = MemberAddr {
+            retired: set,
+            ..MemberAddr::parse("h:1@h:2")
+        };
+        assert_eq!(a.node().addr, "h:1@h:2 retired=1-2003,2005");
+        assert_eq!(MemberAddr::parse(&a.node().addr), a);
     }
 
     static SUSPENDED_US: AtomicU64 = AtomicU64::new(5_000_000);

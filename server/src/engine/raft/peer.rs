@@ -902,7 +902,7 @@ impl Peers {
             return false;
         };
         let m = raft.metrics().borrow().membership_config.clone();
-        super::cluster::retired_ids(m.membership().nodes()).contains(&id)
+        super::cluster::retired_ids(m.membership().nodes()).contains(id)
     }
 
     /// What this node says of itself to a probe from `asker`.
