@@ -182,6 +182,20 @@ async fn mutual_tls_requires_a_certificate_of_the_ca() {
     assert!(read.is_ok(), "the connection was not closed");
     assert!(!String::from_utf8_lossy(&got).contains("PONG"));
     assert!(info_field(&mut plain, "tls_handshake_failures").await >= 3);
+    // The operator learns why (the first failure, the client without a
+    // certificate) from the log: one line for the lot, not one each.
+    let lines = s
+        .server
+        .logged("TLS handshake failed", Duration::from_secs(5))
+        .await;
+    assert_eq!(lines.len(), 1, "{lines:#?}");
+    assert!(
+        lines[0].contains("client=127.0.0.1:")
+            && lines[0].contains("failures=1")
+            && lines[0].contains("certificate"),
+        "{}",
+        lines[0]
+    );
 }
 
 #[tokio::test]

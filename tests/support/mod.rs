@@ -20,7 +20,12 @@ use tokio::process::{Child, Command};
 pub struct Idemd {
     pub child: Child,
     pub addr: SocketAddr,
+    /// The latest lines it logged (stderr), at most [`LOG_LINES_KEPT`].
+    pub logs: std::sync::Arc<std::sync::Mutex<std::collections::VecDeque<String>>>,
 }
+
+/// Log lines of a server kept for [`Idemd::logged`].
+pub const LOG_LINES_KEPT: usize = 2000;
 
 impl Idemd {
     /// idemd with defaults on a free loopback port (memory engine).
@@ -60,7 +65,7 @@ impl Idemd {
             cmd.env(k, v);
         }
         cmd.stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
+            .stderr(Stdio::piped())
             .kill_on_drop(true);
         let mut child = cmd.spawn().expect("idemd starts");
         let stdout = child.stdout.take().expect("stdout is piped");
@@ -77,7 +82,42 @@ impl Idemd {
             .unwrap_or_else(|| panic!("bad line: {line}"));
         // Keep draining stdout so the child never blocks on it.
         tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-        Idemd { child, addr }
+        // Its log goes on to the test's stderr, the latest lines kept.
+        let logs = std::sync::Arc::new(std::sync::Mutex::new(std::collections::VecDeque::new()));
+        let stderr = child.stderr.take().expect("stderr is piped");
+        let kept = logs.clone();
+        tokio::spawn(async move {
+            let mut lines = BufReader::new(stderr).lines();
+            while let Ok(Some(line)) = lines.next_line().await {
+                eprintln!("{line}");
+                let mut kept = kept.lock().unwrap();
+                if kept.len() == LOG_LINES_KEPT {
+                    kept.pop_front();
+                }
+                kept.push_back(line);
+            }
+        });
+        Idemd { child, addr, logs }
+    }
+
+    /// The lines logged so far (of the latest [`LOG_LINES_KEPT`]) that
+    /// contain `needle`, once at least one does or `within` has passed.
+    pub async fn logged(&self, needle: &str, within: Duration) -> Vec<String> {
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            let found: Vec<String> = self
+                .logs
+                .lock()
+                .unwrap()
+                .iter()
+                .filter(|l| l.contains(needle))
+                .cloned()
+                .collect();
+            if !found.is_empty() || tokio::time::Instant::now() >= deadline {
+                return found;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 
     pub async fn conn(&self) -> Conn {
