@@ -1092,3 +1092,83 @@ async fn run_once_can_resume_its_own_attempt() {
         .unwrap();
     assert_eq!((done.value, done.replayed), (Bytes::from("resumed"), false));
 }
+
+/// `complete_patiently` outlasts the call's deadline: the server down and
+/// back (same address and data) gets the outcome recorded; down for good,
+/// it gives up once the claim is presumed lost (a lease without a renewal
+/// landing), not before, and not never.
+#[tokio::test]
+async fn a_patient_complete_outlasts_an_outage_and_gives_up_once_the_claim_is_lost() {
+    let dir = DataDir::new("patient-complete");
+    let port = crate::support::cluster::free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let args = [
+        "--engine",
+        "raft",
+        "--data-dir",
+        dir.arg(),
+        "--listen",
+        &listen,
+    ];
+    let mut s = Idemd::start_with(&[], &args).await;
+    let config = idem_client::ClientConfig::default().deadline(Duration::from_millis(500));
+    let c = Client::connect_with_config(listen.clone(), config)
+        .await
+        .unwrap();
+    let ClaimOutcome::Acquired(owned) = c
+        .claim("patient")
+        .lease(Duration::from_secs(10))
+        .send()
+        .await
+        .unwrap()
+    else {
+        panic!("not acquired")
+    };
+    s.kill().await;
+    let done =
+        tokio::spawn(owned.complete_patiently(idem_client::Outcome::Ok, "recorded late", None));
+    // Past the deadline it is still trying; the server comes back.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(!done.is_finished());
+    let s = Idemd::start_with(&[], &args).await;
+    tokio::time::timeout(Duration::from_secs(10), done)
+        .await
+        .expect("recorded once the server was back")
+        .unwrap()
+        .unwrap();
+    let mut conn = s.conn().await;
+    assert_eq!(
+        claim(conn.cmd(&["CLAIM", "patient"]).await),
+        idem_protocol::ClaimReply::Completed {
+            outcome: idem_protocol::Outcome::Ok,
+            value: Bytes::from_static(b"recorded late")
+        }
+    );
+
+    // Down for good: it stops once the lease passed without a renewal.
+    let ClaimOutcome::Acquired(owned) = c
+        .claim("patient-2")
+        .lease(Duration::from_secs(2))
+        .send()
+        .await
+        .unwrap()
+    else {
+        panic!("not acquired")
+    };
+    drop(conn);
+    drop(s);
+    let started = tokio::time::Instant::now();
+    let e = tokio::time::timeout(
+        Duration::from_secs(10),
+        owned.complete_patiently(idem_client::Outcome::Ok, "never", None),
+    )
+    .await
+    .expect("gave up")
+    .unwrap_err();
+    assert!(e.is_retryable(), "{e}");
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_millis(1500),
+        "gave up after {took:?}"
+    );
+}

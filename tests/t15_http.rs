@@ -672,3 +672,67 @@ async fn a_handler_past_its_timeout_gets_504_and_abandons_the_key() {
     assert_eq!(retry.problem(), "urn:idem:problem:outcome-unknown");
     assert_eq!(a.runs.slow.load(Ordering::SeqCst), 1);
 }
+
+/// The store went down while the handler ran and came back after the
+/// client's deadline: the layer gave up on recording the response at
+/// once (and could not abandon the key either), so the lease lapsed and
+/// every retry of a request that had succeeded got `500 outcome-unknown`.
+/// The layer now answers the caller, and keeps trying to record the
+/// response while the key is still its own; the retry replays it.
+#[tokio::test]
+async fn a_store_outage_as_the_handler_ends_does_not_lose_its_response() {
+    let dir = crate::support::DataDir::new("http-outage");
+    let port = crate::support::cluster::free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let args = [
+        "--engine",
+        "raft",
+        "--data-dir",
+        dir.arg(),
+        "--listen",
+        &listen,
+    ];
+    let mut idemd = Idemd::start_with(&[], &args).await;
+    let config = idem_client::ClientConfig::default().deadline(Duration::from_millis(800));
+    let client = idem_client::Client::connect_with_config(listen.clone(), config)
+        .await
+        .unwrap();
+    let runs = Arc::new(AtomicU64::new(0));
+    let go = Arc::new(tokio::sync::Notify::new());
+    let (r, g) = (runs.clone(), go.clone());
+    let router = Router::new()
+        .route(
+            "/charge",
+            post(move || async move {
+                let n = r.fetch_add(1, Ordering::SeqCst) + 1;
+                g.notified().await;
+                (StatusCode::CREATED, format!("charged in run {n}"))
+            }),
+        )
+        .layer(
+            IdempotencyLayer::new(client)
+                .shared_key_space()
+                .lease(Duration::from_secs(8))
+                .wait(Duration::from_secs(5)),
+        );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
+
+    let first = tokio::spawn(post_key(addr, "/charge", "outage", "1"));
+    running(&runs).await;
+    // The store dies while the handler runs; the handler then succeeds.
+    idemd.kill().await;
+    go.notify_one();
+    let first = first.await.unwrap();
+    assert_eq!(first.status, StatusCode::CREATED, "{}", first.body);
+    assert_eq!(first.body, "charged in run 1");
+    // Back after the client's deadline, with its records.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let _idemd = Idemd::start_with(&[], &args).await;
+    let retry = post_key(addr, "/charge", "outage", "1").await;
+    assert_eq!(retry.status, StatusCode::CREATED, "{}", retry.body);
+    assert_eq!(retry.body, "charged in run 1");
+    assert!(retry.replayed());
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}

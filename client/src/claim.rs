@@ -209,6 +209,43 @@ impl Claim {
         self.complete(bytes).await
     }
 
+    /// Completes with `outcome` (kept for `retain`, or the server's
+    /// retention), and unlike [`complete`](Self::complete) does not give
+    /// up at the call's deadline: a failure that a retry may mend (the
+    /// server unreachable or restarting, a failover) is retried, the lease
+    /// renewed meanwhile, for as long as the claim is not lost or presumed
+    /// lost ([`ClaimCtx::is_lost`]: a renewal refused, or none landed for
+    /// a whole lease). For an outcome that has no caller left to hand it
+    /// to (a response already sent): an outage shorter than the lease no
+    /// longer leaves the key abandoned with the outcome unrecorded. A
+    /// repeat of a COMPLETE that did land is acknowledged.
+    pub async fn complete_patiently(
+        self,
+        outcome: idem_protocol::Outcome,
+        value: impl Into<Bytes>,
+        retain: Option<Duration>,
+    ) -> Result<()> {
+        let (client, key, fence) = self.target();
+        let (value, ctx) = (value.into(), self.ctx.clone());
+        let error = outcome == idem_protocol::Outcome::Err;
+        let (mut pause, most) = client.config().backoff_range();
+        self.end(async move {
+            loop {
+                match client
+                    .finish(key.clone(), fence, value.clone(), retain, error)
+                    .await
+                {
+                    Err(e) if e.is_retryable() && !ctx.is_lost() => {
+                        tokio::time::sleep(pause).await;
+                        pause = (pause * 2).min(most);
+                    }
+                    done => return done,
+                }
+            }
+        })
+        .await
+    }
+
     /// Releases: the effect did not happen; a retry may run it.
     pub async fn release(self) -> Result<()> {
         let (client, key, fence) = self.target();

@@ -155,6 +155,17 @@ impl ClientConfig {
         self
     }
 
+    /// The overall time one call may take (see [`deadline`](Self::deadline)).
+    pub fn call_deadline(&self) -> Duration {
+        self.deadline
+    }
+
+    /// The reconnect and retry backoff, shortest and longest (see
+    /// [`backoff`](Self::backoff)).
+    pub fn backoff_range(&self) -> (Duration, Duration) {
+        (self.backoff_min, self.backoff_max)
+    }
+
     /// Overall time one call may take, retries and reconnects included
     /// (default 10 s); a claim's or settle's server-side WAIT is added to
     /// it. Past it the call fails with a timeout that says how many

@@ -39,7 +39,10 @@
 //! A recovery run ([`Recovering`]) never releases: the key keeps what the
 //! earlier run journaled until an outcome is recorded. The handler runs
 //! to its end in a task of its own, and the key is settled, even if the
-//! client goes away meanwhile (its retry then replays the outcome). Use
+//! client goes away meanwhile (its retry then replays the outcome), and
+//! if the store does not answer as the handler ends, the caller gets its
+//! response after the client's deadline while the layer keeps trying to
+//! store it for as long as the key is still the request's. Use
 //! [`handler_timeout`](IdempotencyLayer::handler_timeout) rather than a
 //! timeout layer inside this one: a timeout layer inside answers `408` or
 //! `503` for a handler it cut off midway, which this layer would take for
@@ -81,11 +84,11 @@ use http::{Method, Request, Response, StatusCode, request};
 use http_body::Frame;
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full, LengthLimitError, Limited, StreamBody};
-use idem_client::{ClaimCtx, ClaimOutcome, Client, Completed, Key, OnExpire};
+use idem_client::{ClaimCtx, ClaimOutcome, Client, Completed, Key, OnExpire, Outcome};
 use sha2::{Digest, Sha256};
 use tower_layer::Layer;
 use tower_service::Service;
-use tracing::warn;
+use tracing::{Instrument, info, warn};
 
 pub use problem::Problem;
 use stored::Stored;
@@ -656,7 +659,6 @@ where
     ResB: http_body::Body<Data = Bytes> + Send + 'static,
     ResB::Error: Into<BoxError>,
 {
-    use tracing::Instrument;
     let task = tokio::spawn(
         async move { run(&s, inner, parts, body, key, claim, journal).await }.in_current_span(),
     );
@@ -838,20 +840,43 @@ where
     Ok(Response::from_parts(rparts, body))
 }
 
-/// Completes the key with `stored`; if that fails, abandons it (the
-/// caller got its response: the outcome must not be lost silently).
+/// Completes the key with `stored`, waiting for it up to the client's call
+/// deadline. Past that the caller is answered (it has its response) and
+/// the key keeps being completed in a task of its own for as long as it
+/// is still this request's ([`idem_client::Claim::complete_patiently`]):
+/// the store down or failing over for less than a lease does not lose the
+/// outcome, and retries meanwhile wait for it (or get `409`) and then
+/// replay it. If it cannot be recorded, the key is abandoned (the outcome
+/// must not be lost silently: retries get outcome-unknown or recover).
 async fn settle(claim: idem_client::Claim, stored: Bytes, error: bool, retention: Duration) {
     let ctx = claim.ctx();
-    let done = if error {
-        claim.complete_error_retain(stored, retention).await
-    } else {
-        claim.complete_retain(stored, retention).await
-    };
-    if let Err(e) = done {
-        warn!(error = %e, "could not store the outcome: abandoning the key (retries get outcome-unknown or recover)");
-        if let Err(e) = ctx.client().abandon(ctx.key().clone(), ctx.fence()).await {
-            warn!(error = %e, "could not abandon the key either; its lease will lapse (it is then abandoned)");
+    let first_try = ctx.client().config().call_deadline();
+    let outcome = if error { Outcome::Err } else { Outcome::Ok };
+    let mut task = tokio::spawn(
+        async move {
+            let started = tokio::time::Instant::now();
+            match claim
+                .complete_patiently(outcome, stored, Some(retention))
+                .await
+            {
+                Ok(()) if started.elapsed() > first_try => {
+                    info!(took = ?started.elapsed(), "recorded the outcome once the store answered again");
+                }
+                Ok(()) => {}
+                Err(e) => {
+                    warn!(error = %e, "could not store the outcome: abandoning the key (retries get outcome-unknown or recover)");
+                    if let Err(e) = ctx.client().abandon(ctx.key().clone(), ctx.fence()).await {
+                        warn!(error = %e, "could not abandon the key either; its lease will lapse (it is then abandoned)");
+                    }
+                }
+            }
         }
+        .in_current_span(),
+    );
+    if tokio::time::timeout(first_try, &mut task).await.is_err() {
+        warn!(
+            "the outcome is not stored yet (the store does not answer): answering the caller, and still trying while the key is this request's"
+        );
     }
 }
 
