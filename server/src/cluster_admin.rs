@@ -281,7 +281,7 @@ pub fn info_text(v: &ClusterView, commit_index: u64) -> String {
         "cluster_state:{}\r\ncluster_slots_assigned:{}\r\ncluster_slots_ok:{}\r\ncluster_slots_pfail:0\r\ncluster_slots_fail:{}\r\n\
          cluster_known_nodes:{}\r\ncluster_size:{}\r\ncluster_current_epoch:{}\r\ncluster_my_epoch:{}\r\n\
          idem_node_id:{}\r\nidem_role:{}\r\nidem_leader_id:{}\r\nidem_leader_host:{}\r\nidem_leader_port:{}\r\n\
-         idem_commit_index:{}\r\nidem_applied_index:{}\r\nidem_last_log_index:{}\r\nidem_voters:{}\r\nidem_learners:{}\r\nidem_retired:{}\r\nidem_cluster_id:{}\r\n",
+         idem_commit_index:{}\r\nidem_applied_index:{}\r\nidem_last_log_index:{}\r\nidem_voters:{}\r\nidem_learners:{}\r\nidem_retired:{}\r\nidem_membership:{}\r\nidem_cluster_id:{}\r\n",
         if ok { "ok" } else { "fail" },
         if ok { 16384 } else { 0 },
         if ok { 16384 } else { 0 },
@@ -301,6 +301,7 @@ pub fn info_text(v: &ClusterView, commit_index: u64) -> String {
         v.members.iter().filter(|m| m.voter).count(),
         v.members.iter().filter(|m| !m.voter).count(),
         v.retired,
+        if v.joint { "joint" } else { "uniform" },
         v.cluster_id.clone().unwrap_or_default(),
     );
     o

@@ -938,6 +938,7 @@ async fn promote(w: Arc<Watch>, term: u64) {
             }
             info!(term, clock_ms = anchor, "leading: serving clients");
             record_own_address(&w).await;
+            finish_half_done_changes(&w, term).await;
             break;
         }
         if rx.changed().await.is_err() {
@@ -947,6 +948,81 @@ async fn promote(w: Arc<Watch>, term: u64) {
     let mut p = w.role.promoting.lock();
     if *p == Some(term) {
         *p = None;
+    }
+}
+
+/// Finishes a change of membership that a leader died in the middle of,
+/// as the first thing a new leader does (and again every second while it
+/// cannot, as long as it leads in `term`):
+///
+/// - a joint configuration (openraft's change of voters commits the joint
+///   configuration, then the new one; a leader that died between the two
+///   left the cluster needing a majority of both for good, so it went
+///   down with a majority of the voters the operator sees up): the new
+///   configuration is committed;
+/// - a member recorded as retired but still in the membership (`CLUSTER
+///   REMOVE` records the id as retired, then removes the member): it is
+///   removed.
+async fn finish_half_done_changes(w: &Watch, term: u64) {
+    let me = w.peers.node_id();
+    loop {
+        let leads = {
+            let m = w.raft.metrics().borrow().clone();
+            m.state == ServerState::Leader && m.current_term == term
+        };
+        if !leads {
+            return;
+        }
+        let result = {
+            let _one_at_a_time = w.role.membership_changes().await;
+            let m = w.raft.metrics().borrow().membership_config.clone();
+            let membership = m.membership();
+            let retired = retired_ids(membership.nodes());
+            let configs = membership.get_joint_config();
+            let stale: std::collections::BTreeSet<NodeId> = membership
+                .nodes()
+                .map(|(id, _)| *id)
+                .filter(|id| retired.contains(*id))
+                .collect();
+            let voters: std::collections::BTreeSet<NodeId> = membership.voter_ids().collect();
+            let change = if configs.len() > 1 {
+                let goal = configs.last().cloned().unwrap_or_default();
+                info!(voters = ?goal, "finishing a change of voters a leader left halfway (joint consensus)");
+                Some(ChangeMembers::ReplaceAllVoters(goal))
+            } else if let Some(&id) = stale.iter().next() {
+                if voters.contains(&id) && voters.len() <= 1 {
+                    None
+                } else {
+                    info!(
+                        node = id,
+                        "finishing the removal of a member a leader left halfway"
+                    );
+                    Some(if voters.contains(&id) {
+                        ChangeMembers::RemoveVoters([id].into())
+                    } else {
+                        ChangeMembers::RemoveNodes([id].into())
+                    })
+                }
+            } else {
+                None
+            };
+            let Some(change) = change else {
+                return;
+            };
+            // Proposed only while this node is a voter of what it holds
+            // (see `still_a_voter`).
+            if !still_a_voter(&w.raft, me) {
+                return;
+            }
+            w.raft.change_membership(change, false).await
+        };
+        match result {
+            Ok(_) => info!("finished it"),
+            Err(e) => {
+                debug!(error = %e, "cannot finish the change yet");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        }
     }
 }
 
@@ -1245,6 +1321,10 @@ pub struct ClusterView {
     pub members: Vec<MemberView>,
     /// Ids removed from the cluster (never accepted again).
     pub retired: IdSet,
+    /// The membership is in joint consensus: a change of voters was
+    /// committed halfway (its leader died between the two steps); the
+    /// next leader finishes it ([`finish_half_done_changes`]).
+    pub joint: bool,
     /// This node was removed: its membership says so, or the members
     /// refuse it as removed (see [`not_serving`]).
     pub removed: bool,
@@ -1316,6 +1396,7 @@ impl ClusterView {
                 .and_then(|l| peers.heard_ago(l)),
             members,
             retired,
+            joint: membership.get_joint_config().len() > 1,
         }
     }
 }
@@ -1476,6 +1557,7 @@ pub async fn remove_member(
     raft.change_membership(ChangeMembers::SetNodes(marked), true)
         .await
         .map_err(raft_err)?;
+    super::crash_point("retired");
     if m.voter {
         raft.change_membership(ChangeMembers::RemoveVoters(ids), false)
             .await

@@ -739,6 +739,18 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         let mut records = Vec::new();
         let mut held = Vec::new();
         for e in entries {
+            #[cfg(debug_assertions)]
+            if let openraft::EntryPayload::Membership(m) = &e.payload {
+                // The second step of a change of voters: a uniform
+                // membership after a joint one.
+                static JOINT: std::sync::atomic::AtomicBool =
+                    std::sync::atomic::AtomicBool::new(false);
+                let joint = m.get_joint_config().len() > 1;
+                if !joint && JOINT.load(Ordering::Relaxed) {
+                    super::crash_point("uniform");
+                }
+                JOINT.store(joint, Ordering::Relaxed);
+            }
             // Sized up front (a batch's bytes and a few more), so not grown
             // as it is written; held in memory until purged, so cut to size
             // where the room left over is more than an eighth of it (small

@@ -324,6 +324,35 @@ pub struct RaftEngine {
 
 /// Starts serving peer connections (from the listener, or those accepted
 /// by the caller), once.
+/// Debug builds only, for fault tests: with `IDEMD_TEST_CRASH=POINT:FILE`,
+/// the process exits at once (no clean-up, as under kill -9) the first
+/// time any node reaches `point` while FILE does not exist (it is created
+/// first: one node of a cluster started with it crashes there, once).
+/// Points: `retired` (`CLUSTER REMOVE` recorded the id as retired and has
+/// not removed the member yet), `uniform` (a uniform membership is about
+/// to be appended after a joint one: the second step of a change of
+/// voters).
+#[cfg(debug_assertions)]
+pub(crate) fn crash_point(point: &str) {
+    let Ok(v) = std::env::var("IDEMD_TEST_CRASH") else {
+        return;
+    };
+    if let Some((p, file)) = v.split_once(':')
+        && p == point
+        && std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(file)
+            .is_ok()
+    {
+        eprintln!("IDEMD_TEST_CRASH: exiting at {point}");
+        std::process::exit(137);
+    }
+}
+
+#[cfg(not(debug_assertions))]
+pub(crate) fn crash_point(_point: &str) {}
+
 fn serve_peers(
     listener: &mut Option<tokio::net::TcpListener>,
     incoming: &mut Option<peer::Incoming>,
