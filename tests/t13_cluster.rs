@@ -2519,6 +2519,15 @@ async fn a_failed_node_is_replaced_step_by_step() {
     })
     .await;
     assert_eq!(c.members[l].info("idem_voters").await, "3");
+    // Restarted with the same --initial-cluster as the original nodes (one
+    // configuration for every node), which does not list it: ignored,
+    // since its data directory holds the membership (it refused to start).
+    drop(nc);
+    new.kill().await;
+    new.start(Some(&c.initial), &[]).await;
+    let applied = c.members[l].applied().await;
+    new.caught_up_as_follower(applied, "the replacement rejoins")
+        .await;
     // The cluster now survives the loss of another original node: the
     // leader dies, the survivor and the replacement elect one.
     c.members[l].kill().await;

@@ -982,26 +982,10 @@ impl RawConfig {
         if !self.cluster_secret.is_empty() && self.cluster_secret.len() < 16 {
             return Err(invalid("cluster_secret", "must be at least 16 bytes"));
         }
-        if !initial_cluster.is_empty() {
-            match initial_cluster.iter().find(|(id, _)| *id == self.node_id) {
-                None => {
-                    return Err(invalid(
-                        "initial_cluster",
-                        format!("does not list this node (node_id {})", self.node_id),
-                    ));
-                }
-                Some((_, a)) if *a != peer_advertise => {
-                    return Err(invalid(
-                        "initial_cluster",
-                        format!(
-                            "lists node {} at {a}, but its peer address is {peer_advertise}",
-                            self.node_id
-                        ),
-                    ));
-                }
-                Some(_) => {}
-            }
-        }
+        // Whether it lists this node (at its address) matters only to a
+        // node that bootstraps (`cluster::bootstrap`): it is ignored once
+        // the data directory holds a membership, so every node, those
+        // added later included, can be given the same one.
         Ok(ClusterConfig {
             peer_listen,
             peer_advertise,
@@ -1646,12 +1630,14 @@ mod tests {
         assert!(msg(set(&[("peer_listen", "10.1.2.3:17379")])).contains("cluster_secret"));
         assert!(msg(set(&[("peer_listen", "nope")])).contains("peer_listen"));
         assert!(msg(set(&[("initial_cluster", "1=127.0.0.1:1")])).contains("needs peer_listen"));
+        // Not listing this node is for the bootstrap to judge: a node
+        // added later is given the same list as the others.
         assert!(
-            msg(set(&[
+            set(&[
                 ("peer_listen", "127.0.0.1:17379"),
                 ("initial_cluster", "2=127.0.0.1:1,3=127.0.0.1:2")
-            ]))
-            .contains("does not list this node")
+            ])
+            .is_ok()
         );
         assert!(
             msg(set(&[

@@ -1157,6 +1157,24 @@ pub async fn bootstrap(
         );
         return Ok(());
     }
+    match cfg.initial_cluster.iter().find(|(id, _)| *id == me) {
+        // Not one of the nodes that start the cluster: one added later
+        // (given the same list as the others).
+        None => {
+            info!(
+                node = me,
+                "no membership, and --initial-cluster does not list this node: waiting to be added (CLUSTER ADD on the leader)"
+            );
+            return Ok(());
+        }
+        Some((_, a)) if *a != cfg.peer_advertise => {
+            return Err(refuse(format!(
+                "--initial-cluster lists node {me} at {a}, but its peer address is {}",
+                cfg.peer_advertise
+            )));
+        }
+        Some(_) => {}
+    }
     let lowest = cfg.initial_cluster.iter().map(|(id, _)| *id).min() == Some(me);
     let mut clients: BTreeMap<NodeId, String> = BTreeMap::new();
     let mut waited = Instant::now() - Duration::from_secs(60);
