@@ -3178,3 +3178,46 @@ async fn a_removal_its_leader_died_in_is_finished_by_the_next_leader() {
         "{r:?}"
     );
 }
+
+/// A leader that removed itself held the writes in flight at that moment,
+/// and those queued behind them, until `proposal_timeout_ms` ran out
+/// (10 s by default): openraft keeps it leader of a membership without
+/// it, so their entries were never answered. They are answered as soon as
+/// it stops serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_in_flight_on_a_leader_that_removes_itself_are_answered_at_once() {
+    let c = Cluster::start_with("self-remove", 3, &[("IDEM_PROPOSAL_TIMEOUT_MS", "30000")]).await;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let l = c.leader().await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut load = Vec::new();
+    for w in 0..4 {
+        let mut conn = c.members[l].conn().await;
+        let stop = Arc::clone(&stop);
+        load.push(tokio::spawn(async move {
+            let mut i = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                let k = format!("self-remove-{w}-{i}");
+                let attempt = format!("a{w}-{i}");
+                conn.cmd(&["CLAIM", &k, "ATTEMPT", &attempt]).await;
+                i += 1;
+            }
+            i
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut admin = c.members[l].conn().await;
+    let id = c.members[l].id.to_string();
+    assert_eq!(admin.cmd(&["CLUSTER", "REMOVE", &id]).await, ok());
+    // The load goes on as the leader steps down.
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    stop.store(true, Ordering::Relaxed);
+    // Every request of the load ends (removed: `-CLUSTERDOWN`; in flight:
+    // `-TRYAGAIN ... may have been applied`) well before the 30 s
+    // proposal_timeout_ms.
+    let ended = tokio::time::timeout(Duration::from_secs(5), futures_util::future::join_all(load))
+        .await
+        .expect("requests on the removed leader were held");
+    assert!(ended.iter().all(|n| *n.as_ref().unwrap() > 0));
+}

@@ -568,6 +568,19 @@ impl Role {
         (Instant::now() < until).then_some(until)
     }
 
+    /// Resolves once this node does not serve (at once if it does not).
+    pub async fn stopped_serving(&self) {
+        loop {
+            let changed = self.lease_changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            if !self.serving() {
+                return;
+            }
+            changed.await;
+        }
+    }
+
     /// Waits until the lease holds again (a majority answered), at most
     /// until `until`; whether it does while this node still serves.
     pub async fn lease_regained(&self, until: Instant) -> bool {

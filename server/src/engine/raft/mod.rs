@@ -1590,6 +1590,7 @@ async fn propose(p: Proposer, proposals: Arc<queue::Queue>, limits: Limits, stat
         let answered = Arc::clone(&answered);
         let answered_mark = Arc::clone(&answered_mark);
         let queue = Arc::clone(&proposals);
+        let role = Arc::clone(&p.role);
         tokio::spawn(async move {
             // The entry's place in flight is given back at its answer, or
             // after proposal_timeout_ms without one (in a cluster its
@@ -1600,9 +1601,29 @@ async fn propose(p: Proposer, proposals: Arc<queue::Queue>, limits: Limits, stat
             let mut permit = Some(permit);
             let answer = match poll_for(&mut rx, poll, &stats).await {
                 Some(answer) => answer,
-                None => match tokio::time::timeout(hold, &mut rx).await {
-                    Ok(answer) => answer,
-                    Err(_) => {
+                None => match tokio::select! {
+                    a = tokio::time::timeout(hold, &mut rx) => Some(a),
+                    // A leader that stops serving first (it removed
+                    // itself: openraft keeps it leader of a membership
+                    // without it, and the entry is never answered) tells
+                    // the callers at once, and the writes queued behind
+                    // it get their redirect, instead of all waiting out
+                    // proposal_timeout_ms.
+                    () = role.stopped_serving() => None,
+                } {
+                    Some(Ok(answer)) => answer,
+                    None => match rx.try_recv() {
+                        // Answered right as it stopped: that answer stands.
+                        Ok(answer) => Ok(answer),
+                        Err(_) => {
+                            fail(
+                                txs,
+                                "this node stopped leading after the write was proposed: it may have been applied",
+                            );
+                            return;
+                        }
+                    },
+                    Some(Err(_)) => {
                         warn!(
                             proposal_timeout_ms = hold.as_millis() as u64,
                             "an entry is not answered within proposal_timeout_ms: later writes no longer wait for it"
