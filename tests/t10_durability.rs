@@ -755,6 +755,55 @@ async fn a_quiet_server_snapshots_so_a_bursts_log_leaves_memory() {
     assert_eq!(int(&c.cmd(&["DBSIZE"]).await), n);
 }
 
+/// A trickle of requests after a burst (a health check twice a second)
+/// kept the server from ever counting as quiet: the burst's log stayed in
+/// memory, unpurged, for as long as the trickle went on (160 MB held for
+/// a burst of 1M claims whose records were all gone). A trickle now
+/// counts as quiet.
+#[tokio::test]
+async fn a_trickle_of_requests_does_not_keep_a_bursts_log_in_memory() {
+    let dir = DataDir::new("trickle");
+    let s = raft(&dir).await;
+    let mut c = s.conn().await;
+    let n = 30_000;
+    let mut wire = Vec::new();
+    for i in 0..n {
+        let k = format!("{}-{i:030}", key("t"));
+        wire.extend_from_slice(format!("*2\r\n$5\r\nCLAIM\r\n${}\r\n{k}\r\n", k.len()).as_bytes());
+    }
+    c.write_raw(&wire).await;
+    for _ in 0..n {
+        assert!(matches!(
+            claim(c.reply().await),
+            ClaimReply::Acquired { .. }
+        ));
+    }
+    let text = bulk(&c.cmd(&["INFO", "replication"]).await);
+    assert!(info_num(&text, "raft_log_bytes") > 1_048_576.0, "{text}");
+    // A health check every 300 ms, and a short claim now and then.
+    let mut hc = s.conn().await;
+    let trickle = tokio::spawn(async move {
+        for i in 0u64.. {
+            assert_eq!(hc.cmd(&["PING"]).await, Frame::simple("PONG"));
+            if i % 5 == 0 {
+                hc.cmd(&["CLAIM", &format!("trickle-{i}"), "LEASE", "100"])
+                    .await;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        }
+    });
+    let mut text = String::new();
+    for _ in 0..10 {
+        tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+        text = bulk(&c.cmd(&["INFO", "replication"]).await);
+        if info_num(&text, "raft_log_bytes") < 65_536.0 {
+            break;
+        }
+    }
+    trickle.abort();
+    assert!(info_num(&text, "raft_log_bytes") < 65_536.0, "{text}");
+}
+
 /// A restart read the whole snapshot file into memory and decoded every
 /// record into a list before loading it: a node of 3.2M small records
 /// that ran at 332 MB peaked at 852 MB to start again, so a node sized
