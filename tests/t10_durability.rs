@@ -804,6 +804,80 @@ async fn a_trickle_of_requests_does_not_keep_a_bursts_log_in_memory() {
     assert!(info_num(&text, "raft_log_bytes") < 65_536.0, "{text}");
 }
 
+/// A snapshot that took long (a large store on a busy disk: 11 s) let the
+/// log grow at the write rate meanwhile: 1.16 GB held against a 64 MiB
+/// threshold, the process peaking at 2.57 GB. Writes now wait once the
+/// log holds four times what makes a snapshot due. Here each snapshot
+/// takes 3 s to build, the threshold is 1 MiB, and claims are completed
+/// with 16 KB values as fast as the server takes them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_log_stays_bounded_while_a_snapshot_is_slow() {
+    let dir = DataDir::new("slow-snapshot-log");
+    let env = [
+        ("IDEM_SNAPSHOT_LOG_BYTES", "1048576"),
+        ("IDEM_SNAPSHOT_LOG_PERCENT", "0"),
+        ("IDEM_MAX_BATCH_BYTES", "262144"),
+        ("IDEMD_TEST_SNAPSHOT_BUILD_MS", "3000"),
+    ];
+    let s = raft_with(&dir, &env).await;
+    let writer = {
+        let mut c = s.conn().await;
+        tokio::spawn(async move {
+            let journal = "v".repeat(16_000);
+            let started = tokio::time::Instant::now();
+            let mut i = 0u64;
+            while started.elapsed() < std::time::Duration::from_secs(8) {
+                let keys: Vec<String> = (0..32)
+                    .map(|j| format!("slow-snap-{}", i * 32 + j))
+                    .collect();
+                let mut out = bytes::BytesMut::new();
+                for k in &keys {
+                    idem_protocol::encode(
+                        &cmd_frame(&["CLAIM", k, "LEASE", "60000"]),
+                        idem_protocol::Version::Resp2,
+                        &mut out,
+                    );
+                }
+                c.write_raw(&out).await;
+                let mut fences = Vec::new();
+                for _ in &keys {
+                    match claim(c.reply().await) {
+                        ClaimReply::Acquired { fence } => fences.push(fence.to_string()),
+                        other => panic!("{other:?}"),
+                    }
+                }
+                let mut out = bytes::BytesMut::new();
+                for (k, f) in keys.iter().zip(&fences) {
+                    idem_protocol::encode(
+                        &cmd_frame(&["COMPLETE", k, f, &journal, "RETAIN", "1000"]),
+                        idem_protocol::Version::Resp2,
+                        &mut out,
+                    );
+                }
+                c.write_raw(&out).await;
+                for _ in &keys {
+                    assert_eq!(c.reply().await, ok());
+                }
+                i += 1;
+            }
+            i * 32
+        })
+    };
+    let mut info = s.conn().await;
+    let mut most = 0.0f64;
+    while !writer.is_finished() {
+        let text = bulk(&info.cmd(&["INFO", "replication"]).await);
+        most = most.max(info_num(&text, "raft_log_bytes"));
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let claims = writer.await.unwrap();
+    let text = bulk(&info.cmd(&["INFO"]).await);
+    assert!(claims > 100, "{claims} claims");
+    // Four times the 1 MiB threshold, plus the entries in flight.
+    assert!(most < 5.0 * 1_048_576.0, "the log reached {most} bytes");
+    assert!(info_num(&text, "log_full_waits") > 0.0, "{text}");
+}
+
 /// A restart read the whole snapshot file into memory and decoded every
 /// record into a list before loading it: a node of 3.2M small records
 /// that ran at 332 MB peaked at 852 MB to start again, so a node sized

@@ -553,8 +553,8 @@ pub fn info_text(node: &Node, wanted: &[String], tls: bool) -> String {
             }
             let _ = write!(
                 o,
-                "min_free_disk_bytes:{}\r\ndisk_full_refusals:{}\r\n",
-                cfg.raft.min_free_disk_bytes, r.disk_full_refusals
+                "min_free_disk_bytes:{}\r\ndisk_full_refusals:{}\r\nlog_full_waits:{}\r\n",
+                cfg.raft.min_free_disk_bytes, r.disk_full_refusals, r.log_full_waits
             );
         }
     });

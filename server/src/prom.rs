@@ -492,6 +492,12 @@ pub fn render(node: &Node) -> String {
             r.disk_full_refusals,
         );
         o.one(
+            "idem_log_full_waits_total",
+            "counter",
+            "Times writes waited for a snapshot, the log held at four times what makes one due.",
+            r.log_full_waits,
+        );
+        o.one(
             "idem_raft_is_leader",
             "gauge",
             "1 on the leader.",

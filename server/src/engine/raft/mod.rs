@@ -280,6 +280,9 @@ pub struct RaftStats {
     /// Writes refused because the data directory's filesystem had less
     /// than `min_free_disk_bytes` free.
     pub disk_full_refusals: AtomicU64,
+    /// Times the writes waited for a snapshot, the log at its cap
+    /// ([`LogCap`]).
+    pub log_full_waits: AtomicU64,
 }
 
 /// The default `leader_poll_us`. A thread that sleeps until a follower's
@@ -675,6 +678,15 @@ impl RaftEngine {
                 inflight_appends: cfg.max_inflight_appends.clamp(1, peer::READ_AHEAD),
                 poll: Duration::from_micros(cfg.leader_poll_us),
                 gather_idle: Duration::from_micros(cfg.gather_idle_us),
+                log: LogCap {
+                    log: log.clone(),
+                    sm: sm.clone(),
+                    every: SnapshotEvery {
+                        entries: cfg.snapshot_entries,
+                        bytes: cfg.snapshot_log_bytes,
+                        percent: cfg.snapshot_log_percent,
+                    },
+                },
             },
             Arc::clone(&stats),
         ));
@@ -1044,6 +1056,7 @@ impl RaftEngine {
             gathers_expecting_met: self.stats.gathers_expecting_met.load(Ordering::Relaxed),
             snapshot_turn_waits: self.stats.snapshot_turn_waits.load(Ordering::Relaxed),
             disk_full_refusals: self.stats.disk_full_refusals.load(Ordering::Relaxed),
+            log_full_waits: self.stats.log_full_waits.load(Ordering::Relaxed),
             lease_lapses,
             lease_held,
             lease_held_failed,
@@ -1189,6 +1202,9 @@ pub struct RaftInfo {
     /// Writes refused for lack of disk space (`min_free_disk_bytes`),
     /// since start.
     pub disk_full_refusals: u64,
+    /// Times writes waited for a snapshot, the log held at its cap (four
+    /// times what makes a snapshot due), since start.
+    pub log_full_waits: u64,
     /// Times this leader's lease lapsed (no majority answered it within
     /// it), since start.
     pub lease_lapses: u64,
@@ -1407,6 +1423,35 @@ struct Limits {
     poll: Duration,
     /// `gather_idle_us`.
     gather_idle: Duration,
+    /// How much log may be held before the writes wait for a snapshot.
+    log: LogCap,
+}
+
+/// The log a node holds (in memory and on disk) is bounded: at
+/// [`LOG_CAP_FACTOR`] times the bytes that make a snapshot due, the
+/// proposer takes no more writes until a snapshot lets the log be purged
+/// (they wait in the queue, within `proposal_timeout_ms`). A snapshot that
+/// took long (a large store written while large values poured in at
+/// 110 MB/s: 11 s) let the log grow at the write rate meanwhile: 1.16 GB
+/// held against a 64 MiB threshold, the process peaking at 2.57 GB for
+/// 370 MB of records.
+struct LogCap {
+    log: LogStore,
+    sm: StateMachine,
+    every: SnapshotEvery,
+}
+
+/// See [`LogCap`]: four times what makes a snapshot due (at twice, one is
+/// taken without waiting for this node's turn).
+const LOG_CAP_FACTOR: u64 = 4;
+
+impl LogCap {
+    /// Whether the log held has reached the cap.
+    fn full(&self) -> bool {
+        let (_, held) = self.log.held();
+        let (_, due) = self.every.thresholds(self.sm.snapshot_stats().file_bytes);
+        held >= due.saturating_mul(LOG_CAP_FACTOR)
+    }
 }
 
 impl Limits {
@@ -1524,6 +1569,19 @@ async fn propose(p: Proposer, proposals: Arc<queue::Queue>, limits: Limits, stat
             }
         } else {
             proposals.gather(GATHER_POLLS).await;
+        }
+        if limits.log.full() {
+            stats.log_full_waits.fetch_add(1, Ordering::Relaxed);
+            static LOGGED: crate::metrics::LogEvery = crate::metrics::LogEvery::new();
+            if let Some(times) = LOGGED.due() {
+                warn!(
+                    times,
+                    "the log holds four times what makes a snapshot due: writes wait until a snapshot is written (logged at most every 10 s)"
+                );
+            }
+            while limits.log.full() && !proposals.is_closed() {
+                tokio::time::sleep(LOG_FULL_RECHECK).await;
+            }
         }
         let Some(queue::Batch { ops, txs, .. }) =
             proposals.next_batch(MAX_BATCH_OPS, limits.max_bytes).await
@@ -1667,6 +1725,9 @@ async fn propose(p: Proposer, proposals: Arc<queue::Queue>, limits: Limits, stat
         });
     }
 }
+
+/// How often writes held at the log's cap ([`LogCap`]) look again.
+const LOG_FULL_RECHECK: Duration = Duration::from_millis(5);
 
 /// Entries written and not yet applied, at most, on a single voter. Two:
 /// while one is applied and answered, the next is already being written

@@ -231,6 +231,11 @@ impl Queue {
         }
     }
 
+    /// Whether the queue was closed (the engine is stopping).
+    pub(super) fn is_closed(&self) -> bool {
+        self.room.is_closed()
+    }
+
     /// Refuses further proposals; the taker takes what is queued, then
     /// stops.
     pub(super) fn close(&self) {

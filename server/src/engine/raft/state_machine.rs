@@ -792,6 +792,8 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
             if sm.is_stopped() {
                 return None;
             }
+            #[cfg(debug_assertions)]
+            slow_snapshot_build();
             let mut failures = 0u64;
             loop {
                 if sm.is_stopped() {
@@ -1138,6 +1140,20 @@ async fn on_own_thread<T: Send + 'static>(
                 .await
                 .map_err(|e| e.to_string())
         }
+    }
+}
+
+/// Debug builds only, for fault tests: with `IDEMD_TEST_SNAPSHOT_BUILD_MS`
+/// set, each snapshot build first waits that many ms (a slow disk, a
+/// large store).
+#[cfg(debug_assertions)]
+fn slow_snapshot_build() {
+    let ms = std::env::var("IDEMD_TEST_SNAPSHOT_BUILD_MS")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or(0);
+    if ms > 0 {
+        std::thread::sleep(std::time::Duration::from_millis(ms));
     }
 }
 
