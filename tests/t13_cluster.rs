@@ -3221,3 +3221,48 @@ async fn writes_in_flight_on_a_leader_that_removes_itself_are_answered_at_once()
         .expect("requests on the removed leader were held");
     assert!(ended.iter().all(|n| *n.as_ref().unwrap() > 0));
 }
+
+/// A learner never campaigns, so it went on naming a dead leader
+/// (`cluster_state:ok`, `-MOVED` to it) for as long as the voters could
+/// not elect another. Once it has not heard from the leader for longer
+/// than an election takes, it says the cluster is down.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_learner_that_no_longer_hears_a_leader_says_the_cluster_is_down() {
+    let mut c = Cluster::start("learner-down", 3).await;
+    let l = c.leader().await;
+    let mut conn = c.members[l].conn().await;
+    let mut four = Member::new("learner-down", 4);
+    four.start(None, &[]).await;
+    assert_eq!(four.add_as_learner(&mut conn).await, ok());
+    eventually("the learner follows the leader", async || {
+        (four.info("idem_role").await == "learner" && four.info("cluster_state").await == "ok")
+            .then_some(())
+    })
+    .await;
+    let mut lc = four.conn().await;
+    assert!(
+        matches!(lc.cmd(&["CLAIM", "k"]).await, Frame::Error(e) if e.starts_with(b"MOVED")),
+        "a learner redirects to the leader"
+    );
+    // The leader and a follower die: no majority is left to elect one.
+    let f = c.followers().await[0];
+    c.members[l].kill().await;
+    c.members[f].kill().await;
+    eventually("the learner says the cluster is down", async || {
+        (four.info("cluster_state").await == "fail").then_some(())
+    })
+    .await;
+    let e = lc.cmd(&["CLAIM", "k"]).await;
+    assert!(
+        matches!(&e, Frame::Error(m) if m.starts_with(b"CLUSTERDOWN")),
+        "{e:?}"
+    );
+    // A voter comes back: a leader is elected, and the learner follows it.
+    c.members[l].start(None, &[]).await;
+    eventually_within(
+        Duration::from_secs(30),
+        "the learner follows the new leader",
+        async || (four.info("cluster_state").await == "ok").then_some(()),
+    )
+    .await;
+}

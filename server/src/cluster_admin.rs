@@ -261,7 +261,7 @@ pub fn info_text(v: &ClusterView, commit_index: u64) -> String {
     // part of a working cluster, whatever leader it last knew.
     // Nor is a leader no majority has answered for longer than an
     // election takes.
-    let ok = v.leader.is_some() && me.is_some() && !v.quorum_lost;
+    let ok = v.leader.is_some() && me.is_some() && !v.quorum_lost && !v.leader_lost;
     let leader_addr = v
         .leader
         .and_then(|l| v.members.iter().find(|m| m.id == l))

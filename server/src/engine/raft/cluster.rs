@@ -537,6 +537,16 @@ impl Role {
         now.saturating_sub(from) >= (self.lease + self.election_timeout).as_micros() as u64
     }
 
+    /// Whether a learner that last heard from the leader it follows
+    /// `heard` ago has lost it: for longer than its lease and
+    /// `election_timeout` (a voter campaigns by then, and so learns there
+    /// is no leader; a learner never campaigns, and went on naming a dead
+    /// leader, `cluster_state:ok`, for as long as the voters could not
+    /// elect another).
+    pub fn leader_lost(&self, heard: Option<Duration>) -> bool {
+        heard.is_some_and(|d| d >= self.lease + self.election_timeout)
+    }
+
     /// Notes that the role watcher looks now (see `ticked_us`).
     fn ticked(&self) {
         let now = self.us(Instant::now()).max(1);
@@ -723,6 +733,14 @@ pub fn not_serving(
         ),
         Some(id) if id == me => {
             EngineError::TryAgain("this node was just elected: it applies the log first")
+        }
+        Some(id)
+            if !membership.membership().voter_ids().any(|v| v == me)
+                && role.leader_lost(peers.heard_ago(id)) =>
+        {
+            EngineError::ClusterDown(
+                "this learner has not heard from the leader for longer than an election takes: no leader may be reachable",
+            )
         }
         Some(id) => match client_addr_of(raft, peers, id) {
             Some(addr) if !addr.is_empty() => EngineError::Moved {
@@ -1352,6 +1370,9 @@ pub struct ClusterView {
     pub members: Vec<MemberView>,
     /// Ids removed from the cluster (never accepted again).
     pub retired: IdSet,
+    /// This node is a learner that has not heard from the leader it
+    /// follows for longer than an election takes ([`Role::leader_lost`]).
+    pub leader_lost: bool,
     /// The membership is in joint consensus: a change of voters was
     /// committed halfway (its leader died between the two steps); the
     /// next leader finishes it ([`finish_half_done_changes`]).
@@ -1425,6 +1446,9 @@ impl ClusterView {
                 .or(role.last_leader())
                 .filter(|l| *l != m.id)
                 .and_then(|l| peers.heard_ago(l)),
+            leader_lost: !voters.contains(&m.id)
+                && m.current_leader.is_some_and(|l| l != m.id)
+                && role.leader_lost(m.current_leader.and_then(|l| peers.heard_ago(l))),
             members,
             retired,
             joint: membership.get_joint_config().len() > 1,
