@@ -1525,7 +1525,7 @@ async fn a_single_node_grows_into_a_cluster_and_shrinks_back() {
     let e = err(&conn
         .cmd(&["CLUSTER", "ADD", "2", "127.0.0.1:1", "127.0.0.1:2"])
         .await);
-    assert!(e.contains("already a member"), "{e}");
+    assert!(e.contains("already a member") && e.contains("a new id"), "{e}");
     // A peer address another member has: the learner would never be
     // reached (its messages go to that member, which refuses them).
     let taken = others[0].peer.to_string();

@@ -721,7 +721,7 @@ pub fn not_serving(
     // added and catching up from a snapshot taken before it was.
     if !member {
         return EngineError::TryAgain(
-            "this node is not a member of a cluster yet: it waits for the bootstrap (--initial-cluster) or for CLUSTER ADD on the leader, or catches up",
+            "this node is not a member of a cluster yet: it waits for the bootstrap (--initial-cluster) or for CLUSTER ADD on the leader, or catches up (an id that was a member before and lost its data directory is kept out for good: give the node a new id)",
         );
     }
     match leader {
@@ -1485,7 +1485,7 @@ pub async fn add_member(
     }
     if view.members.iter().any(|m| m.id == id) {
         return Err(ChangeError::Refused(format!(
-            "node {id} is already a member"
+            "node {id} is already a member (a node whose data directory was lost is kept out under its old id: CLUSTER REMOVE it, and add it under a new id)"
         )));
     }
     if view.retired.contains(id) {
