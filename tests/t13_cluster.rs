@@ -1525,7 +1525,10 @@ async fn a_single_node_grows_into_a_cluster_and_shrinks_back() {
     let e = err(&conn
         .cmd(&["CLUSTER", "ADD", "2", "127.0.0.1:1", "127.0.0.1:2"])
         .await);
-    assert!(e.contains("already a member") && e.contains("a new id"), "{e}");
+    assert!(
+        e.contains("already a member") && e.contains("a new id"),
+        "{e}"
+    );
     // A peer address another member has: the learner would never be
     // reached (its messages go to that member, which refuses them).
     let taken = others[0].peer.to_string();
@@ -3155,10 +3158,33 @@ async fn a_removal_its_leader_died_in_is_finished_by_the_next_leader() {
         .try_cmd(&["CLUSTER", "REMOVE", &gone.to_string()])
         .await;
     assert!(file.exists(), "the leader did not reach the crash point");
-    // The old leader restarts (so that two voters remain once it is done).
     c.members[l].kill().await;
+    // While the old leader is down the removal waits: proposed now, its
+    // joint configuration would need a majority of the voters left (the
+    // old leader and the third node) and stop every write. The third node
+    // leads, with the vote of the node being removed, and serves.
+    let third = (0..3).find(|&i| i != l && i != f).unwrap();
+    let mut tc = c.members[third].conn().await;
+    let r = eventually_within(
+        Duration::from_secs(30),
+        "the third node serves",
+        async || match tc.try_cmd(&["CLAIM", "meanwhile"]).await {
+            Some(r @ Frame::Array(_)) => Some(r),
+            _ => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                None
+            }
+        },
+    )
+    .await;
+    assert!(
+        matches!(claim(r.clone()), ClaimReply::Acquired { .. }),
+        "{r:?}"
+    );
+    assert_eq!(c.members[third].info("idem_voters").await, "3");
+    // The old leader back, the removal is finished.
     c.members[l].start(None, &[]).await;
-    let n = c.leader().await;
+    let n = third;
     eventually_within(
         Duration::from_secs(30),
         "the next leader finishes the removal",

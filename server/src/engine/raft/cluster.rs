@@ -1021,7 +1021,25 @@ async fn finish_half_done_changes(w: &Watch, term: u64) {
                 info!(voters = ?goal, "finishing a change of voters a leader left halfway (joint consensus)");
                 Some(ChangeMembers::ReplaceAllVoters(goal))
             } else if let Some(&id) = stale.iter().next() {
-                if voters.contains(&id) && voters.len() <= 1 {
+                // Removing a voter goes through a joint configuration that
+                // needs a majority of the voters left too: proposed while
+                // one of them is down (the leader that died, say), it would
+                // stop every write until that node is back, where the
+                // cluster serves as it is. So only once a majority of them
+                // answers this leader.
+                let left: Vec<NodeId> = voters.iter().copied().filter(|v| *v != id).collect();
+                let answering = left
+                    .iter()
+                    .filter(|v| **v == me || w.peers.reach(**v).is_some_and(|(ok, _)| ok))
+                    .count();
+                if voters.contains(&id) && (left.is_empty() || answering * 2 <= left.len()) {
+                    if left.is_empty() {
+                        return;
+                    }
+                    debug!(
+                        node = id,
+                        "the removal waits for a majority of the voters left to answer"
+                    );
                     None
                 } else {
                     info!(
@@ -1038,6 +1056,12 @@ async fn finish_half_done_changes(w: &Watch, term: u64) {
                 None
             };
             let Some(change) = change else {
+                if configs.len() == 1 && !stale.is_empty() {
+                    // A removal that waits for the voters left: look again.
+                    drop(_one_at_a_time);
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    continue;
+                }
                 return;
             };
             // Proposed only while this node is a voter of what it holds
