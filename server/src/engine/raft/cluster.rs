@@ -538,13 +538,15 @@ impl Role {
     }
 
     /// Whether a learner that last heard from the leader it follows
-    /// `heard` ago has lost it: for longer than its lease and
-    /// `election_timeout` (a voter campaigns by then, and so learns there
-    /// is no leader; a learner never campaigns, and went on naming a dead
-    /// leader, `cluster_state:ok`, for as long as the voters could not
-    /// elect another).
+    /// `heard` ago has lost it: for four times its lease and election
+    /// timeout (3.4 s by default; a voter campaigns after one, and so
+    /// learns there is no leader; a learner never campaigns, and went on
+    /// naming a dead leader, `cluster_state:ok`, for as long as the voters
+    /// could not elect another). Four, since a learner hears nothing while
+    /// the leader prepares a snapshot for it, or while its own disk is
+    /// slow to take the last entries.
     pub fn leader_lost(&self, heard: Option<Duration>) -> bool {
-        heard.is_some_and(|d| d >= self.lease + self.election_timeout)
+        heard.is_some_and(|d| d >= (self.lease + self.election_timeout) * 4)
     }
 
     /// Notes that the role watcher looks now (see `ticked_us`).

@@ -325,8 +325,6 @@ pub struct RaftEngine {
     _lock: File,
 }
 
-/// Starts serving peer connections (from the listener, or those accepted
-/// by the caller), once.
 /// Debug builds only, for fault tests: with `IDEMD_TEST_CRASH=POINT:FILE`,
 /// the process exits at once (no clean-up, as under kill -9) the first
 /// time any node reaches `point` while FILE does not exist (it is created
@@ -356,6 +354,8 @@ pub(crate) fn crash_point(point: &str) {
 #[cfg(not(debug_assertions))]
 pub(crate) fn crash_point(_point: &str) {}
 
+/// Starts serving peer connections (from the listener, or those accepted
+/// by the caller), once.
 fn serve_peers(
     listener: &mut Option<tokio::net::TcpListener>,
     incoming: &mut Option<peer::Incoming>,
@@ -1427,7 +1427,8 @@ struct Limits {
     log: LogCap,
 }
 
-/// The log a node holds (in memory and on disk) is bounded: at
+/// The log the node that takes the writes holds (in memory and on disk;
+/// a follower's is not bounded here) is bounded: at
 /// [`LOG_CAP_FACTOR`] times the bytes that make a snapshot due, the
 /// proposer takes no more writes until a snapshot lets the log be purged
 /// (they wait in the queue, within `proposal_timeout_ms`). A snapshot that
@@ -1579,7 +1580,9 @@ async fn propose(p: Proposer, proposals: Arc<queue::Queue>, limits: Limits, stat
                     "the log holds four times what makes a snapshot due: writes wait until a snapshot is written (logged at most every 10 s)"
                 );
             }
-            while limits.log.full() && !proposals.is_closed() {
+            // Not while this node stops leading (its writes are then
+            // answered with the redirect) or stops.
+            while limits.log.full() && p.role.serving() && !proposals.is_closed() {
                 tokio::time::sleep(LOG_FULL_RECHECK).await;
             }
         }

@@ -1293,6 +1293,7 @@ async fn serve_conn(
             Request::Append(r) => Response::Append(raft.append_entries(r).await),
             Request::Vote(r) => Response::Vote(raft.vote(r).await),
             Request::Snapshot(r) => {
+                peers.watch.heard(raft, asker);
                 let (id, offset, len) = (r.meta.snapshot_id.clone(), r.offset, r.data.len());
                 match peers.check_snapshot_chunk(&id, offset) {
                     Ok(()) => {
