@@ -706,6 +706,23 @@ async fn a_data_dir_with_a_snapshot_of_the_first_durable_release_replays_identic
     assert_eq!(c.acquire(&["CLAIM", "fixture:released"]).await, 7);
 }
 
+/// `n` claims of fresh 40-byte keys (`prefix` and a number) written at
+/// once: each must be acquired.
+async fn burst_of_claims(c: &mut Conn, prefix: &str, n: i64) {
+    let mut wire = Vec::new();
+    for i in 0..n {
+        let k = format!("{}-{i:030}", key(prefix));
+        wire.extend_from_slice(format!("*2\r\n$5\r\nCLAIM\r\n${}\r\n{k}\r\n", k.len()).as_bytes());
+    }
+    c.write_raw(&wire).await;
+    for _ in 0..n {
+        assert!(matches!(
+            claim(c.reply().await),
+            ClaimReply::Acquired { .. }
+        ));
+    }
+}
+
 /// After a burst of 1M claims the log stayed in memory, decoded (about
 /// 280 MB for 45 MB of log), until a later burst reached the snapshot
 /// thresholds. Now the log is held encoded, and once the server goes quiet
@@ -717,19 +734,8 @@ async fn a_quiet_server_snapshots_so_a_bursts_log_leaves_memory() {
     let mut c = s.conn().await;
     // 30,000 claims of 40-byte keys: over a MiB of log, far below the
     // snapshot thresholds (10,000 entries: they are batched; 64 MiB).
-    let mut wire = Vec::new();
     let n = 30_000;
-    for i in 0..n {
-        let k = format!("{}-{i:030}", key("q"));
-        wire.extend_from_slice(format!("*2\r\n$5\r\nCLAIM\r\n${}\r\n{k}\r\n", k.len()).as_bytes());
-    }
-    c.write_raw(&wire).await;
-    for _ in 0..n {
-        assert!(matches!(
-            claim(c.reply().await),
-            ClaimReply::Acquired { .. }
-        ));
-    }
+    burst_of_claims(&mut c, "q", n).await;
     let text = bulk(&c.cmd(&["INFO", "replication"]).await);
     let held = info_num(&text, "raft_log_bytes");
     assert!(held > 1_048_576.0, "{text}");
@@ -765,19 +771,7 @@ async fn a_trickle_of_requests_does_not_keep_a_bursts_log_in_memory() {
     let dir = DataDir::new("trickle");
     let s = raft(&dir).await;
     let mut c = s.conn().await;
-    let n = 30_000;
-    let mut wire = Vec::new();
-    for i in 0..n {
-        let k = format!("{}-{i:030}", key("t"));
-        wire.extend_from_slice(format!("*2\r\n$5\r\nCLAIM\r\n${}\r\n{k}\r\n", k.len()).as_bytes());
-    }
-    c.write_raw(&wire).await;
-    for _ in 0..n {
-        assert!(matches!(
-            claim(c.reply().await),
-            ClaimReply::Acquired { .. }
-        ));
-    }
+    burst_of_claims(&mut c, "t", 30_000).await;
     let text = bulk(&c.cmd(&["INFO", "replication"]).await);
     assert!(info_num(&text, "raft_log_bytes") > 1_048_576.0, "{text}");
     // A health check every 300 ms, and a short claim now and then.

@@ -1102,15 +1102,7 @@ async fn a_patient_complete_outlasts_an_outage_and_gives_up_once_the_claim_is_lo
     let dir = DataDir::new("patient-complete");
     let port = crate::support::cluster::free_port();
     let listen = format!("127.0.0.1:{port}");
-    let args = [
-        "--engine",
-        "raft",
-        "--data-dir",
-        dir.arg(),
-        "--listen",
-        &listen,
-    ];
-    let mut s = Idemd::start_with(&[], &args).await;
+    let mut s = Idemd::start_raft_at(&dir, &listen).await;
     let config = idem_client::ClientConfig::default().deadline(Duration::from_millis(500));
     let c = Client::connect_with_config(listen.clone(), config)
         .await
@@ -1130,7 +1122,7 @@ async fn a_patient_complete_outlasts_an_outage_and_gives_up_once_the_claim_is_lo
     // Past the deadline it is still trying; the server comes back.
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert!(!done.is_finished());
-    let s = Idemd::start_with(&[], &args).await;
+    let s = Idemd::start_raft_at(&dir, &listen).await;
     tokio::time::timeout(Duration::from_secs(10), done)
         .await
         .expect("recorded once the server was back")

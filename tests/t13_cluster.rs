@@ -12,7 +12,7 @@ use idem_protocol::{ClaimReply, Frame, Outcome, key_slot};
 
 #[cfg(debug_assertions)]
 use crate::support::cluster::SlowSyncs;
-use crate::support::cluster::{Cluster, Member, assert_completed, cmd_served};
+use crate::support::cluster::{Cluster, Member, acquire_served, assert_completed, cmd_served};
 use crate::support::*;
 use crate::t07_redis_tools::sample;
 
@@ -1635,8 +1635,7 @@ async fn a_removed_node_left_running_tells_its_clients_so() {
     let l2 = left.leader().await;
     let mut conn = left.members[l2].conn().await;
     cmd_served(&mut conn, &["PING"]).await;
-    let r = cmd_served(&mut conn, &["CLAIM", "after"]).await;
-    assert!(matches!(claim(r), ClaimReply::Acquired { .. }));
+    acquire_served(&mut conn, "after").await;
     // Neither removed node campaigns on once the members refused it: its
     // term stands still (it rose twice a second, with a leader change
     // logged each time, for as long as the node was left running).
@@ -3131,11 +3130,7 @@ async fn a_promotion_its_leader_died_in_is_finished_by_the_next_leader() {
         .await;
     }
     let mut conn = c.members[n].conn().await;
-    let r = cmd_served(&mut conn, &["CLAIM", "after"]).await;
-    assert!(
-        matches!(claim(r.clone()), ClaimReply::Acquired { .. }),
-        "{r:?}"
-    );
+    acquire_served(&mut conn, "after").await;
 }
 
 /// A leader killed in `CLUSTER REMOVE` after it recorded the id as retired
@@ -3198,11 +3193,7 @@ async fn a_removal_its_leader_died_in_is_finished_by_the_next_leader() {
     )
     .await;
     let mut conn = c.members[n].conn().await;
-    let r = cmd_served(&mut conn, &["CLAIM", "after"]).await;
-    assert!(
-        matches!(claim(r.clone()), ClaimReply::Acquired { .. }),
-        "{r:?}"
-    );
+    acquire_served(&mut conn, "after").await;
 }
 
 /// A leader that removed itself held the writes in flight at that moment,

@@ -684,15 +684,7 @@ async fn a_store_outage_as_the_handler_ends_does_not_lose_its_response() {
     let dir = crate::support::DataDir::new("http-outage");
     let port = crate::support::cluster::free_port();
     let listen = format!("127.0.0.1:{port}");
-    let args = [
-        "--engine",
-        "raft",
-        "--data-dir",
-        dir.arg(),
-        "--listen",
-        &listen,
-    ];
-    let mut idemd = Idemd::start_with(&[], &args).await;
+    let mut idemd = Idemd::start_raft_at(&dir, &listen).await;
     let config = idem_client::ClientConfig::default().deadline(Duration::from_millis(800));
     let client = idem_client::Client::connect_with_config(listen.clone(), config)
         .await
@@ -729,7 +721,7 @@ async fn a_store_outage_as_the_handler_ends_does_not_lose_its_response() {
     assert_eq!(first.body, "charged in run 1");
     // Back after the client's deadline, with its records.
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let _idemd = Idemd::start_with(&[], &args).await;
+    let _idemd = Idemd::start_raft_at(&dir, &listen).await;
     let retry = post_key(addr, "/charge", "outage", "1").await;
     assert_eq!(retry.status, StatusCode::CREATED, "{}", retry.body);
     assert_eq!(retry.body, "charged in run 1");

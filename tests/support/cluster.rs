@@ -233,6 +233,15 @@ pub async fn cmd_served(conn: &mut Conn, args: &[&str]) -> Frame {
     }
 }
 
+/// `CLAIM key` on `conn` through [`cmd_served`]: it must be acquired.
+pub async fn acquire_served(conn: &mut Conn, key: &str) {
+    let r = cmd_served(conn, &["CLAIM", key]).await;
+    assert!(
+        matches!(claim(r.clone()), ClaimReply::Acquired { .. }),
+        "CLAIM {key}: {r:?}"
+    );
+}
+
 /// Claims every `(key, value)` on `conn`: each must be completed with that
 /// value (`why` ends the message of one that is not).
 pub async fn assert_completed(conn: &mut Conn, completed: &[(String, String)], why: &str) {

@@ -100,6 +100,20 @@ impl Idemd {
         Idemd { child, addr, logs }
     }
 
+    /// idemd on the raft engine in `dir`, listening on `listen`: a fixed
+    /// address, where a restart on the same directory is found again.
+    pub async fn start_raft_at(dir: &DataDir, listen: &str) -> Idemd {
+        let args = [
+            "--engine",
+            "raft",
+            "--data-dir",
+            dir.arg(),
+            "--listen",
+            listen,
+        ];
+        Idemd::start_with(&[], &args).await
+    }
+
     /// The lines logged so far (of the latest [`LOG_LINES_KEPT`]) that
     /// contain `needle`, once at least one does or `within` has passed.
     pub async fn logged(&self, needle: &str, within: Duration) -> Vec<String> {

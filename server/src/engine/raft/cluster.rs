@@ -1009,78 +1009,77 @@ async fn finish_half_done_changes(w: &Watch, term: u64) {
         let result = {
             let _one_at_a_time = w.role.membership_changes().await;
             let m = w.raft.metrics().borrow().membership_config.clone();
-            let membership = m.membership();
-            let retired = retired_ids(membership.nodes());
-            let configs = membership.get_joint_config();
-            let stale: std::collections::BTreeSet<NodeId> = membership
-                .nodes()
-                .map(|(id, _)| *id)
-                .filter(|id| retired.contains(*id))
-                .collect();
-            let voters: std::collections::BTreeSet<NodeId> = membership.voter_ids().collect();
-            let change = if configs.len() > 1 {
-                let goal = configs.last().cloned().unwrap_or_default();
-                info!(voters = ?goal, "finishing a change of voters a leader left halfway (joint consensus)");
-                Some(ChangeMembers::ReplaceAllVoters(goal))
-            } else if let Some(&id) = stale.iter().next() {
-                // Removing a voter goes through a joint configuration that
-                // needs a majority of the voters left too: proposed while
-                // one of them is down (the leader that died, say), it would
-                // stop every write until that node is back, where the
-                // cluster serves as it is. So only once a majority of them
-                // answers this leader.
-                let left: Vec<NodeId> = voters.iter().copied().filter(|v| *v != id).collect();
-                let answering = left
-                    .iter()
-                    .filter(|v| **v == me || w.peers.reach(**v).is_some_and(|(ok, _)| ok))
-                    .count();
-                if voters.contains(&id) && (left.is_empty() || answering * 2 <= left.len()) {
-                    if left.is_empty() {
-                        return;
-                    }
-                    debug!(
-                        node = id,
-                        "the removal waits for a majority of the voters left to answer"
-                    );
-                    None
-                } else {
-                    info!(
-                        node = id,
-                        "finishing the removal of a member a leader left halfway"
-                    );
-                    Some(if voters.contains(&id) {
-                        ChangeMembers::RemoveVoters([id].into())
-                    } else {
-                        ChangeMembers::RemoveNodes([id].into())
-                    })
+            let answers = |v: NodeId| v == me || w.peers.reach(v).is_some_and(|(ok, _)| ok);
+            match half_done(m.membership(), answers) {
+                HalfDone::Nothing => return,
+                HalfDone::Wait => None,
+                // Proposed only while this node is a voter of what it
+                // holds (see `still_a_voter`).
+                HalfDone::Finish(_) if !still_a_voter(&w.raft, me) => return,
+                HalfDone::Finish(change) => {
+                    info!(change = ?change, "finishing a change of membership a leader left halfway");
+                    Some(w.raft.change_membership(change, false).await)
                 }
-            } else {
-                None
-            };
-            let Some(change) = change else {
-                if configs.len() == 1 && !stale.is_empty() {
-                    // A removal that waits for the voters left: look again.
-                    drop(_one_at_a_time);
-                    tokio::time::sleep(Duration::from_secs(1)).await;
-                    continue;
-                }
-                return;
-            };
-            // Proposed only while this node is a voter of what it holds
-            // (see `still_a_voter`).
-            if !still_a_voter(&w.raft, me) {
-                return;
             }
-            w.raft.change_membership(change, false).await
         };
         match result {
-            Ok(_) => info!("finished it"),
-            Err(e) => {
-                debug!(error = %e, "cannot finish the change yet");
-                tokio::time::sleep(Duration::from_secs(1)).await;
+            Some(Ok(_)) => {
+                info!("finished it");
+                continue;
             }
+            Some(Err(e)) => debug!(error = %e, "cannot finish the change yet"),
+            None => debug!("the removal waits for a majority of the voters left to answer"),
         }
+        tokio::time::sleep(Duration::from_secs(1)).await;
     }
+}
+
+/// What [`finish_half_done_changes`] finds in a membership.
+#[derive(Debug)]
+enum HalfDone {
+    /// No change was left halfway.
+    Nothing,
+    /// A removal of a voter, until a majority of the voters left answers.
+    Wait,
+    /// The change that finishes it.
+    Finish(ChangeMembers<NodeId, BasicNode>),
+}
+
+/// The change left halfway in `membership`, if any; `answers` tells
+/// whether a voter answers this leader.
+fn half_done(
+    membership: &openraft::Membership<NodeId, BasicNode>,
+    answers: impl Fn(NodeId) -> bool,
+) -> HalfDone {
+    let configs = membership.get_joint_config();
+    if configs.len() > 1 {
+        let goal = configs.last().cloned().unwrap_or_default();
+        return HalfDone::Finish(ChangeMembers::ReplaceAllVoters(goal));
+    }
+    let retired = retired_ids(membership.nodes());
+    let Some(id) = membership
+        .nodes()
+        .map(|(id, _)| *id)
+        .find(|id| retired.contains(*id))
+    else {
+        return HalfDone::Nothing;
+    };
+    if !membership.voter_ids().any(|v| v == id) {
+        return HalfDone::Finish(ChangeMembers::RemoveNodes([id].into()));
+    }
+    // Removing a voter goes through a joint configuration that needs a
+    // majority of the voters left too: proposed while one of them is down
+    // (the leader that died, say), it would stop every write until that
+    // node is back, where the cluster serves as it is. So only once a
+    // majority of them answers this leader.
+    let left: Vec<NodeId> = membership.voter_ids().filter(|v| *v != id).collect();
+    if left.is_empty() {
+        return HalfDone::Nothing;
+    }
+    if left.iter().filter(|v| answers(**v)).count() * 2 <= left.len() {
+        return HalfDone::Wait;
+    }
+    HalfDone::Finish(ChangeMembers::RemoveVoters([id].into()))
 }
 
 /// Whether node `id` is a voter of the membership it holds (the latest
