@@ -2090,6 +2090,58 @@ async fn a_follower_down_while_100k_records_are_written_catches_up_by_snapshot()
     conn.acquire(&["CLAIM", "after-catch-up"]).await;
 }
 
+/// A follower whose snapshot took longer to install than an election
+/// timeout campaigned, and its higher term deposed the leader that was
+/// sending it (a restarted follower catching up on 84 MB took ~2 s; the
+/// terms went 1, 2, 3 and writes failed meanwhile): the leader sends
+/// nothing else to a follower while it sends it a snapshot, heartbeats
+/// included, so the follower heard nothing while it installed. Now a
+/// follower counts the snapshot it is taking from its leader as word from
+/// it, for as long as it takes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_slow_to_install_a_snapshot_does_not_depose_its_leader() {
+    let mut c = Cluster::start_with("slow-install", 3, &[("IDEM_SNAPSHOT_ENTRIES", "50")]).await;
+    let f = c.followers().await[0];
+    c.members[f].kill().await;
+    let l = c.leader().await;
+    let mut conn = c.members[l].conn().await;
+    fill(&mut conn, "bulk", 30_000).await;
+    let want = int(&conn.cmd(&["DBSIZE"]).await);
+    // The follower has the first two entries: the leader's log must start
+    // past them, so that only a snapshot catches it up.
+    eventually("the leader purges its log", async || {
+        let last = info_field(&mut conn, "raft_last_log_index").await;
+        let held = info_field(&mut conn, "raft_log_entries").await;
+        (last.saturating_sub(held) > 10).then_some(())
+    })
+    .await;
+    let term = c.members[l].info("cluster_current_epoch").await;
+    // Four times the longest a follower waits for its leader (lease and
+    // election timeout, 300 + 600 ms here).
+    c.members[f]
+        .start(None, &[("IDEMD_TEST_SNAPSHOT_INSTALL_MS", "3600")])
+        .await;
+    let mut fc = c.members[f].conn().await;
+    eventually("the follower installs a snapshot", async || {
+        (info_field(&mut fc, "raft_snapshot_index").await > 0).then_some(())
+    })
+    .await;
+    eventually("the follower catches up", async || {
+        (int(&fc.cmd(&["DBSIZE"]).await) == want).then_some(())
+    })
+    .await;
+    for m in &c.members {
+        assert_eq!(
+            m.info("cluster_current_epoch").await,
+            term,
+            "node {} is in another term: someone campaigned while the snapshot was installed",
+            m.id
+        );
+    }
+    assert_eq!(c.leader().await, l);
+    conn.acquire(&["CLAIM", "after-catch-up"]).await;
+}
+
 /// A snapshot file damaged on disk after it was written was sent as it
 /// was: the member it was sent to refused it and its Raft core stopped for
 /// good, the process staying up and answering every write with an error.

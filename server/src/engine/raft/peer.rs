@@ -62,6 +62,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_util::codec::{Framed, LengthDelimitedCodec};
+use tokio_util::task::AbortOnDropHandle;
 use tracing::{debug, info, warn};
 
 use super::types::{NodeId, TypeConfig, decode_sharing, encoded_size_hint};
@@ -1297,7 +1298,9 @@ async fn serve_conn(
                 let (id, offset, len) = (r.meta.snapshot_id.clone(), r.offset, r.data.len());
                 match peers.check_snapshot_chunk(&id, offset) {
                     Ok(()) => {
-                        let taken = raft.install_snapshot(r).await;
+                        let vote = r.vote;
+                        let work = raft.install_snapshot(r);
+                        let taken = from_leader_meanwhile(peers, raft, asker, vote, work).await;
                         if taken.is_ok() {
                             peers.snapshot_chunk_taken(&id, offset, len);
                         }
@@ -1314,6 +1317,59 @@ async fn serve_conn(
             Request::Probe => Response::Probe(peers.probe_info(asker)),
         };
         send(&mut conn, &resp).await?;
+    }
+}
+
+/// Runs `work`, the taking of a snapshot chunk from `leader`, whose vote
+/// is `vote`, counting it as word from that leader, as an AppendEntries
+/// is: once as it starts and every heartbeat interval until it is done.
+///
+/// The leader sends a follower nothing else while it sends it a snapshot,
+/// heartbeats included, and openraft takes the chunks outside its core, so
+/// they did not restart the follower's election timer: a follower whose
+/// snapshot took longer than an election timeout to install (the last
+/// chunk is answered once the snapshot is loaded) campaigned, and its
+/// higher term deposed the leader sending it. An empty AppendEntries with
+/// no previous entry matches any log and commits nothing: it only takes
+/// the vote (refused if it is not at least this node's) and restarts the
+/// timer. Its answer is not waited for: openraft answers it only after the
+/// install, behind the install's own answer. The quick campaign
+/// ([`LeaderWatch`](super::quick_elect::LeaderWatch)) hears of it too.
+async fn from_leader_meanwhile<T>(
+    peers: &Peers,
+    raft: &Raft<TypeConfig>,
+    leader: NodeId,
+    vote: openraft::Vote<NodeId>,
+    work: impl Future<Output = T>,
+) -> T {
+    let heartbeat = || {
+        peers.watch.heard(raft, leader);
+        let raft = raft.clone();
+        // Ended with the work (dropping it drops the answer, unread).
+        AbortOnDropHandle::new(tokio::spawn(async move {
+            let _ = raft
+                .append_entries(AppendEntriesRequest {
+                    vote,
+                    prev_log_id: None,
+                    entries: Vec::new(),
+                    leader_commit: None,
+                })
+                .await;
+        }))
+    };
+    let every = Duration::from_millis(raft.config().heartbeat_interval.max(1));
+    // One a heartbeat interval, for at most `install_snapshot_timeout`.
+    let mut sent = vec![heartbeat()];
+    let mut work = std::pin::pin!(work);
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+    loop {
+        tokio::select! {
+            done = &mut work => return done,
+            _ = tick.tick() => {
+                sent.retain(|h| !h.is_finished());
+                sent.push(heartbeat());
+            }
+        }
     }
 }
 

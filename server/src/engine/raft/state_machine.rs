@@ -998,6 +998,8 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                 ),
             )
         };
+        #[cfg(debug_assertions)]
+        slow_snapshot_install().await;
         // Loaded off the runtime thread: a large snapshot takes seconds,
         // and this node's peers and clients are answered meanwhile.
         let store = Arc::clone(&self.store);
@@ -1148,13 +1150,25 @@ async fn on_own_thread<T: Send + 'static>(
 /// large store).
 #[cfg(debug_assertions)]
 fn slow_snapshot_build() {
-    let ms = std::env::var("IDEMD_TEST_SNAPSHOT_BUILD_MS")
+    std::thread::sleep(test_delay("IDEMD_TEST_SNAPSHOT_BUILD_MS"));
+}
+
+/// Debug builds only, for fault tests: with `IDEMD_TEST_SNAPSHOT_INSTALL_MS`
+/// set, each snapshot received first waits that many ms before it is
+/// installed (a large store to load).
+#[cfg(debug_assertions)]
+async fn slow_snapshot_install() {
+    tokio::time::sleep(test_delay("IDEMD_TEST_SNAPSHOT_INSTALL_MS")).await;
+}
+
+/// The delay the environment variable `var` asks for, in ms (none if unset).
+#[cfg(debug_assertions)]
+fn test_delay(var: &str) -> std::time::Duration {
+    let ms = std::env::var(var)
         .ok()
         .and_then(|v| v.parse::<u64>().ok())
         .unwrap_or(0);
-    if ms > 0 {
-        std::thread::sleep(std::time::Duration::from_millis(ms));
-    }
+    std::time::Duration::from_millis(ms)
 }
 
 #[cfg(test)]
