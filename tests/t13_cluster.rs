@@ -2093,39 +2093,67 @@ async fn a_follower_down_while_100k_records_are_written_catches_up_by_snapshot()
 /// A follower whose snapshot took longer to install than an election
 /// timeout campaigned, and its higher term deposed the leader that was
 /// sending it (a restarted follower catching up on 84 MB took ~2 s; the
-/// terms went 1, 2, 3 and writes failed meanwhile): the leader sends
-/// nothing else to a follower while it sends it a snapshot, heartbeats
-/// included, so the follower heard nothing while it installed. Now a
-/// follower counts the snapshot it is taking from its leader as word from
-/// it, for as long as it takes.
+/// terms went 1, 2, 3 and writes failed meanwhile): the follower answers
+/// an AppendEntries only once the install is done, so a heartbeat the
+/// leader sent meanwhile waited until the leader gave up on it
+/// (`append_timeout_ms`, 2 s), and the next came after that and a backoff.
+/// Now a follower counts the snapshot it is taking from its leader as word
+/// from it, for as long as it takes. (Debug builds: the install is
+/// slowed.)
+#[cfg(debug_assertions)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_follower_slow_to_install_a_snapshot_does_not_depose_its_leader() {
-    let mut c = Cluster::start_with("slow-install", 3, &[("IDEM_SNAPSHOT_ENTRIES", "50")]).await;
+    // An election timeout of 1 s leaves the leader time to reach the
+    // restarted follower before it would campaign (2-3 s); a heartbeat
+    // every 2.5 s during the 6 s install does not.
+    let install = Duration::from_secs(6);
+    let mut c = Cluster::start_with(
+        "slow-install",
+        3,
+        &[
+            ("IDEM_SNAPSHOT_ENTRIES", "50"),
+            ("IDEM_ELECTION_TIMEOUT_MS", "1000"),
+        ],
+    )
+    .await;
     let f = c.followers().await[0];
+    let had = info_field(&mut c.members[f].conn().await, "raft_last_log_index").await;
     c.members[f].kill().await;
     let l = c.leader().await;
     let mut conn = c.members[l].conn().await;
     fill(&mut conn, "bulk", 30_000).await;
     let want = int(&conn.cmd(&["DBSIZE"]).await);
-    // The follower has the first two entries: the leader's log must start
-    // past them, so that only a snapshot catches it up.
+    // The leader's log must start past what the follower has, so that only
+    // a snapshot catches it up.
     eventually("the leader purges its log", async || {
         let last = info_field(&mut conn, "raft_last_log_index").await;
         let held = info_field(&mut conn, "raft_log_entries").await;
-        (last.saturating_sub(held) > 10).then_some(())
+        (last.saturating_sub(held) > had).then_some(())
     })
     .await;
     let term = c.members[l].info("cluster_current_epoch").await;
-    // Four times the longest a follower waits for its leader (lease and
-    // election timeout, 300 + 600 ms here).
+    let started = tokio::time::Instant::now();
+    let ms = install.as_millis().to_string();
     c.members[f]
-        .start(None, &[("IDEMD_TEST_SNAPSHOT_INSTALL_MS", "3600")])
+        .start(None, &[("IDEMD_TEST_SNAPSHOT_INSTALL_MS", &ms)])
         .await;
     let mut fc = c.members[f].conn().await;
-    eventually("the follower installs a snapshot", async || {
-        (info_field(&mut fc, "raft_snapshot_index").await > 0).then_some(())
-    })
+    eventually_within(
+        install * 3,
+        "the follower installs a snapshot",
+        async || (info_field(&mut fc, "raft_snapshot_index").await > 0).then_some(()),
+    )
     .await;
+    assert!(
+        started.elapsed() >= install,
+        "the install was not slowed ({:?})",
+        started.elapsed()
+    );
+    assert_eq!(
+        info_field(&mut fc, "raft_snapshots_built").await,
+        0,
+        "the follower built its snapshot: it was not sent one"
+    );
     eventually("the follower catches up", async || {
         (int(&fc.cmd(&["DBSIZE"]).await) == want).then_some(())
     })

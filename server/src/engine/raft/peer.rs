@@ -1324,17 +1324,21 @@ async fn serve_conn(
 /// is `vote`, counting it as word from that leader, as an AppendEntries
 /// is: once as it starts and every heartbeat interval until it is done.
 ///
-/// The leader sends a follower nothing else while it sends it a snapshot,
-/// heartbeats included, and openraft takes the chunks outside its core, so
-/// they did not restart the follower's election timer: a follower whose
-/// snapshot took longer than an election timeout to install (the last
-/// chunk is answered once the snapshot is loaded) campaigned, and its
-/// higher term deposed the leader sending it. An empty AppendEntries with
-/// no previous entry matches any log and commits nothing: it only takes
-/// the vote (refused if it is not at least this node's) and restarts the
-/// timer. Its answer is not waited for: openraft answers it only after the
-/// install, behind the install's own answer. The quick campaign
-/// ([`LeaderWatch`](super::quick_elect::LeaderWatch)) hears of it too.
+/// openraft takes the chunks outside its core, so they did not restart the
+/// follower's election timer, and the leader's heartbeats did not stand in
+/// for them while the last chunk installed the snapshot: the follower's
+/// openraft answers every AppendEntries only after a pending install, so a
+/// heartbeat sent meanwhile waited until the leader gave up on it
+/// (`append_timeout_ms`), and the leader sent the next one only after that
+/// and a backoff, about one every 2.5 s where a follower campaigns after
+/// 0.6-0.9 s. A follower whose snapshot took longer than that to load
+/// campaigned, and its higher term deposed the leader. An empty
+/// AppendEntries with no previous entry matches any log and commits
+/// nothing: it only takes the vote (refused if it is not at least this
+/// node's) and restarts the timer. Its answer is not waited for: openraft
+/// gives it only after the install, behind the install's own answer. The
+/// quick campaign ([`LeaderWatch`](super::quick_elect::LeaderWatch)) hears
+/// of it too.
 async fn from_leader_meanwhile<T>(
     peers: &Peers,
     raft: &Raft<TypeConfig>,
@@ -1357,8 +1361,13 @@ async fn from_leader_meanwhile<T>(
                 .await;
         }))
     };
-    let every = Duration::from_millis(raft.config().heartbeat_interval.max(1));
-    // One a heartbeat interval, for at most `install_snapshot_timeout`.
+    let config = raft.config();
+    let every = Duration::from_millis(config.heartbeat_interval.max(1));
+    // One a heartbeat interval, for as long as the leader waits for the
+    // chunk's answer (`install_snapshot_timeout`): past that it has given up
+    // on this call (it sends the chunk again, or is gone), and this node no
+    // longer speaks for it.
+    let until = tokio::time::Instant::now() + config.install_snapshot_timeout();
     let mut sent = vec![heartbeat()];
     let mut work = std::pin::pin!(work);
     let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
@@ -1366,6 +1375,10 @@ async fn from_leader_meanwhile<T>(
         tokio::select! {
             done = &mut work => return done,
             _ = tick.tick() => {
+                if tokio::time::Instant::now() >= until {
+                    drop(sent);
+                    return work.await;
+                }
                 sent.retain(|h| !h.is_finished());
                 sent.push(heartbeat());
             }
@@ -1394,6 +1407,11 @@ fn implausible(req: &Request, asker: NodeId) -> Option<String> {
             "a vote for node {} sent by node {asker}",
             vote.leader_id.node_id
         ));
+    }
+    // Entries and snapshots come from a leader, whose vote is committed; a
+    // candidate's is not (yet).
+    if !vote.committed && matches!(req, Request::Append(_) | Request::Snapshot(_)) {
+        return Some(format!("entries sent under an uncommitted vote ({vote})"));
     }
     let mut logged: Vec<&openraft::LogId<NodeId>> = Vec::new();
     match req {
@@ -2466,6 +2484,12 @@ mod tests {
         );
         let later = implausible(&append(5, 2, &[5, 6]), 2).unwrap();
         assert!(later.contains("later term"), "{later}");
+        let Request::Append(mut r) = append(5, 2, &[]) else {
+            unreachable!()
+        };
+        r.vote = openraft::Vote::new(5, 2);
+        let uncommitted = implausible(&Request::Append(r), 2).unwrap();
+        assert!(uncommitted.contains("uncommitted vote"), "{uncommitted}");
         let vote = |term, last: Option<u64>| {
             Request::Vote(VoteRequest {
                 vote: openraft::Vote::new(term, 4),

@@ -37,7 +37,8 @@ pub(super) const STAGGER: Duration = Duration::from_millis(50);
 /// What a node heard from its peers, and the quick campaigns it made.
 #[derive(Debug, Default)]
 pub(super) struct LeaderWatch {
-    /// When each member last sent this node an AppendEntries.
+    /// When each member last sent this node an AppendEntries or a snapshot
+    /// chunk (or was still sending one: see `peer::from_leader_meanwhile`).
     heard: Mutex<HashMap<NodeId, Instant>>,
     /// The leader and term a quick campaign is waiting for (one at a
     /// time), and when the latest connection from that leader closed.
@@ -47,7 +48,8 @@ pub(super) struct LeaderWatch {
 }
 
 impl LeaderWatch {
-    /// Notes an AppendEntries from `from`.
+    /// Notes an AppendEntries or a snapshot chunk from `from` (also every
+    /// heartbeat interval while a chunk from it is being taken).
     pub(super) fn heard(&self, raft: &Raft<TypeConfig>, from: NodeId) {
         let now = Instant::now();
         let mut heard = self.heard.lock();
@@ -69,8 +71,8 @@ impl LeaderWatch {
         }
     }
 
-    /// How long ago `from` last sent this node an AppendEntries (`None`:
-    /// never, since start).
+    /// How long ago `from` was last heard from, as [`Self::heard`] notes it
+    /// (`None`: never, since start).
     pub(super) fn heard_ago(&self, from: NodeId) -> Option<Duration> {
         self.heard.lock().get(&from).map(|t| t.elapsed())
     }
