@@ -26,7 +26,7 @@ use bytes::Bytes;
 use idem_protocol::{OnExpire, Outcome};
 
 use super::record::{LARGE_BODY, Parts, Record, State, restored_flags};
-use super::shard::{SlabCopy, state_index};
+use super::shard::{Shard, SlabCopy, state_index};
 use super::{Store, StoreConfig, table_hash};
 
 const MAGIC: &[u8; 8] = b"IDEMSNAP";
@@ -392,7 +392,7 @@ impl Store {
     /// As [`Store::restore`], and [`SnapshotError::Io`] if a read fails.
     /// An error in the first read leaves the store unchanged; one in the
     /// second (the bytes changed, or could not be read again) leaves it
-    /// partly loaded, which its caller must treat as fatal.
+    /// empty, which its caller must treat as fatal.
     pub fn load_snapshot_from<R: Read>(
         &self,
         mut open: impl FnMut() -> std::io::Result<R>,
@@ -431,29 +431,44 @@ impl Store {
             }
             Err(e) => return Err(e),
         }
-        // Then read again, as checked.
+        // Then read again, as checked, into shards of its own with no lock
+        // held: millions of records take seconds to load, and whatever
+        // looks at the store meanwhile (INFO, a client, a node's check
+        // for quiet on its one runtime thread) must not wait that long;
+        // it sees an empty store until the loaded shards take its place,
+        // all at once. What the store held is dropped first, so that the
+        // two are never in memory together.
         let mut r = Stream::new(open().map_err(io)?, len)?;
         let header = r.header()?;
-        let mut guards: Vec<_> = self.shards.iter().map(|s| s.lock()).collect();
-        for g in guards.iter_mut() {
-            **g = Default::default();
-        }
-        self.memory.store(0, Ordering::Release);
+        let held: Vec<Shard> = {
+            let mut guards: Vec<_> = self.shards.iter().map(|s| s.lock()).collect();
+            self.memory.store(0, Ordering::Release);
+            guards
+                .iter_mut()
+                .map(|g| std::mem::take(&mut **g))
+                .collect()
+        };
+        drop(held);
         self.clock.store(header.clock, Ordering::Release);
         self.next_fence.store(header.next_fence, Ordering::Release);
         self.seq.store(header.seq, Ordering::Release);
         self.max_memory.store(header.max_memory, Ordering::Release);
         self.headroom.store(header.headroom, Ordering::Release);
+        let mut loaded: Vec<Shard> = (0..self.shards.len()).map(|_| Shard::default()).collect();
         for _ in 0..header.count {
             let rec = r.record()?;
             let hash = self.hash(rec.key);
-            let sh = &mut *guards[self.shard_index(hash)];
+            let sh = &mut loaded[self.shard_index(hash)];
             self.insert_restored(sh, hash, &rec);
+        }
+        let mut guards: Vec<_> = self.shards.iter().map(|s| s.lock()).collect();
+        for (g, sh) in guards.iter_mut().zip(loaded) {
+            **g = sh;
         }
         Ok(())
     }
 
-    fn insert_restored(&self, sh: &mut super::shard::Shard, hash: u64, r: &Rec<'_>) {
+    fn insert_restored(&self, sh: &mut Shard, hash: u64, r: &Rec<'_>) {
         let large = r.body.len() > LARGE_BODY;
         let parts = Parts {
             key: r.key,

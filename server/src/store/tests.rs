@@ -1105,3 +1105,81 @@ fn scan_for_a_confined_user_counts_and_matches_only_what_it_may_see() {
     let (_, got) = s.scan(0, 50, 1, later(), None, &|_| true);
     assert_eq!(got.len(), 50);
 }
+
+/// A reader of `bytes` that, with `gate` set, tells `started` once half of
+/// them are read and then waits for `go`: a snapshot load held mid-way.
+struct Held<'a> {
+    bytes: &'a [u8],
+    read: usize,
+    gate: Option<(std::sync::mpsc::Sender<()>, std::sync::mpsc::Receiver<()>)>,
+}
+
+impl std::io::Read for Held<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if self.read >= self.bytes.len() / 2
+            && let Some((started, go)) = self.gate.take()
+        {
+            started.send(()).unwrap();
+            go.recv().unwrap();
+        }
+        let most = buf.len().min(64);
+        let n = (&self.bytes[self.read..]).read(&mut buf[..most])?;
+        self.read += n;
+        Ok(n)
+    }
+}
+
+/// Loading a snapshot held every shard's lock for the whole load (4-7 s
+/// for 10M records): a node's one runtime thread that looked at the store
+/// meanwhile (its check for quiet counts the records) stopped with it,
+/// peers and clients unanswered, and the follower campaigned once it went
+/// on. The store now loads into shards of its own and is seen empty
+/// until they take its place.
+#[test]
+fn a_store_being_loaded_from_a_snapshot_keeps_answering() {
+    let from = store();
+    for i in 0..1000 {
+        acquired(run(&from, Command::Claim(claim(&format!("k{i}"))), 1));
+    }
+    let snap = from.snapshot();
+    let into = std::sync::Arc::new(store());
+    acquired(run(&into, Command::Claim(claim("old")), 1));
+    let (started_tx, started) = std::sync::mpsc::channel();
+    let (go, go_rx) = std::sync::mpsc::channel();
+    let mut gate = Some((started_tx, go_rx));
+    let loader = {
+        let (into, snap) = (std::sync::Arc::clone(&into), snap.clone());
+        std::thread::spawn(move || {
+            let mut opened = 0;
+            into.load_snapshot_from(
+                || {
+                    opened += 1;
+                    // The second read, which loads, is held.
+                    let gate = if opened == 2 { gate.take() } else { None };
+                    Ok(Held {
+                        bytes: &snap,
+                        read: 0,
+                        gate,
+                    })
+                },
+                snap.len() as u64,
+            )
+        })
+    };
+    started.recv().unwrap();
+    // The loader is now held half way. A look at the store must
+    // not wait for it (a bound only to end the test if it does).
+    let (seen_tx, seen) = std::sync::mpsc::channel();
+    {
+        let into = std::sync::Arc::clone(&into);
+        std::thread::spawn(move || seen_tx.send(into.len()).unwrap());
+    }
+    let during = seen
+        .recv_timeout(std::time::Duration::from_secs(10))
+        .expect("the store did not answer while a snapshot was loading");
+    assert_eq!(during, 0, "the old records are gone, the new not yet in");
+    go.send(()).unwrap();
+    loader.join().unwrap().expect("the snapshot loads");
+    assert_eq!(into.len(), 1000);
+    assert_eq!(into.snapshot(), snap);
+}
