@@ -392,6 +392,8 @@ struct RoleInner {
     serving_term: Option<u64>,
     /// Since when no leader is known.
     leaderless_since: Option<Instant>,
+    /// Since when this node leads, in its current term.
+    led_since: Option<Instant>,
 }
 
 impl Role {
@@ -451,6 +453,7 @@ impl Role {
                 term: 0,
                 serving_term: None,
                 leaderless_since: Some(Instant::now()),
+                led_since: None,
             }),
             promoting: Mutex::new(None),
             changes: tokio::sync::Mutex::new(()),
@@ -535,6 +538,18 @@ impl Role {
             .acked_or_woke_us()
             .max(self.resumed_us.load(Ordering::Acquire));
         now.saturating_sub(from) >= (self.lease + self.election_timeout).as_micros() as u64
+    }
+
+    /// Whether a leader elected at `led_since` that does not serve yet has
+    /// had no majority answer it since, for longer than its lease and
+    /// `election_timeout` (as [`Self::quorum_lost`] for a serving leader):
+    /// its first entry cannot commit, and it says the cluster is down
+    /// rather than that it is about to serve. (A leader that applies a long
+    /// log with a majority behind it holds its lease meanwhile.)
+    pub fn unconfirmed_for_long(&self, led_since: Option<Instant>) -> bool {
+        self.replicated()
+            && !self.lease_holds()
+            && led_since.is_some_and(|t| t.elapsed() >= self.lease + self.election_timeout)
     }
 
     /// Whether a learner that last heard from the leader it follows
@@ -706,9 +721,9 @@ pub fn not_serving(
     peers: &Peers,
     key: Option<&[u8]>,
 ) -> EngineError {
-    let (leader, since) = {
+    let (leader, since, led_since) = {
         let r = role.inner.read();
-        (r.leader, r.leaderless_since)
+        (r.leader, r.leaderless_since, r.led_since)
     };
     let me = peers.node_id();
     let membership = raft.metrics().borrow().membership_config.clone();
@@ -732,6 +747,9 @@ pub fn not_serving(
         ),
         Some(id) if id == me && role.serving() => EngineError::TryAgain(
             "this node leads but a majority of the voters has not answered it lately: it may be cut off",
+        ),
+        Some(id) if id == me && role.unconfirmed_for_long(led_since) => EngineError::ClusterDown(
+            "this node was elected but no majority of the voters has taken its first entry for longer than an election takes: the cluster is down from here until they answer",
         ),
         Some(id) if id == me => {
             EngineError::TryAgain("this node was just elected: it applies the log first")
@@ -840,6 +858,11 @@ pub async fn watch_role(w: Arc<Watch>) {
                     w.role.leader_changes.fetch_add(1, Ordering::Relaxed);
                 }
                 r.last_leader = leader;
+            }
+            if !leads {
+                r.led_since = None;
+            } else if r.led_since.is_none() || r.term != term {
+                r.led_since = Some(Instant::now());
             }
             r.term = term;
             // Serving holds only in the term it was promoted in: any change
@@ -1740,6 +1763,35 @@ mod tests {
         );
         role.voters.store(3, Ordering::Relaxed);
         role
+    }
+
+    /// A leader elected while no majority could take its first entry (one
+    /// voter down, the other installing a snapshot) told clients for 21 s
+    /// that it was "just elected" and about to serve. Past its lease and an
+    /// election timeout without a majority's answer it says the cluster is
+    /// down; a majority's answer, or a single voter, keeps it "just
+    /// elected".
+    #[tokio::test(start_paused = true)]
+    async fn a_leader_no_majority_answers_since_its_election_says_the_cluster_is_down() {
+        static NONE_US: AtomicU64 = AtomicU64::new(0);
+        let role = test_role(|| NONE_US.load(Ordering::Relaxed));
+        tokio::time::advance(Duration::from_millis(1)).await;
+        let elected = Some(Instant::now());
+        // Lease 240 ms and election timeout 600 ms.
+        tokio::time::advance(Duration::from_millis(800)).await;
+        assert!(!role.unconfirmed_for_long(elected), "not yet that long");
+        tokio::time::advance(Duration::from_millis(100)).await;
+        assert!(role.unconfirmed_for_long(elected));
+        assert!(!role.unconfirmed_for_long(None), "not leading");
+        role.acknowledged(Instant::now());
+        assert!(
+            !role.unconfirmed_for_long(elected),
+            "a majority answered: it applies the log"
+        );
+        tokio::time::advance(Duration::from_millis(300)).await;
+        assert!(role.unconfirmed_for_long(elected), "the answer is old");
+        role.voters.store(1, Ordering::Relaxed);
+        assert!(!role.unconfirmed_for_long(elected), "a single voter");
     }
 
     #[tokio::test(start_paused = true)]
