@@ -367,7 +367,11 @@ async fn quick_elections(m: &Member) -> u64 {
 /// starts no campaign, and neither does anything while the leader lives.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn followers_campaign_once_a_dead_leaders_lease_runs_out() {
-    let mut c = Cluster::start("quick", 3).await;
+    let log = (
+        "RUST_LOG",
+        "warn,idem_server::engine::raft::cluster=info,openraft=off",
+    );
+    let mut c = Cluster::start_with("quick", 3, &[log]).await;
     let f = c.followers().await[0];
     c.members[f].kill().await;
     // Longer than a quick campaign would wait (the lease, a tenth more,
@@ -375,7 +379,7 @@ async fn followers_campaign_once_a_dead_leaders_lease_runs_out() {
     // stays is left to the timers: a loaded machine may stall it.
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let l = c.leader().await;
-    c.members[f].start(None, &[]).await;
+    c.members[f].start(None, &[log]).await;
     let applied = c.members[l].applied().await;
     c.members[f]
         .caught_up_as_follower(applied, "the restarted follower catches up")
@@ -391,6 +395,21 @@ async fn followers_campaign_once_a_dead_leaders_lease_runs_out() {
         quick += quick_elections(m).await;
     }
     assert!(quick >= 1, "the new leader was elected by the timers alone");
+    // The new leader's log says why it campaigned, naming the dead one.
+    let why = c.members[l2]
+        .proc
+        .as_ref()
+        .unwrap()
+        .logged(
+            "campaigning: this node no longer follows its leader",
+            Duration::from_secs(1),
+        )
+        .await;
+    let dead = format!("leader={}", c.members[l].id);
+    assert!(
+        why.iter().any(|l| l.contains(&dead)),
+        "no campaign logged naming the dead leader: {why:?}"
+    );
     // The new leader saw two leaders at least: the dead one, then itself.
     let mut conn = c.members[l2].conn().await;
     let changes = info_field(&mut conn, "raft_leader_changes").await;

@@ -847,6 +847,19 @@ pub async fn watch_role(w: Arc<Watch>) {
             // A new leader, or a leader in a new term; terms that pass
             // with no leader (campaigns that fail, twice a second in a
             // minority) are not news.
+            // This node campaigned (it may have won already): when it last
+            // heard from the leader it followed.
+            if matches!(state, ServerState::Candidate | ServerState::Leader)
+                && let Some(was) = r.leader.filter(|&l| l != me && leader != Some(l))
+            {
+                let heard_ms = w.peers.heard_ago(was).map(|d| d.as_millis());
+                info!(
+                    leader = was,
+                    heard_ms = ?heard_ms,
+                    term,
+                    "campaigning: this node no longer follows its leader"
+                );
+            }
             if r.leader != leader || (leader.is_some() && r.term != term) {
                 info!(leader = ?leader, term, "leader changed");
             } else if r.term != term {
