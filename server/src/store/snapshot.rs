@@ -392,7 +392,8 @@ impl Store {
     /// As [`Store::restore`], and [`SnapshotError::Io`] if a read fails.
     /// An error in the first read leaves the store unchanged; one in the
     /// second (the bytes changed, or could not be read again) leaves it
-    /// empty, which its caller must treat as fatal.
+    /// empty, which its caller must treat as fatal. While it loads, the
+    /// store reads as empty (its memory counts what is loaded so far).
     pub fn load_snapshot_from<R: Read>(
         &self,
         mut open: impl FnMut() -> std::io::Result<R>,
@@ -449,11 +450,6 @@ impl Store {
                 .collect()
         };
         drop(held);
-        self.clock.store(header.clock, Ordering::Release);
-        self.next_fence.store(header.next_fence, Ordering::Release);
-        self.seq.store(header.seq, Ordering::Release);
-        self.max_memory.store(header.max_memory, Ordering::Release);
-        self.headroom.store(header.headroom, Ordering::Release);
         let mut loaded: Vec<Shard> = (0..self.shards.len()).map(|_| Shard::default()).collect();
         for _ in 0..header.count {
             let rec = r.record()?;
@@ -465,6 +461,11 @@ impl Store {
         for (g, sh) in guards.iter_mut().zip(loaded) {
             **g = sh;
         }
+        self.clock.store(header.clock, Ordering::Release);
+        self.next_fence.store(header.next_fence, Ordering::Release);
+        self.seq.store(header.seq, Ordering::Release);
+        self.max_memory.store(header.max_memory, Ordering::Release);
+        self.headroom.store(header.headroom, Ordering::Release);
         Ok(())
     }
 

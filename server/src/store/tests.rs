@@ -1182,4 +1182,5 @@ fn a_store_being_loaded_from_a_snapshot_keeps_answering() {
     loader.join().unwrap().expect("the snapshot loads");
     assert_eq!(into.len(), 1000);
     assert_eq!(into.snapshot(), snap);
+    assert_eq!(into.stats().memory, from.stats().memory, "memory accounted");
 }

@@ -522,11 +522,24 @@ impl Role {
     /// Whether this leader has gone without a majority for longer than
     /// its lease and `election_timeout` (as long as a follower goes
     /// without a leader before it reports the cluster down): the cluster
-    /// is down as seen from here, and this node says so.
+    /// is down as seen from here, and this node says so. That holds for a
+    /// leader that does not serve yet too, counted from its election: one
+    /// that no majority answered since could not commit its first entry
+    /// (one voter down, the other installing a snapshot), and told clients
+    /// for 21 s that it was "just elected". A leader applying a long log
+    /// with a majority behind it is answered meanwhile.
     pub fn quorum_lost(&self) -> bool {
-        if !self.serving() || !self.replicated() || self.lease_holds() {
+        if !self.replicated() || self.lease_holds() {
             return false;
         }
+        let elected = if self.serving() {
+            0
+        } else {
+            match self.inner.read().led_since {
+                Some(at) => self.us(at),
+                None => return false,
+            }
+        };
         let now = self.us(Instant::now());
         let paused = self.election_timeout.as_micros() as u64;
         // Not looked for that long: this process did not run (and has not
@@ -536,20 +549,9 @@ impl Role {
         }
         let from = self
             .acked_or_woke_us()
-            .max(self.resumed_us.load(Ordering::Acquire));
+            .max(self.resumed_us.load(Ordering::Acquire))
+            .max(elected);
         now.saturating_sub(from) >= (self.lease + self.election_timeout).as_micros() as u64
-    }
-
-    /// Whether a leader elected at `led_since` that does not serve yet has
-    /// had no majority answer it since, for longer than its lease and
-    /// `election_timeout` (as [`Self::quorum_lost`] for a serving leader):
-    /// its first entry cannot commit, and it says the cluster is down
-    /// rather than that it is about to serve. (A leader that applies a long
-    /// log with a majority behind it holds its lease meanwhile.)
-    pub fn unconfirmed_for_long(&self, led_since: Option<Instant>) -> bool {
-        self.replicated()
-            && !self.lease_holds()
-            && led_since.is_some_and(|t| t.elapsed() >= self.lease + self.election_timeout)
     }
 
     /// Whether a learner that last heard from the leader it follows
@@ -721,9 +723,9 @@ pub fn not_serving(
     peers: &Peers,
     key: Option<&[u8]>,
 ) -> EngineError {
-    let (leader, since, led_since) = {
+    let (leader, since) = {
         let r = role.inner.read();
-        (r.leader, r.leaderless_since, r.led_since)
+        (r.leader, r.leaderless_since)
     };
     let me = peers.node_id();
     let membership = raft.metrics().borrow().membership_config.clone();
@@ -742,14 +744,14 @@ pub fn not_serving(
         );
     }
     match leader {
+        Some(id) if id == me && role.quorum_lost() && !role.serving() => EngineError::ClusterDown(
+            "this node was elected but no majority of the voters has answered it since, for longer than an election takes: the cluster is down from here until they answer",
+        ),
         Some(id) if id == me && role.quorum_lost() => EngineError::ClusterDown(
             "this node leads but no majority of the voters has answered it for longer than an election takes: the cluster is down from here",
         ),
         Some(id) if id == me && role.serving() => EngineError::TryAgain(
             "this node leads but a majority of the voters has not answered it lately: it may be cut off",
-        ),
-        Some(id) if id == me && role.unconfirmed_for_long(led_since) => EngineError::ClusterDown(
-            "this node was elected but no majority of the voters has taken its first entry for longer than an election takes: the cluster is down from here until they answer",
         ),
         Some(id) if id == me => {
             EngineError::TryAgain("this node was just elected: it applies the log first")
@@ -1778,33 +1780,45 @@ mod tests {
         role
     }
 
-    /// A leader elected while no majority could take its first entry (one
-    /// voter down, the other installing a snapshot) told clients for 21 s
-    /// that it was "just elected" and about to serve. Past its lease and an
-    /// election timeout without a majority's answer it says the cluster is
-    /// down; a majority's answer, or a single voter, keeps it "just
-    /// elected".
+    /// A leader elected while no majority could answer it (one voter
+    /// down, the other installing a snapshot) told clients for 21 s that it
+    /// was "just elected" and about to serve. Past its lease and an
+    /// election timeout since its election, and since a majority last
+    /// answered, it says the cluster is down, as a serving leader does; a
+    /// majority's answer, or a single voter, keeps it "just elected".
     #[tokio::test(start_paused = true)]
     async fn a_leader_no_majority_answers_since_its_election_says_the_cluster_is_down() {
         static NONE_US: AtomicU64 = AtomicU64::new(0);
         let role = test_role(|| NONE_US.load(Ordering::Relaxed));
         tokio::time::advance(Duration::from_millis(1)).await;
-        let elected = Some(Instant::now());
-        // Lease 240 ms and election timeout 600 ms.
+        // An answer from an earlier term does not count.
+        role.acknowledged(Instant::now());
+        tokio::time::advance(Duration::from_millis(500)).await;
+        assert!(!role.quorum_lost(), "not leading");
+        role.inner.write().led_since = Some(Instant::now());
+        // Lease 240 ms and election timeout 600 ms, from the election.
         tokio::time::advance(Duration::from_millis(800)).await;
-        assert!(!role.unconfirmed_for_long(elected), "not yet that long");
+        role.ticked();
+        assert!(!role.quorum_lost(), "not yet that long");
         tokio::time::advance(Duration::from_millis(100)).await;
-        assert!(role.unconfirmed_for_long(elected));
-        assert!(!role.unconfirmed_for_long(None), "not leading");
+        role.ticked();
+        assert!(role.quorum_lost());
         role.acknowledged(Instant::now());
         assert!(
-            !role.unconfirmed_for_long(elected),
+            !role.quorum_lost(),
             "a majority answered: it applies the log"
         );
         tokio::time::advance(Duration::from_millis(300)).await;
-        assert!(role.unconfirmed_for_long(elected), "the answer is old");
+        role.ticked();
+        assert!(
+            !role.quorum_lost(),
+            "one late answer is not the cluster down"
+        );
+        tokio::time::advance(Duration::from_millis(600)).await;
+        role.ticked();
+        assert!(role.quorum_lost(), "no answer for 900 ms");
         role.voters.store(1, Ordering::Relaxed);
-        assert!(!role.unconfirmed_for_long(elected), "a single voter");
+        assert!(!role.quorum_lost(), "a single voter");
     }
 
     #[tokio::test(start_paused = true)]
