@@ -3156,14 +3156,17 @@ async fn a_leader_holds_requests_through_a_short_stall_of_its_followers_disks() 
     );
 }
 
-/// A crash file for `IDEMD_TEST_CRASH` (debug builds): the first node to
-/// reach `point` exits there, once.
-fn crash_at(name: &str, point: &str) -> (DataDir, std::path::PathBuf, String) {
-    let dir = DataDir::new(name);
+/// A three-node cluster named `name` whose first node to reach crash
+/// point `point` exits there, once (`IDEMD_TEST_CRASH`, debug builds), and
+/// the file that says it did (in the directory returned, kept as long as
+/// it is).
+async fn cluster_crashing_at(name: &str, point: &str) -> (DataDir, std::path::PathBuf, Cluster) {
+    let dir = DataDir::new(&format!("{name}-crash"));
     std::fs::create_dir_all(&dir.0).unwrap();
     let file = dir.0.join("crashed");
     let env = format!("{point}:{}", file.display());
-    (dir, file, env)
+    let c = Cluster::start_with(name, 3, &[("IDEMD_TEST_CRASH", &env)]).await;
+    (dir, file, c)
 }
 
 /// A leader killed between the two steps of `CLUSTER PROMOTE` (the joint
@@ -3177,8 +3180,7 @@ async fn a_promotion_its_leader_died_in_is_finished_by_the_next_leader() {
     if !cfg!(debug_assertions) {
         return; // The crash point is a debug build's.
     }
-    let (_crash, file, env) = crash_at("half-promote-crash", "uniform");
-    let mut c = Cluster::start_with("half-promote", 3, &[("IDEMD_TEST_CRASH", &env)]).await;
+    let (_crash, file, mut c) = cluster_crashing_at("half-promote", "uniform").await;
     let l = c.leader().await;
     let mut conn = c.members[l].conn().await;
     conn.acquire(&["CLAIM", "before"]).await;
@@ -3242,8 +3244,7 @@ async fn a_removal_its_leader_died_in_is_finished_by_the_next_leader() {
     if !cfg!(debug_assertions) {
         return; // The crash point is a debug build's.
     }
-    let (_crash, file, env) = crash_at("half-remove-crash", "retired");
-    let mut c = Cluster::start_with("half-remove", 3, &[("IDEMD_TEST_CRASH", &env)]).await;
+    let (_crash, file, mut c) = cluster_crashing_at("half-remove", "retired").await;
     let l = c.leader().await;
     let f = (l + 1) % 3;
     let gone = c.members[f].id;

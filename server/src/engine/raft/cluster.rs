@@ -744,12 +744,11 @@ pub fn not_serving(
         );
     }
     match leader {
-        Some(id) if id == me && role.quorum_lost() && !role.serving() => EngineError::ClusterDown(
-            "this node was elected but no majority of the voters has answered it since, for longer than an election takes: the cluster is down from here until they answer",
-        ),
-        Some(id) if id == me && role.quorum_lost() => EngineError::ClusterDown(
-            "this node leads but no majority of the voters has answered it for longer than an election takes: the cluster is down from here",
-        ),
+        Some(id) if id == me && role.quorum_lost() => EngineError::ClusterDown(if role.serving() {
+            "this node leads but no majority of the voters has answered it for longer than an election takes: the cluster is down from here"
+        } else {
+            "this node was elected but no majority of the voters has answered it since, for longer than an election takes: the cluster is down from here until they answer"
+        }),
         Some(id) if id == me && role.serving() => EngineError::TryAgain(
             "this node leads but a majority of the voters has not answered it lately: it may be cut off",
         ),
@@ -846,9 +845,6 @@ pub async fn watch_role(w: Arc<Watch>) {
             } else if leader.is_some() {
                 r.leaderless_since = None;
             }
-            // A new leader, or a leader in a new term; terms that pass
-            // with no leader (campaigns that fail, twice a second in a
-            // minority) are not news.
             // This node campaigned (it may have won already): when it last
             // heard from the leader it followed.
             if matches!(state, ServerState::Candidate | ServerState::Leader)
@@ -862,6 +858,9 @@ pub async fn watch_role(w: Arc<Watch>) {
                     "campaigning: this node no longer follows its leader"
                 );
             }
+            // A new leader, or a leader in a new term; terms that pass
+            // with no leader (campaigns that fail, twice a second in a
+            // minority) are not news.
             if r.leader != leader || (leader.is_some() && r.term != term) {
                 info!(leader = ?leader, term, "leader changed");
             } else if r.term != term {
