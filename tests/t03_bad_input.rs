@@ -171,6 +171,24 @@ async fn huge_array_header_is_refused_without_allocating() {
     assert!(c.closed().await);
 }
 
+/// A request with nothing in it (an empty or null array, an empty inline
+/// line) gets no reply and leaves the connection open, as with Redis: an
+/// error for it added a reply the client did not expect (every later
+/// reply then answered the wrong request), and `*-1` closed the
+/// connection.
+#[tokio::test]
+async fn empty_requests_are_skipped_without_a_reply() {
+    let s = Idemd::start().await;
+    let mut c = s.conn().await;
+    c.write_raw(b"*0\r\n*1\r\n$4\r\nPING\r\n*-1\r\n\r\n  \r\nPING x\r\n*0\r\n")
+        .await;
+    assert_eq!(c.reply().await, Frame::simple("PONG"));
+    assert_eq!(c.reply().await, Frame::bulk("x"));
+    assert_eq!(c.cmd(&["ECHO", "after"]).await, Frame::bulk("after"));
+    let mut stats = s.conn().await;
+    assert_eq!(info_field(&mut stats, "protocol_errors").await, 0);
+}
+
 #[tokio::test]
 async fn malformed_frames_get_protocol_error_and_close() {
     let s = Idemd::start().await;

@@ -145,8 +145,9 @@ const MAX_NUMBER_LINE: usize = 32;
 ///
 /// Returns `Ok(None)` when the buffer does not yet hold a whole frame (read
 /// more and call again); on success the frame's bytes are split off `buf` and
-/// every string in the frame is a zero-copy slice of them. An empty inline
-/// line is skipped and reported as `Ok(None)` once nothing else is buffered.
+/// every string in the frame is a zero-copy slice of them. A request with
+/// nothing in it (see [`parse`]) is skipped and reported as `Ok(None)` once
+/// nothing else is buffered.
 pub fn decode(buf: &mut BytesMut, limits: &Limits) -> Result<Option<Frame>, FrameError> {
     loop {
         let Some(len) = check(buf, limits)? else {
@@ -156,7 +157,8 @@ pub fn decode(buf: &mut BytesMut, limits: &Limits) -> Result<Option<Frame>, Fram
         if let Some(frame) = parse(&bytes, limits)? {
             return Ok(Some(frame));
         }
-        // An empty inline line: nothing to answer; look at what follows.
+        // A request with nothing in it: nothing to answer; look at what
+        // follows.
     }
 }
 
@@ -445,13 +447,25 @@ pub fn parse_u64(s: &[u8]) -> Option<u64> {
 }
 
 /// Pass two: parses the complete frame held in `bytes` (as measured by
-/// [`check`]). Strings are slices of `bytes`. Returns `None` for an empty
-/// inline line.
+/// [`check`]). Strings are slices of `bytes`. Returns `None` for a request
+/// with nothing in it: an empty inline line, or (reading requests, as
+/// [`Limits::inline`] says) an empty or null array, `*0` or `*-1`, which
+/// Redis skips without a reply too.
 pub fn parse(bytes: &Bytes, limits: &Limits) -> Result<Option<Frame>, FrameError> {
     let mut pos = 0;
     match bytes.first() {
         Some(b'+' | b'-' | b':' | b'$' | b'*' | b'_' | b'#' | b',' | b'%') => {
             let frame = parse_at(bytes, &mut pos)?;
+            if limits.inline
+                && bytes[0] == b'*'
+                && match &frame {
+                    Frame::Null => true,
+                    Frame::Array(items) => items.is_empty(),
+                    _ => false,
+                }
+            {
+                return Ok(None);
+            }
             Ok(Some(frame))
         }
         Some(_) if limits.inline => parse_inline(bytes),
@@ -739,6 +753,45 @@ mod tests {
         out.to_vec()
     }
 
+    /// Reading requests, an empty or null array is skipped without a reply,
+    /// as an empty inline line is (and as Redis does); reading replies, it
+    /// is a frame.
+    #[test]
+    fn an_empty_or_null_array_request_is_skipped() {
+        let server = Limits {
+            inline: true,
+            ..Limits::default()
+        };
+        for skipped in [&b"*0\r\n"[..], b"*-1\r\n", b"\r\n", b"*0\r\n*-1\r\n\r\n"] {
+            let mut buf = BytesMut::from(skipped);
+            assert_eq!(decode(&mut buf, &server).unwrap(), None, "{skipped:?}");
+            assert!(buf.is_empty(), "{skipped:?} was not consumed");
+            let mut buf = BytesMut::from(skipped);
+            let mut d = Decoder::new();
+            assert_eq!(d.decode(&mut buf, &server).unwrap(), None, "{skipped:?}");
+            assert!(buf.is_empty(), "{skipped:?} was not consumed");
+        }
+        let mut buf = BytesMut::from(&b"*0\r\n*-1\r\n*1\r\n$4\r\nPING\r\n"[..]);
+        assert_eq!(
+            decode(&mut buf, &server).unwrap(),
+            Some(Frame::Array(vec![Frame::bulk("PING")]))
+        );
+        // Inside a request, or in a reply, they are frames as any other.
+        assert_eq!(
+            decode(&mut BytesMut::from(&b"*1\r\n*0\r\n"[..]), &server).unwrap(),
+            Some(Frame::Array(vec![Frame::Array(vec![])]))
+        );
+        let replies = Limits::for_replies();
+        assert_eq!(
+            decode(&mut BytesMut::from(&b"*0\r\n"[..]), &replies).unwrap(),
+            Some(Frame::Array(vec![]))
+        );
+        assert_eq!(
+            decode(&mut BytesMut::from(&b"*-1\r\n"[..]), &replies).unwrap(),
+            Some(Frame::Null)
+        );
+    }
+
     #[test]
     fn decodes_every_type() {
         assert_eq!(dec(b"+OK\r\n").unwrap(), Some(Frame::simple("OK")));
@@ -750,7 +803,6 @@ mod tests {
         assert_eq!(dec(b"$3\r\nabc\r\n").unwrap(), Some(Frame::bulk("abc")));
         assert_eq!(dec(b"$0\r\n\r\n").unwrap(), Some(Frame::bulk("")));
         assert_eq!(dec(b"$-1\r\n").unwrap(), Some(Frame::Null));
-        assert_eq!(dec(b"*-1\r\n").unwrap(), Some(Frame::Null));
         assert_eq!(dec(b"_\r\n").unwrap(), Some(Frame::Null));
         assert_eq!(dec(b"#t\r\n").unwrap(), Some(Frame::Boolean(true)));
         assert_eq!(dec(b",1.5\r\n").unwrap(), Some(Frame::Double(1.5)));
