@@ -115,6 +115,9 @@ pub struct RawConfig {
     /// Peer connections from one source address still in their handshake,
     /// at most.
     pub max_peer_handshakes_per_source: usize,
+    /// Bytes of peer frames being received at once, at most, over every
+    /// peer connection (each counted at the length it announces).
+    pub max_peer_receive_bytes: usize,
     /// The shortest Raft election timeout, ms (the longest is twice it).
     pub election_timeout_ms: u64,
     /// How long the leader waits for a follower to answer one
@@ -266,6 +269,7 @@ impl Default for RawConfig {
             max_peer_connections: crate::engine::raft::peer::MAX_PEER_CONNECTIONS,
             max_peer_handshakes_per_source:
                 crate::engine::raft::peer::MAX_PEER_HANDSHAKES_PER_SOURCE,
+            max_peer_receive_bytes: crate::engine::raft::peer::MAX_FRAME,
             election_timeout_ms: 300,
             append_timeout_ms: 2_000,
             max_inflight_appends: 1,
@@ -546,6 +550,7 @@ macro_rules! numeric_keys {
             promote_max_lag_entries,
             max_peer_connections,
             max_peer_handshakes_per_source,
+            max_peer_receive_bytes,
             election_timeout_ms,
             append_timeout_ms,
             max_inflight_appends,
@@ -905,6 +910,7 @@ impl RawConfig {
                 promote_max_lag_entries: self.promote_max_lag_entries,
                 max_peer_connections: self.max_peer_connections,
                 max_peer_handshakes_per_source: self.max_peer_handshakes_per_source,
+                max_peer_receive_bytes: self.max_peer_receive_bytes,
                 ..ClusterConfig::default()
             });
         };
@@ -996,6 +1002,7 @@ impl RawConfig {
             promote_max_lag_entries: self.promote_max_lag_entries,
             max_peer_connections: self.max_peer_connections,
             max_peer_handshakes_per_source: self.max_peer_handshakes_per_source,
+            max_peer_receive_bytes: self.max_peer_receive_bytes,
         })
     }
 
@@ -1055,6 +1062,15 @@ impl RawConfig {
             "max_peer_handshakes_per_source",
             self.max_peer_handshakes_per_source as u64,
         )?;
+        if self.max_peer_receive_bytes < crate::engine::raft::peer::MAX_FRAME {
+            return Err(invalid(
+                "max_peer_receive_bytes",
+                format!(
+                    "must be at least {} (512 MiB, the largest peer frame), so that any frame a member sends fits",
+                    crate::engine::raft::peer::MAX_FRAME
+                ),
+            ));
+        }
         if !(10..=600_000).contains(&self.append_timeout_ms) {
             return Err(invalid(
                 "append_timeout_ms",
@@ -1559,6 +1575,12 @@ mod tests {
             ("leader_poll_us", "100001", "leader_poll_us"),
             ("gather_idle_us", "1001", "gather_idle_us"),
             ("snapshot_turn_ms", "600001", "snapshot_turn_ms"),
+            // Less than the largest frame a member may send.
+            (
+                "max_peer_receive_bytes",
+                "536870911",
+                "max_peer_receive_bytes",
+            ),
         ];
         for (key, value, named) in cases {
             let mut raw = RawConfig::default();

@@ -226,6 +226,8 @@ pub struct ClusterConfig {
     /// Peer connections from one source address that have not completed
     /// the handshake, at most.
     pub max_peer_handshakes_per_source: usize,
+    /// Bytes of peer frames being received at once, at most.
+    pub max_peer_receive_bytes: usize,
 }
 
 impl Default for ClusterConfig {
@@ -239,6 +241,7 @@ impl Default for ClusterConfig {
             promote_max_lag_entries: 1000,
             max_peer_connections: super::peer::MAX_PEER_CONNECTIONS,
             max_peer_handshakes_per_source: super::peer::MAX_PEER_HANDSHAKES_PER_SOURCE,
+            max_peer_receive_bytes: super::peer::MAX_FRAME,
         }
     }
 }

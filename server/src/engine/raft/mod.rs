@@ -449,6 +449,7 @@ impl RaftEngine {
             peer::PeerLimits {
                 max_connections: cfg.cluster.max_peer_connections,
                 max_handshakes_per_source: cfg.cluster.max_peer_handshakes_per_source,
+                max_receive_bytes: cfg.cluster.max_peer_receive_bytes,
             },
         )
         .map_err(|reason| StartError::DataDir {

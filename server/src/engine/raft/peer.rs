@@ -321,6 +321,9 @@ pub struct PeerLimits {
     pub max_connections: usize,
     /// Connections from one source address in their handshake, at most.
     pub max_handshakes_per_source: usize,
+    /// Bytes of frames being received at once, over every connection, at
+    /// most (see [`ReceiveBudget`]).
+    pub max_receive_bytes: usize,
 }
 
 impl Default for PeerLimits {
@@ -328,7 +331,151 @@ impl Default for PeerLimits {
         PeerLimits {
             max_connections: MAX_PEER_CONNECTIONS,
             max_handshakes_per_source: MAX_PEER_HANDSHAKES_PER_SOURCE,
+            max_receive_bytes: MAX_FRAME,
         }
+    }
+}
+
+/// Frames at most this long are received without counting them against
+/// the [`ReceiveBudget`] (requests and answers other than entries and
+/// snapshot chunks are this small).
+const UNCOUNTED_FRAME: usize = 64 << 10;
+
+/// The bytes of peer frames being received at once, over every peer
+/// connection of a node, and their bound (`max_peer_receive_bytes`).
+///
+/// A frame's header announces its length, and the connection buffers the
+/// frame until it is whole: a peer announcing large frames and sending
+/// them slowly, on many connections, held that much memory for each
+/// (hundreds of MB per connection, without a bound). A frame longer than
+/// [`UNCOUNTED_FRAME`] now counts at its announced length from its header
+/// until it is whole (or its connection ends); one that would pass the
+/// bound ends its connection instead, and is logged at most every 10 s.
+#[derive(Debug)]
+pub struct ReceiveBudget {
+    limit: usize,
+    used: std::sync::atomic::AtomicUsize,
+    refusals: LogEvery,
+}
+
+impl ReceiveBudget {
+    /// A budget of `limit` bytes.
+    pub fn new(limit: usize) -> Self {
+        ReceiveBudget {
+            limit,
+            used: std::sync::atomic::AtomicUsize::new(0),
+            refusals: LogEvery::new(),
+        }
+    }
+
+    /// The bytes counted now.
+    pub fn used(&self) -> usize {
+        self.used.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    fn take(&self, n: usize) -> std::io::Result<()> {
+        use std::sync::atomic::Ordering;
+        let taken = self
+            .used
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |used| {
+                used.checked_add(n).filter(|&u| u <= self.limit)
+            });
+        match taken {
+            Ok(_) => Ok(()),
+            Err(used) => {
+                let why = format!(
+                    "a peer frame of {n} bytes would pass max_peer_receive_bytes ({}; {used} being received): connection closed",
+                    self.limit
+                );
+                if let Some(count) = self.refusals.due() {
+                    warn!(refused = count, "{why} (logged at most every 10 s)");
+                }
+                Err(std::io::Error::other(why))
+            }
+        }
+    }
+
+    fn give_back(&self, n: usize) {
+        self.used.fetch_sub(n, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// Length-delimited frames (a 4-byte big-endian length, then the frame),
+/// the long ones counted against a node's [`ReceiveBudget`] while they are
+/// received.
+#[derive(Debug)]
+pub struct PeerCodec {
+    inner: LengthDelimitedCodec,
+    budget: Option<Arc<ReceiveBudget>>,
+    /// A frame's header was read and the frame is not whole yet.
+    in_frame: bool,
+    /// What that frame counts against the budget.
+    held: usize,
+}
+
+impl PeerCodec {
+    fn new(max: usize, budget: Option<Arc<ReceiveBudget>>) -> Self {
+        PeerCodec {
+            inner: LengthDelimitedCodec::builder()
+                .max_frame_length(max)
+                .new_codec(),
+            budget,
+            in_frame: false,
+            held: 0,
+        }
+    }
+
+    fn set_max_frame_length(&mut self, max: usize) {
+        self.inner.set_max_frame_length(max);
+    }
+
+    fn release(&mut self) {
+        if let Some(b) = &self.budget {
+            b.give_back(std::mem::take(&mut self.held));
+        }
+    }
+}
+
+impl Drop for PeerCodec {
+    fn drop(&mut self) {
+        self.release();
+    }
+}
+
+impl tokio_util::codec::Decoder for PeerCodec {
+    type Item = bytes::BytesMut;
+    type Error = std::io::Error;
+
+    fn decode(&mut self, src: &mut bytes::BytesMut) -> std::io::Result<Option<bytes::BytesMut>> {
+        if !self.in_frame {
+            let Some(head) = src.get(..4) else {
+                return Ok(None);
+            };
+            let len = u32::from_be_bytes(head.try_into().expect("four bytes")) as usize;
+            // A frame over the frame limit is the inner codec's error.
+            if len > UNCOUNTED_FRAME
+                && len <= self.inner.max_frame_length()
+                && let Some(b) = &self.budget
+            {
+                b.take(len)?;
+                self.held = len;
+            }
+            self.in_frame = true;
+        }
+        let frame = self.inner.decode(src);
+        if !matches!(frame, Ok(None)) {
+            self.in_frame = false;
+            self.release();
+        }
+        frame
+    }
+}
+
+impl tokio_util::codec::Encoder<Bytes> for PeerCodec {
+    type Error = std::io::Error;
+
+    fn encode(&mut self, item: Bytes, dst: &mut bytes::BytesMut) -> std::io::Result<()> {
+        self.inner.encode(item, dst)
     }
 }
 
@@ -385,6 +532,8 @@ pub struct Peers {
     snapshot_in: Mutex<Option<(String, u64)>>,
     /// What came from the leader, for campaigning as soon as it is gone.
     watch: Arc<super::quick_elect::LeaderWatch>,
+    /// The bytes of peer frames being received, over every connection.
+    receiving: Arc<ReceiveBudget>,
 }
 
 /// Tells the leader watch that a peer's connection closed, however its
@@ -610,6 +759,7 @@ impl Peers {
             removed: std::sync::atomic::AtomicBool::new(false),
             snapshot_in: Mutex::new(None),
             watch: Arc::default(),
+            receiving: Arc::new(ReceiveBudget::new(limits.max_receive_bytes)),
         }))
     }
 
@@ -941,7 +1091,7 @@ impl Peers {
     }
 }
 
-type Conn = Framed<Box<dyn PeerStream>, LengthDelimitedCodec>;
+type Conn = Framed<Box<dyn PeerStream>, PeerCodec>;
 
 /// Pooled connections are kept by peer, address and the cluster id this
 /// node had when it opened them.
@@ -952,7 +1102,7 @@ type PoolKey = (NodeId, String, Option<ClusterId>);
 /// (none may panic, whatever the bytes).
 pub fn decode_for_fuzzing(data: &[u8]) {
     use tokio_util::codec::Decoder;
-    let mut codec = codec(MAX_HANDSHAKE_FRAME);
+    let mut codec = PeerCodec::new(MAX_HANDSHAKE_FRAME, None);
     let mut buf = bytes::BytesMut::from(data);
     while let Ok(Some(frame)) = codec.decode(&mut buf) {
         let _ = postcard::from_bytes::<Challenge>(&frame);
@@ -961,12 +1111,6 @@ pub fn decode_for_fuzzing(data: &[u8]) {
         let _ = postcard::from_bytes::<Request>(&frame);
         let _ = postcard::from_bytes::<Response>(&frame);
     }
-}
-
-fn codec(max: usize) -> LengthDelimitedCodec {
-    LengthDelimitedCodec::builder()
-        .max_frame_length(max)
-        .new_codec()
 }
 
 async fn send<T: Serialize>(conn: &mut Conn, msg: &T) -> std::io::Result<()> {
@@ -1086,7 +1230,10 @@ async fn serve_conn(
     peers: &Arc<Peers>,
     handshake: Handshaking,
 ) -> std::io::Result<()> {
-    let mut conn = Framed::new(stream, codec(MAX_HANDSHAKE_FRAME));
+    let mut conn = Framed::new(
+        stream,
+        PeerCodec::new(MAX_HANDSHAKE_FRAME, Some(Arc::clone(&peers.receiving))),
+    );
     let nonce_s = random16();
     let hello: Hello = tokio::select! {
         r = tokio::time::timeout(HANDSHAKE_TIMEOUT, async {
@@ -1561,7 +1708,10 @@ impl PeerClient {
                 ))
             })?
             .map_err(unreachable)?;
-        let mut conn = Framed::new(stream, codec(MAX_HANDSHAKE_FRAME));
+        let mut conn = Framed::new(
+            stream,
+            PeerCodec::new(MAX_HANDSHAKE_FRAME, Some(Arc::clone(&self.peers.receiving))),
+        );
         let welcome = tokio::time::timeout(HANDSHAKE_TIMEOUT, async {
             let ch: Challenge = recv(&mut conn).await?;
             if ch.protocol != PEER_PROTOCOL {
@@ -2136,6 +2286,83 @@ mod tests {
         }
     }
 
+    /// A peer announcing long frames and sending them slowly, on many
+    /// connections, made the node hold each (+307 MB per 300 MiB sent, 3.3
+    /// GB over eight connections): the frames being received now count
+    /// against one bound, and a frame that would pass it ends its
+    /// connection; what was counted is given back when a frame is whole
+    /// or its connection ends, and small frames are never refused.
+    #[tokio::test]
+    async fn frames_being_received_are_bounded_over_all_connections() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        const KIB: usize = 1 << 10;
+        let dir = Dir::new("budget");
+        let c = random16();
+        let d = dir.0.join("n2");
+        std::fs::create_dir_all(&d).unwrap();
+        let p2 = Peers::new(
+            2,
+            "127.0.0.1:7002".into(),
+            None,
+            d,
+            Arc::new(TcpDialer),
+            PeerLimits {
+                max_receive_bytes: 1024 * KIB,
+                ..PeerLimits::default()
+            },
+        )
+        .unwrap();
+        p2.set_cluster(c).unwrap();
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let a2 = l.local_addr().unwrap().to_string();
+        tokio::spawn(serve(l, Arc::clone(&p2), None));
+        let me = member_of(&dir, "me", c);
+        let client = PeerClient::new(Arc::clone(&me), 2, a2.clone());
+        // A frame of 700 KiB announced, 100 KiB of it sent.
+        let start = |mut conn: Conn| async move {
+            let s = conn.get_mut();
+            s.write_all(&(700 * KIB as u32).to_be_bytes())
+                .await
+                .unwrap();
+            s.write_all(&vec![0u8; 100 * KIB]).await.unwrap();
+            conn
+        };
+        let counted = async |want: usize| {
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+            while p2.receiving.used() != want {
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "{} bytes counted, not {want}",
+                    p2.receiving.used()
+                );
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        };
+        let first = start(client.connect().await.unwrap()).await;
+        counted(700 * KIB).await;
+        // Another would pass the bound: its connection ends.
+        let mut second = start(client.connect().await.unwrap()).await;
+        let mut buf = [0u8; 64];
+        let end = tokio::time::timeout(Duration::from_secs(5), second.get_mut().read(&mut buf))
+            .await
+            .expect("the connection over the bound was not closed");
+        assert!(matches!(end, Ok(0) | Err(_)), "{end:?}");
+        counted(700 * KIB).await;
+        // Small frames still pass.
+        assert!(
+            PeerClient::new(Arc::clone(&me), 2, a2.clone())
+                .probe()
+                .await
+                .is_ok()
+        );
+        // The first connection ends: what it held is given back, and a
+        // frame of that length fits again.
+        drop(first);
+        counted(0).await;
+        let _third = start(client.connect().await.unwrap()).await;
+        counted(700 * KIB).await;
+    }
+
     #[tokio::test]
     async fn snapshot_chunks_must_follow_what_was_received() {
         let dir = Dir::new("chunks");
@@ -2205,10 +2432,10 @@ mod tests {
         )
         .unwrap();
         let (near, far) = tokio::io::duplex(1 << 16);
-        let conn: Conn = Framed::new(Box::new(near), codec(MAX_FRAME));
+        let conn: Conn = Framed::new(Box::new(near), PeerCodec::new(MAX_FRAME, None));
         let (tx, rx) = mpsc::channel(READ_AHEAD);
         tokio::spawn(run_pipe(conn, rx, Arc::clone(&peers)));
-        let far: Conn = Framed::new(Box::new(far), codec(MAX_FRAME));
+        let far: Conn = Framed::new(Box::new(far), PeerCodec::new(MAX_FRAME, None));
         (peers, tx, far)
     }
 
@@ -2562,6 +2789,7 @@ mod tests {
             PeerLimits {
                 max_connections: 12,
                 max_handshakes_per_source: 4,
+                ..PeerLimits::default()
             },
         )
         .unwrap();
