@@ -21,7 +21,9 @@
 //!   only on loopback peer addresses, which the configuration checks).
 //! - A client holds one connection per target and reuses it; a failed or
 //!   timed-out call drops it (the next call reconnects). Frames are capped
-//!   ([`MAX_FRAME`], and [`MAX_HANDSHAKE_FRAME`] before the handshake). A
+//!   ([`MAX_FRAME`], and [`MAX_HANDSHAKE_FRAME`] before the handshake), and
+//!   so are the frames being received over all connections together
+//!   (`max_peer_receive_bytes`: see [`ReceiveBudget`]). A
 //!   node serves at most `max_peer_connections` peer connections (default
 //!   [`MAX_PEER_CONNECTIONS`]), and of those at most
 //!   `max_peer_handshakes_per_source` (default
