@@ -2122,6 +2122,23 @@ fn answer<T, E: std::error::Error>(
 
 #[allow(clippy::result_large_err)]
 impl openraft::RaftNetwork<TypeConfig> for PeerClient {
+    /// After a call the target did not answer, the next one waits a
+    /// heartbeat interval (a third of the election timeout), not
+    /// openraft's 500 ms: a follower restarted meanwhile waited that long
+    /// and more to hear from the leader, and could campaign first (its log
+    /// behind, it cannot win, but its higher term deposed the leader). A
+    /// call to a node that is down costs a refused connection, or a
+    /// connection attempt that times out.
+    fn backoff(&self) -> openraft::network::Backoff {
+        let every = self
+            .peers
+            .raft
+            .get()
+            .map_or(100, |r| r.config().heartbeat_interval)
+            .clamp(10, 500);
+        openraft::network::Backoff::new(std::iter::repeat(Duration::from_millis(every)))
+    }
+
     async fn append_entries(
         &mut self,
         rpc: AppendEntriesRequest<TypeConfig>,
