@@ -158,7 +158,7 @@ status() {
     if [ -z "$leader" ]; then
         if [ "${1:-}" != quiet ]; then
             if [ "$alive" -eq 0 ]; then
-                echo "no node runs (data kept in $DIR; start again with: $0 start)"
+                echo "no node runs (data kept in $DIR; start again with: DIR=$DIR BASE_PORT=$BASE_PORT PEER_BASE_PORT=$PEER_BASE_PORT $0 start)"
             else
                 echo "no leader: $up of $n nodes answer (an election may be running; see $DIR/node*/idemd.log)"
             fi

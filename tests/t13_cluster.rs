@@ -2643,6 +2643,74 @@ async fn a_failed_node_is_replaced_step_by_step() {
     .await;
     let live = c.members[c.followers().await[0]].id.to_string();
     assert_eq!(member_field(&mut conn, &live, "reachable").await, "yes");
+    // Redis tools read the same from CLUSTER NODES' ping-sent and
+    // pong-recv (this node's own line `0 0`; a member that stopped
+    // answering keeps the time it last did, where every line showed the
+    // time of the call) and CLUSTER SHARDS' health (which said `online`).
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let nodes = bulk(&conn.cmd(&["CLUSTER", "NODES"]).await);
+    let field = |id: &str, i: usize| -> u128 {
+        let line = nodes
+            .lines()
+            .find(|l| l.starts_with(&format!("{:040x}", id.parse::<u64>().unwrap())))
+            .unwrap_or_else(|| panic!("no line for node {id}: {nodes}"));
+        line.split(' ').nth(i).unwrap().parse().unwrap()
+    };
+    let leader_id = c.members[l].id.to_string();
+    assert_eq!(
+        (field(&leader_id, 4), field(&leader_id, 5)),
+        (0, 0),
+        "{nodes}"
+    );
+    assert_eq!(field(&live, 4), 0, "{nodes}");
+    assert!(field(&dead_id, 4) > 0, "{nodes}");
+    assert!(
+        field(&dead_id, 5) + 300 <= field(&live, 5),
+        "the dead node's pong-recv is not older than the live one's: {nodes}"
+    );
+    let Frame::Array(shards) = conn.cmd(&["CLUSTER", "SHARDS"]).await else {
+        panic!("CLUSTER SHARDS is not an array");
+    };
+    assert_eq!(shards.len(), 1);
+    let pairs = |f: &Frame| -> Vec<(String, Frame)> {
+        let Frame::Array(kv) = f else {
+            panic!("not a map: {f:?}")
+        };
+        kv.chunks(2).map(|p| (bulk(&p[0]), p[1].clone())).collect()
+    };
+    let shard = pairs(&shards[0]);
+    assert_eq!(
+        shard[0],
+        (
+            "slots".into(),
+            Frame::Array(vec![Frame::Integer(0), Frame::Integer(16383)])
+        )
+    );
+    let Frame::Array(members) = &shard[1].1 else {
+        panic!("no nodes: {shard:?}")
+    };
+    let mut health: Vec<(String, String, String)> = members
+        .iter()
+        .map(|m| {
+            let kv = pairs(m);
+            let get = |k: &str| {
+                kv.iter()
+                    .find(|(name, _)| name == k)
+                    .map(|(_, v)| bulk(v))
+                    .unwrap()
+            };
+            (get("id"), get("role"), get("health"))
+        })
+        .collect();
+    health.sort();
+    let hex = |id: &str| format!("{:040x}", id.parse::<u64>().unwrap());
+    let mut want = vec![
+        (hex(&leader_id), "master".to_owned(), "online".to_owned()),
+        (hex(&live), "replica".into(), "online".into()),
+        (hex(&dead_id), "replica".into(), "failed".into()),
+    ];
+    want.sort();
+    assert_eq!(health, want);
     // 1. Remove it.
     assert_eq!(conn.cmd(&["CLUSTER", "REMOVE", &dead_id]).await, ok());
     // 2. Start the replacement: a new id, an empty data directory, no

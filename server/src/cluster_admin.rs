@@ -309,7 +309,11 @@ pub fn info_text(v: &ClusterView, commit_index: u64) -> String {
 
 /// `CLUSTER NODES`: one line per member, in Redis's format:
 /// `id ip:port@cport flags master ping-sent pong-recv config-epoch
-/// link-state slot...`.
+/// link-state slot...`. `pong-recv` is when the member last answered this
+/// node (unix ms; `0` for this node itself, as Redis shows it; now for a
+/// member whose answers this node does not track: only the leader calls
+/// every member), and `ping-sent` is when this node last heard from a
+/// member that did not answer its last call (`0` otherwise).
 pub fn nodes_text(v: &ClusterView) -> String {
     let shown = v.last_leader;
     let now_ms = std::time::SystemTime::now()
@@ -339,9 +343,16 @@ pub fn nodes_text(v: &ClusterView) -> String {
             Some(l) if !leads => hex_id(l),
             _ => "-".into(),
         };
+        let answered_ms = match m.reach {
+            _ if m.id == v.me => 0,
+            Some((_, Some(ago))) => now_ms.saturating_sub(ago.as_millis()),
+            Some((_, None)) => 0,
+            None => now_ms,
+        };
+        let ping_sent_ms = if unreachable { answered_ms } else { 0 };
         let _ = write!(
             o,
-            "{} {ip}:{port}@{cport} {flags} {master} 0 {now_ms} {} {}",
+            "{} {ip}:{port}@{cport} {flags} {master} {ping_sent_ms} {answered_ms} {} {}",
             hex_id(m.id),
             if leads { v.term } else { 0 },
             if unreachable {
@@ -409,11 +420,14 @@ fn shards(v: &ClusterView) -> Frame {
                 ),
                 (
                     bulk("health"),
-                    bulk(if leads && v.leader.is_none() {
-                        "failed"
-                    } else {
-                        "online"
-                    }),
+                    // As `CLUSTER NODES` flags it `fail?`.
+                    bulk(
+                        if (leads && v.leader.is_none()) || matches!(m.reach, Some((false, _))) {
+                            "failed"
+                        } else {
+                            "online"
+                        },
+                    ),
                 ),
             ])
         })
