@@ -3458,6 +3458,57 @@ async fn writes_in_flight_on_a_leader_that_removes_itself_are_answered_at_once()
     }
 }
 
+/// A leader that removed itself kept its connections to its former
+/// followers (pooled for reuse), so they campaigned only on their own
+/// timers, after a random election timeout more (~0.9 s without a
+/// leader), and meanwhile told clients `the leader's client address is not
+/// known yet`. Now it closes them, and they campaign as soon as their
+/// lease on it runs out, as when a leader dies; meanwhile they say why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn followers_of_a_leader_that_removes_itself_campaign_at_once() {
+    let c = Cluster::start("self-remove-quick", 3).await;
+    let l = c.leader().await;
+    let f = c.followers().await;
+    let before = quick_elections(&c.members[f[0]]).await + quick_elections(&c.members[f[1]]).await;
+    let mut admin = c.members[l].conn().await;
+    let id = c.members[l].id.to_string();
+    assert_eq!(admin.cmd(&["CLUSTER", "REMOVE", &id]).await, ok());
+    let mut conns = [c.members[f[0]].conn().await, c.members[f[1]].conn().await];
+    let mut said = std::collections::BTreeSet::new();
+    eventually("a new leader serves", async || {
+        for fc in conns.iter_mut() {
+            let r = fc.cmd(&["CLAIM", "after-removal"]).await;
+            match &r {
+                // A MOVED names a slot and an address that change.
+                Frame::Error(e) if e.starts_with(b"MOVED") => {
+                    said.insert("MOVED".to_owned());
+                }
+                Frame::Error(e) => {
+                    said.insert(String::from_utf8_lossy(e).into_owned());
+                }
+                _ => {
+                    if let Ok(ClaimReply::Acquired { .. }) = ClaimReply::from_frame(r) {
+                        return Some(());
+                    }
+                }
+            }
+        }
+        None
+    })
+    .await;
+    assert!(
+        !said
+            .iter()
+            .any(|e| e.contains("client address is not known")),
+        "{said:?}"
+    );
+    let after = quick_elections(&c.members[f[0]]).await + quick_elections(&c.members[f[1]]).await;
+    assert!(
+        after > before,
+        "no follower campaigned as soon as its lease on the removed leader ran out: {said:?}"
+    );
+}
+
 /// A learner never campaigns, so it went on naming a dead leader
 /// (`cluster_state:ok`, `-MOVED` to it) for as long as the voters could
 /// not elect another. Once it has not heard from the leader for longer

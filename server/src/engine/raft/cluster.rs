@@ -771,6 +771,9 @@ pub fn not_serving(
                 slot: key.map_or(0, idem_protocol::key_slot),
                 addr,
             },
+            _ if retired.contains(id) => EngineError::TryAgain(
+                "the leader was removed from the cluster (CLUSTER REMOVE): electing a new one",
+            ),
             _ => EngineError::TryAgain("the leader's client address is not known yet"),
         },
         None if since.is_some_and(|s| s.elapsed() > role.election_timeout) => {
@@ -826,7 +829,8 @@ pub async fn watch_role(w: Arc<Watch>) {
     let mut tick = tokio::time::interval(w.role.lease / 4);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        let (state, leader, term) = {
+        let me = w.peers.node_id();
+        let (state, leader, term, retired) = {
             let m = rx.borrow_and_update();
             // The lease: when a majority last acknowledged this leader
             // (the instant itself: an age would grow stale while these
@@ -836,9 +840,9 @@ pub async fn watch_role(w: Arc<Watch>) {
             }
             let voters = m.membership_config.membership().voter_ids().count();
             w.role.voters.store(voters.max(1), Ordering::Relaxed);
-            (m.state, m.current_leader, m.current_term)
+            let retired = retired_ids(m.membership_config.membership().nodes()).contains(me);
+            (m.state, m.current_leader, m.current_term, retired)
         };
-        let me = w.peers.node_id();
         (w.on_follower)(state == ServerState::Follower && leader.is_some_and(|l| l != me));
         let leads = state == ServerState::Leader && leader == Some(me);
         let demoted = {
@@ -890,6 +894,11 @@ pub async fn watch_role(w: Arc<Watch>) {
             }
             !keep && w.role.serving.swap(false, Ordering::AcqRel)
         };
+        // Removed (by its own log), and no longer leading: it lets go of
+        // its peers, so that they campaign at once if it led them.
+        if retired && !leads {
+            w.peers.leave();
+        }
         if demoted {
             info!(term, leader = ?leader, state = ?state, "this node no longer serves: clients are redirected or told to try again");
             w.role.lease_changed.notify_waiters();
