@@ -828,9 +828,12 @@ pub async fn watch_role(w: Arc<Watch>) {
     // back.
     let mut tick = tokio::time::interval(w.role.lease / 4);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let me = w.peers.node_id();
+    // Whether this node's own log removed it, by the membership entry it
+    // was read from: parsed once an entry, not at every pass of the core.
+    let mut retired: (Option<openraft::LogId<NodeId>>, bool) = (None, false);
     loop {
-        let me = w.peers.node_id();
-        let (state, leader, term, retired) = {
+        let (state, leader, term) = {
             let m = rx.borrow_and_update();
             // The lease: when a majority last acknowledged this leader
             // (the instant itself: an age would grow stale while these
@@ -840,8 +843,12 @@ pub async fn watch_role(w: Arc<Watch>) {
             }
             let voters = m.membership_config.membership().voter_ids().count();
             w.role.voters.store(voters.max(1), Ordering::Relaxed);
-            let retired = retired_ids(m.membership_config.membership().nodes()).contains(me);
-            (m.state, m.current_leader, m.current_term, retired)
+            let at = m.membership_config.log_id();
+            if retired.0.as_ref() != at.as_ref() {
+                let removed = retired_ids(m.membership_config.membership().nodes()).contains(me);
+                retired = (at.clone(), removed);
+            }
+            (m.state, m.current_leader, m.current_term)
         };
         (w.on_follower)(state == ServerState::Follower && leader.is_some_and(|l| l != me));
         let leads = state == ServerState::Leader && leader == Some(me);
@@ -896,7 +903,7 @@ pub async fn watch_role(w: Arc<Watch>) {
         };
         // Removed (by its own log), and no longer leading: it lets go of
         // its peers, so that they campaign at once if it led them.
-        if retired && !leads {
+        if retired.1 && !leads {
             w.peers.leave();
         }
         if demoted {
