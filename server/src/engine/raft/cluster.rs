@@ -846,7 +846,7 @@ pub async fn watch_role(w: Arc<Watch>) {
             let at = m.membership_config.log_id();
             if retired.0.as_ref() != at.as_ref() {
                 let removed = retired_ids(m.membership_config.membership().nodes()).contains(me);
-                retired = (at.clone(), removed);
+                retired = (*at, removed);
             }
             (m.state, m.current_leader, m.current_term)
         };
