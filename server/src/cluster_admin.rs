@@ -312,8 +312,9 @@ pub fn info_text(v: &ClusterView, commit_index: u64) -> String {
 /// link-state slot...`. `pong-recv` is when the member last answered this
 /// node (unix ms; `0` for this node itself, as Redis shows it; now for a
 /// member whose answers this node does not track: only the leader calls
-/// every member), and `ping-sent` is when this node last heard from a
-/// member that did not answer its last call (`0` otherwise).
+/// every member), and `ping-sent`, for a member that did not answer this
+/// node's last call, when it last answered (now if it never did; `0` for
+/// the others).
 pub fn nodes_text(v: &ClusterView) -> String {
     let shown = v.last_leader;
     let now_ms = std::time::SystemTime::now()
@@ -349,7 +350,12 @@ pub fn nodes_text(v: &ClusterView) -> String {
             Some((_, None)) => 0,
             None => now_ms,
         };
-        let ping_sent_ms = if unreachable { answered_ms } else { 0 };
+        // A call waits for its answer (Redis: a ping not answered yet).
+        let ping_sent_ms = match (unreachable, answered_ms) {
+            (false, _) => 0,
+            (true, 0) => now_ms,
+            (true, at) => at,
+        };
         let _ = write!(
             o,
             "{} {ip}:{port}@{cport} {flags} {master} {ping_sent_ms} {answered_ms} {} {}",
