@@ -2967,6 +2967,23 @@ async fn a_voter_restarted_on_an_empty_data_dir_is_kept_out() {
     assert_eq!(m.info("idem_applied_index").await, "0");
     assert_eq!(m.info("idem_leader_id").await, "");
     assert_eq!(int(&m.conn().await.cmd(&["DBSIZE"]).await), 0);
+    // It says why, to its clients and in its log (it said only that it
+    // waited to be added, the reason being logged on the leader alone).
+    let e = m.conn().await.cmd(&["CLAIM", "on-the-wiped-node"]).await;
+    assert!(
+        matches!(&e, Frame::Error(t) if t.starts_with(b"CLUSTERDOWN this node's data directory is not the one")),
+        "{e:?}"
+    );
+    let logged = m
+        .proc
+        .as_ref()
+        .unwrap()
+        .logged("a member keeps this node out", Duration::from_secs(5))
+        .await;
+    assert!(
+        logged.iter().any(|l| l.contains("CLUSTER REMOVE")),
+        "{logged:?}"
+    );
     // And it does not count towards a majority: with the other follower
     // gone, the leader cannot commit.
     c.members[other].kill().await;

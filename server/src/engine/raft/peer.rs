@@ -253,6 +253,11 @@ enum Request {
     Vote(VoteRequest<NodeId>),
     Snapshot(InstallSnapshotRequest<TypeConfig>),
     Probe,
+    /// The asker, a member, keeps this node out, and why: its data
+    /// directory is not the one recorded for its id (its data was lost or
+    /// replaced). Sent once, in place of any other request; the
+    /// connection ends.
+    KeptOut(String),
 }
 
 impl Request {
@@ -263,6 +268,7 @@ impl Request {
             Request::Append(r) => r.entries.iter().map(encoded_size_hint).sum::<usize>() + 256,
             Request::Snapshot(r) => r.data.len() + 512,
             Request::Vote(_) | Request::Probe => 256,
+            Request::KeptOut(why) => why.len() + 16,
         }
     }
 }
@@ -532,6 +538,11 @@ pub struct Peers {
     /// This node's own log says it was removed from the cluster: it keeps
     /// no connection to its former peers (see [`Peers::leave`]).
     left: std::sync::atomic::AtomicBool,
+    /// A member said it keeps this node out: its data directory is not
+    /// the one recorded for its id.
+    kept_out: std::sync::atomic::AtomicBool,
+    /// Those refusals, logged at most every [`LogEvery::INTERVAL`].
+    kept_out_logged: LogEvery,
     /// The snapshot being received, and how far (see
     /// [`Peers::check_snapshot_chunk`]).
     snapshot_in: Mutex<Option<(String, u64)>>,
@@ -763,6 +774,8 @@ impl Peers {
             refused_answers: LogEvery::new(),
             removed: std::sync::atomic::AtomicBool::new(false),
             left: std::sync::atomic::AtomicBool::new(false),
+            kept_out: std::sync::atomic::AtomicBool::new(false),
+            kept_out_logged: LogEvery::new(),
             snapshot_in: Mutex::new(None),
             watch: Arc::default(),
             receiving: Arc::new(ReceiveBudget::new(limits.max_receive_bytes)),
@@ -792,6 +805,37 @@ impl Peers {
                 "this node was removed from the cluster: its connections to its former peers are closed"
             );
         }
+    }
+
+    /// Member `by` keeps this node out (`why`): noted (and logged, at most
+    /// every 10 s) if this node is not a member itself, so that its
+    /// clients are told why it gets nothing. A member ignores it.
+    fn kept_out_by(&self, by: NodeId, why: &str) {
+        let member = self.raft.get().is_some_and(|r| {
+            r.metrics()
+                .borrow()
+                .membership_config
+                .membership()
+                .get_node(&self.node_id)
+                .is_some()
+        });
+        if member {
+            return;
+        }
+        self.kept_out
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(count) = self.kept_out_logged.due() {
+            warn!(
+                by,
+                count, "a member keeps this node out: {why} (logged at most every 10 s)"
+            );
+        }
+    }
+
+    /// Whether a member said it keeps this node out (see
+    /// [`Request::KeptOut`]).
+    pub fn kept_out(&self) -> bool {
+        self.kept_out.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Whether a member refused this node as removed from the cluster (and
@@ -1423,6 +1467,10 @@ async fn serve_conn(
         }
         // A node that has not joined takes the cluster id of the first
         // member that sends it Raft traffic.
+        if let Request::KeptOut(why) = req {
+            peers.kept_out_by(asker, &why);
+            return Ok(());
+        }
         if !matches!(req, Request::Probe)
             && peers.cluster().is_none()
             && let Some(id) = hello.cluster
@@ -1485,6 +1533,8 @@ async fn serve_conn(
                 }
             }
             Request::Probe => Response::Probe(peers.probe_info(asker)),
+            // Handled as it was read.
+            Request::KeptOut(_) => return Ok(()),
         };
         send(&mut conn, &resp).await?;
     }
@@ -1564,7 +1614,7 @@ fn implausible(req: &Request, asker: NodeId) -> Option<String> {
         Request::Append(r) => &r.vote,
         Request::Vote(r) => &r.vote,
         Request::Snapshot(r) => &r.vote,
-        Request::Probe => return None,
+        Request::Probe | Request::KeptOut(_) => return None,
     };
     let term = vote.leader_id.term;
     if term >= MAX_TERM {
@@ -1591,7 +1641,7 @@ fn implausible(req: &Request, asker: NodeId) -> Option<String> {
         }
         Request::Vote(r) => logged.extend(r.last_log_id.iter()),
         Request::Snapshot(r) => logged.extend(r.meta.last_log_id.iter()),
-        Request::Probe => {}
+        Request::Probe | Request::KeptOut(_) => {}
     }
     logged
         .into_iter()
@@ -1835,8 +1885,17 @@ impl PeerClient {
                         cluster_hex(&b),
                         cluster_hex(&a)
                     ))
+                } else if let Err(why) = self.peers.check_incarnation(node, incarnation) {
+                    // Told, so that it can say why it gets nothing (it
+                    // knows of no cluster, and would only wait).
+                    let _ = tokio::time::timeout(
+                        HANDSHAKE_TIMEOUT,
+                        send(&mut conn, &Request::KeptOut(why.clone())),
+                    )
+                    .await;
+                    Some(why)
                 } else {
-                    self.peers.check_incarnation(node, incarnation).err()
+                    None
                 };
                 if let Some(why) = why {
                     self.peers.refused_answer(self.target, &self.addr, &why);
