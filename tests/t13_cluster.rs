@@ -2649,10 +2649,11 @@ async fn a_failed_node_is_replaced_step_by_step() {
     // time of the call) and CLUSTER SHARDS' health (which said `online`).
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let nodes = bulk(&conn.cmd(&["CLUSTER", "NODES"]).await);
+    let hex = |id: &str| format!("{:040x}", id.parse::<u64>().unwrap());
     let field = |id: &str, i: usize| -> u128 {
         let line = nodes
             .lines()
-            .find(|l| l.starts_with(&format!("{:040x}", id.parse::<u64>().unwrap())))
+            .find(|l| l.starts_with(&hex(id)))
             .unwrap_or_else(|| panic!("no line for node {id}: {nodes}"));
         line.split(' ').nth(i).unwrap().parse().unwrap()
     };
@@ -2704,7 +2705,6 @@ async fn a_failed_node_is_replaced_step_by_step() {
         })
         .collect();
     health.sort();
-    let hex = |id: &str| format!("{:040x}", id.parse::<u64>().unwrap());
     let mut want = vec![
         (hex(&leader_id), "master".to_owned(), "online".to_owned()),
         (hex(&live), "replica".into(), "online".into()),
