@@ -758,10 +758,8 @@ mod tests {
     /// is a frame.
     #[test]
     fn an_empty_or_null_array_request_is_skipped() {
-        let server = Limits {
-            inline: true,
-            ..Limits::default()
-        };
+        // The default limits are a server's (inline commands on).
+        let server = Limits::default();
         for skipped in [&b"*0\r\n"[..], b"*-1\r\n", b"\r\n", b"*0\r\n*-1\r\n\r\n"] {
             let mut buf = BytesMut::from(skipped);
             assert_eq!(decode(&mut buf, &server).unwrap(), None, "{skipped:?}");

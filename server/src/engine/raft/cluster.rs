@@ -742,12 +742,12 @@ pub fn not_serving(
     // Not a member yet: waiting for the bootstrap or for CLUSTER ADD, or
     // added and catching up from a snapshot taken before it was; unless
     // a member said it keeps this node out.
-    if !member && peers.kept_out() {
-        return EngineError::ClusterDown(
-            "this node's data directory is not the one the cluster recorded for its id (its data was lost or replaced): the members keep it out for good; remove the id (CLUSTER REMOVE on the leader) and add this node under a new id",
-        );
-    }
     if !member {
+        if peers.kept_out() {
+            return EngineError::ClusterDown(
+                "this node's data directory is not the one the cluster recorded for its id (its data was lost or replaced): the members keep it out for good; remove the id (CLUSTER REMOVE on the leader) and add this node under a new id",
+            );
+        }
         return EngineError::TryAgain(
             "this node is not a member of a cluster yet: it waits for the bootstrap (--initial-cluster) or for CLUSTER ADD on the leader, or catches up (an id that was a member before and lost its data directory is kept out for good: give the node a new id)",
         );

@@ -2400,24 +2400,11 @@ mod tests {
         const KIB: usize = 1 << 10;
         let dir = Dir::new("budget");
         let c = random16();
-        let d = dir.0.join("n2");
-        std::fs::create_dir_all(&d).unwrap();
-        let p2 = Peers::new(
-            2,
-            "127.0.0.1:7002".into(),
-            None,
-            d,
-            Arc::new(TcpDialer),
-            PeerLimits {
-                max_receive_bytes: 1024 * KIB,
-                ..PeerLimits::default()
-            },
-        )
-        .unwrap();
-        p2.set_cluster(c).unwrap();
-        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let a2 = l.local_addr().unwrap().to_string();
-        tokio::spawn(serve(l, Arc::clone(&p2), None));
+        let limits = PeerLimits {
+            max_receive_bytes: 1024 * KIB,
+            ..PeerLimits::default()
+        };
+        let (p2, a2) = node_limited(&dir, 2, None, Some(c), limits).await;
         let me = member_of(&dir, "me", c);
         let client = PeerClient::new(Arc::clone(&me), 2, a2.clone());
         // A frame of 700 KiB announced, 100 KiB of it sent.
@@ -2502,6 +2489,17 @@ mod tests {
         secret: Option<&str>,
         cluster: Option<ClusterId>,
     ) -> (Arc<Peers>, String) {
+        node_limited(dir, id, secret, cluster, PeerLimits::default()).await
+    }
+
+    /// [`node`] with `limits`.
+    async fn node_limited(
+        dir: &Dir,
+        id: NodeId,
+        secret: Option<&str>,
+        cluster: Option<ClusterId>,
+        limits: PeerLimits,
+    ) -> (Arc<Peers>, String) {
         let d = dir.0.join(format!("n{id}"));
         std::fs::create_dir_all(&d).unwrap();
         let peers = Peers::new(
@@ -2510,7 +2508,7 @@ mod tests {
             secret.map(|s| s.as_bytes().to_vec()),
             d,
             Arc::new(TcpDialer),
-            PeerLimits::default(),
+            limits,
         )
         .unwrap();
         if let Some(c) = cluster {
@@ -2880,25 +2878,13 @@ mod tests {
         use tokio::io::AsyncReadExt;
         let dir = Dir::new("evict");
         let c = random16();
-        let d = dir.0.join("n2");
-        std::fs::create_dir_all(&d).unwrap();
-        let p2 = Peers::new(
-            2,
-            "127.0.0.1:7002".into(),
-            None,
-            d,
-            Arc::new(TcpDialer),
-            PeerLimits {
-                max_connections: 12,
-                max_handshakes_per_source: 4,
-                ..PeerLimits::default()
-            },
-        )
-        .unwrap();
-        p2.set_cluster(c).unwrap();
-        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let a2 = l.local_addr().unwrap();
-        tokio::spawn(serve(l, Arc::clone(&p2), None));
+        let limits = PeerLimits {
+            max_connections: 12,
+            max_handshakes_per_source: 4,
+            ..PeerLimits::default()
+        };
+        let (_p2, a2) = node_limited(&dir, 2, None, Some(c), limits).await;
+        let a2: SocketAddr = a2.parse().unwrap();
         let stuck = |src: &'static str| async move {
             let socket = tokio::net::TcpSocket::new_v4().unwrap();
             socket.bind(src.parse().unwrap()).unwrap();
