@@ -1223,10 +1223,33 @@ impl RawConfig {
                 format!("must be at least {need} to carry the largest CLAIM and COMPLETE"),
             ));
         }
-        if self.max_output_buffer_bytes < self.max_value_bytes + 1024 {
+        if self.max_frame_bytes > MAX_FRAME_BYTES {
+            return Err(invalid(
+                "max_frame_bytes",
+                format!(
+                    "must be at most {MAX_FRAME_BYTES} (64 MiB): a request is written to the log as one entry, and the largest entry must fit a log record and a message to the other nodes"
+                ),
+            ));
+        }
+        if self.max_journal_bytes > MAX_FRAME_BYTES {
+            return Err(invalid(
+                "max_journal_bytes",
+                format!("must be at most {MAX_FRAME_BYTES} (64 MiB)"),
+            ));
+        }
+        // A record holds a value or a journal, and a reply (RECOVER,
+        // SETTLE's ABANDONED, INSPECT) carries it with the fingerprint
+        // and the attempt id.
+        let largest_reply = self.max_value_bytes.max(self.max_journal_bytes)
+            + self.max_fingerprint_bytes
+            + self.max_attempt_bytes
+            + 1024;
+        if self.max_output_buffer_bytes < largest_reply {
             return Err(invalid(
                 "max_output_buffer_bytes",
-                "must hold at least one largest reply (max_value_bytes + 1024)",
+                format!(
+                    "must hold at least one largest reply ({largest_reply}: the larger of max_value_bytes and max_journal_bytes, with max_fingerprint_bytes, max_attempt_bytes and 1024)"
+                ),
             ));
         }
         if self.max_key_bytes > u16::MAX as usize {
@@ -1317,6 +1340,7 @@ impl RawConfig {
                 tls,
                 max_pending_proposals: self.max_pending_proposals,
                 max_batch_bytes: self.max_batch_bytes,
+                max_request_bytes: self.max_frame_bytes,
                 proposal_timeout_ms: self.proposal_timeout_ms,
                 snapshot_entries: self.snapshot_entries,
                 snapshot_log_bytes: self.snapshot_log_bytes,
@@ -1402,6 +1426,13 @@ pub const MAX_WAL_SEGMENT_BYTES: u64 = 1 << 30;
 /// The largest `max_connections` (each needs a file descriptor; far past
 /// what one process serves).
 pub const MAX_CONNECTIONS: usize = 1 << 24;
+
+/// The largest `max_frame_bytes` (and `max_journal_bytes`), 64 MiB. A
+/// request is written to the log as one entry, so the largest request
+/// must fit a log record and, with the entries sent beside it, a message
+/// to the other nodes; Redis's own default for a bulk string is 512 MB,
+/// far past what an idempotency record needs.
+pub const MAX_FRAME_BYTES: usize = 64 << 20;
 
 /// The most runtime worker threads `worker_threads` may ask for.
 pub const MAX_WORKER_THREADS: usize = 1024;
@@ -1568,6 +1599,13 @@ mod tests {
             ("tcp_backlog", "65536", "tcp_backlog"),
             ("default_lease_ms", "7200000", "default_lease_ms"),
             ("max_frame_bytes", "1000", "max_frame_bytes"),
+            // A request is one log entry: one past what the log and a
+            // peer message carry stopped the node (and its cluster) when
+            // it came.
+            ("max_frame_bytes", "67108865", "max_frame_bytes"),
+            ("max_journal_bytes", "67108865", "max_journal_bytes"),
+            // A RECOVER reply carries the journal.
+            ("max_journal_bytes", "40000000", "max_output_buffer_bytes"),
             ("max_output_buffer_bytes", "10", "max_output_buffer_bytes"),
             // Past what a follower reads ahead of its answers.
             ("max_inflight_appends", "0", "max_inflight_appends"),
@@ -1588,6 +1626,25 @@ mod tests {
             let e = r.unwrap_err().to_string();
             assert!(e.contains(named), "{key}={value}: {e}");
         }
+    }
+
+    /// The largest requests accepted: one as large as a frame may be.
+    #[test]
+    fn the_largest_frame_accepted_carries_the_largest_value() {
+        let mut raw = RawConfig::default();
+        for (key, value) in [
+            ("max_frame_bytes", "67108864"),
+            ("max_value_bytes", "66000000"),
+            ("max_journal_bytes", "67108864"),
+            ("max_output_buffer_bytes", "70000000"),
+        ] {
+            raw.set(key, value).unwrap();
+        }
+        let c = raw.clone().validate().unwrap();
+        assert_eq!(c.limits.frame.max_frame, MAX_FRAME_BYTES);
+        raw.set("max_value_bytes", "67108000").unwrap();
+        let e = raw.validate().unwrap_err().to_string();
+        assert!(e.contains("max_frame_bytes"), "{e}");
     }
 
     #[test]

@@ -101,6 +101,9 @@ pub struct RaftConfig {
     /// Bytes of ops in one log entry, at most (a single larger op goes
     /// alone).
     pub max_batch_bytes: usize,
+    /// The largest request a client may send, bytes (`max_frame_bytes`):
+    /// the op it makes, alone in its entry, is no larger.
+    pub max_request_bytes: usize,
     /// A proposal not applied within this gets `-TRYAGAIN`, ms.
     pub proposal_timeout_ms: u64,
     /// Log entries since the last snapshot that trigger a new one.
@@ -483,10 +486,7 @@ impl RaftEngine {
             max_in_snapshot_log_to_keep: 0,
             snapshot_max_chunk_size: SNAPSHOT_CHUNK_BYTES,
             install_snapshot_timeout: INSTALL_SNAPSHOT_TIMEOUT_MS,
-            // At most 64 MiB per AppendEntries (entries are up to
-            // max_batch_bytes each), well under the peer frame limit.
-            max_payload_entries: ((64 << 20) / cfg.max_batch_bytes.max(1) as u64)
-                .clamp(1, MAX_PAYLOAD_ENTRIES),
+            max_payload_entries: payload_entries(cfg.max_batch_bytes, cfg.max_request_bytes),
             ..Default::default()
         }
         .validate()
@@ -1792,6 +1792,17 @@ pub const GATHER_IDLE_US: u64 = 25;
 /// How long a gather waits for the writes its answers bring back, at
 /// most ([`GATHER_IDLE_US`]): a third of a round on the cluster above.
 const GATHER_MAX: Duration = Duration::from_micros(300);
+
+/// Entries in one AppendEntries, at most: 64 MiB of them, well under the
+/// peer frame limit, counting each as large as the largest entry can be
+/// (`max_batch_bytes` of ops, or one op as large as the largest request:
+/// a single op over the batch cap goes alone).
+fn payload_entries(max_batch_bytes: usize, max_request_bytes: usize) -> u64 {
+    // What an op adds to the request's bytes, and the entry's header.
+    const ENTRY_SLACK: usize = 4096;
+    let largest = max_batch_bytes.max(max_request_bytes + ENTRY_SLACK);
+    ((64 << 20) / largest.max(1) as u64).clamp(1, MAX_PAYLOAD_ENTRIES)
+}
 
 /// Polls for `rx`'s answer for up to `poll` ([`LEADER_POLL_US`]): yields
 /// until it comes (each yield lets the runtime poll its sockets and run

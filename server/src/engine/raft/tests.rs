@@ -74,6 +74,7 @@ fn cfg(dir: &TempDir) -> RaftConfig {
         node_id: 1,
         max_pending_proposals: 1024,
         max_batch_bytes: 1 << 20,
+        max_request_bytes: 2 << 20,
         proposal_timeout_ms: 10_000,
         snapshot_entries: 50,
         snapshot_log_bytes: 1 << 30,
@@ -694,4 +695,28 @@ async fn snapshots_are_spaced_by_the_store_s_size() {
     // next waits for 100 times the first one's size.
     assert!(built[0] >= 5, "{built:?}");
     assert_eq!(built[1], 1, "{built:?}");
+}
+
+/// An AppendEntries holds at most 64 MiB of entries, counting each as
+/// large as the largest can be: a batch, or a single op as large as the
+/// largest request. Counted by batches alone, 64 entries of one request
+/// each could make a message past the peer frame limit, which the
+/// follower refuses: it would never catch up.
+#[test]
+fn append_entries_stay_under_the_peer_frame_limit() {
+    use super::{MAX_PAYLOAD_ENTRIES, payload_entries};
+    // The defaults: batches of 8 MiB, requests of 2 MiB.
+    assert_eq!(payload_entries(8 << 20, 2 << 20), 8);
+    assert_eq!(payload_entries(4096, 1 << 20), 63);
+    assert_eq!(payload_entries(4096, 1024), MAX_PAYLOAD_ENTRIES);
+    for (batch, request) in [(4096, 64 << 20), (64 << 20, 64 << 20), (1 << 20, 32 << 20)] {
+        let entries = payload_entries(batch, request);
+        let largest = batch.max(request + 4096) as u64;
+        assert!(entries >= 1);
+        assert!(
+            entries * largest <= (64 << 20).max(largest),
+            "{entries} entries of up to {largest} bytes"
+        );
+        assert!(entries * largest < super::peer::MAX_FRAME as u64);
+    }
 }
