@@ -145,6 +145,12 @@ pub struct Waiters {
     hasher: std::hash::RandomState,
     /// Counters.
     pub stats: WaitStats,
+    /// Tests: runs once between a waiting request's ask and its parking.
+    #[cfg(test)]
+    after_ask: Mutex<Option<Box<dyn FnOnce() + Send>>>,
+    /// Tests: this node stopped serving, and redirects with this.
+    #[cfg(test)]
+    demoted: Mutex<Option<crate::engine::EngineError>>,
 }
 
 fn in_flight(reply: &Reply) -> Option<u64> {
@@ -183,6 +189,10 @@ impl Waiters {
             tag,
             hasher,
             stats: WaitStats::default(),
+            #[cfg(test)]
+            after_ask: Mutex::new(None),
+            #[cfg(test)]
+            demoted: Mutex::new(None),
         });
         let sink: Arc<dyn EventSink> = waiters.clone();
         engine.subscribe(Arc::downgrade(&sink));
@@ -308,6 +318,10 @@ impl Waiters {
                 }
             }
             let mut sh = self.shard(key).lock();
+            if !self.serving() {
+                drop(sh);
+                return Ok(self.not_serving(key));
+            }
             if let Some(q) = sh.queues.get_mut(key) {
                 if let Some(full) = self.full(q.list.len()) {
                     return Ok(full);
@@ -330,8 +344,21 @@ impl Waiters {
             if !may_wait {
                 return Ok(reply);
             }
+            #[cfg(test)]
+            if let Some(hook) = self.after_ask.lock().take() {
+                hook();
+            }
             let remaining = in_flight(&reply).unwrap_or(0);
             let mut sh = self.shard(key).lock();
+            // Stopped leading since the ask: the parked requests were
+            // answered (`on_demoted`), and one parked now would wait for
+            // an event or its time to run out. Checked under the shard's
+            // lock: a node that stops serving after this drains the queue
+            // only once this waiter is in it.
+            if !self.serving() {
+                drop(sh);
+                return Ok(self.not_serving(key));
+            }
             let queued = sh.queues.get(key).map_or(0, |q| q.list.len());
             if let Some(full) = self.full(queued) {
                 return Ok(full);
@@ -347,6 +374,33 @@ impl Waiters {
             return Err(self.enqueue(&mut sh, key, ask, index, Some(remaining)));
         }
         Ok(self.ask_now(&ask).await)
+    }
+
+    /// Whether this node serves records now ([`Engine::serving`]).
+    fn serving(&self) -> bool {
+        #[cfg(test)]
+        if self.demoted.lock().is_some() {
+            return false;
+        }
+        self.engine.serving()
+    }
+
+    /// The answer of a node that no longer serves to a request for `key`
+    /// that it did not park: the redirect (nothing was changed: a CLAIM
+    /// asked found the key in flight).
+    fn not_serving(&self, key: &Bytes) -> Reply {
+        #[cfg(test)]
+        if let Some(e) = self.demoted.lock().as_ref() {
+            return engine_error(e);
+        }
+        match self.engine.route(Some(key)) {
+            Err(e) => engine_error(&e),
+            // Serving again (a new term): the caller may retry here.
+            Ok(()) => Reply::Error(idem_protocol::ServerError::new(
+                idem_protocol::ErrorCode::TryAgain,
+                "this node's role changed while the request was parked: retry",
+            )),
+        }
     }
 
     /// The refusal of one more waiter on a key that has `queued`, if the

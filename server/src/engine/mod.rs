@@ -224,6 +224,18 @@ impl Engine {
         }
     }
 
+    /// Whether this node serves records now: always for the memory engine;
+    /// for the raft engine, while it leads (even in a lapse of its lease,
+    /// which holds requests rather than refusing them). Once false in a
+    /// term it stays false: the waiters it parked are answered after it
+    /// turns false, so one parked after seeing it true is answered too.
+    pub fn serving(&self) -> bool {
+        match &self.inner {
+            Inner::Memory(_) => true,
+            Inner::Raft { engine, .. } => engine.serving(),
+        }
+    }
+
     /// Until when a request that this node refuses now is held instead,
     /// for its lease to hold again: only on a leader no majority answered
     /// within its lease, for `election_timeout_ms` after it lapsed.

@@ -392,3 +392,31 @@ async fn renew_to_a_shorter_lease_serves_waiters_when_it_ends() {
     );
     assert!(acquired(w1.await.unwrap()) > owner);
 }
+
+/// A node that stops leading between a waiting CLAIM's ask (the key was in
+/// flight) and its parking answers it with the redirect at once, as it
+/// answered the requests already parked: it used to park it after they
+/// were answered, where it waited for an event or for its time to run out.
+#[tokio::test(start_paused = true)]
+async fn a_claim_asked_just_before_the_node_stopped_leading_is_redirected() {
+    let (engine, waiters) = setup();
+    acquire(&engine, Claim::new(key())).await;
+    let redirect = || crate::engine::EngineError::Moved {
+        slot: 0,
+        addr: "127.0.0.1:1".into(),
+    };
+    let weak = Arc::downgrade(&waiters);
+    *waiters.after_ask.lock() = Some(Box::new(move || {
+        let w = weak.upgrade().expect("the waiters");
+        *w.demoted.lock() = Some(redirect());
+        crate::engine::EventSink::on_demoted(w, &|_| redirect());
+    }));
+    let reply = Arc::clone(&waiters).wait(claim_wait(60_000), 60_000).await;
+    assert_eq!(
+        reply,
+        Reply::Error(redirect().to_server_error()),
+        "not redirected"
+    );
+    assert_eq!(count(&waiters.stats.parked_total), 0, "parked after all");
+    assert_eq!(waiters.parked(), 0);
+}
