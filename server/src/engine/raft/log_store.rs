@@ -109,6 +109,9 @@ struct State {
     /// Entries below this index are covered by the snapshot on disk; `None`
     /// while nobody reports snapshots (every purge is saved at once).
     snapshot_covers: Option<u64>,
+    /// Why the snapshot being installed failed, if it did: the entries
+    /// that wait for it (see [`LogStore::append`]) fail with this.
+    install_failed: Option<String>,
 }
 
 impl State {
@@ -346,6 +349,7 @@ impl LogStore {
                 disk_purged: meta.purged,
                 meta,
                 held_purge: None,
+                install_failed: None,
                 snapshot_covers: None,
             })),
             jobs,
@@ -471,6 +475,7 @@ impl LogStore {
             let mut state = self.state.lock();
             let covers = last.map_or(0, |l| l.index + 1);
             state.snapshot_covers = Some(state.snapshot_covers.unwrap_or(0).max(covers));
+            state.install_failed = None;
             match state.held_purge {
                 Some(p) if p.index < covers => {
                     state.held_purge = None;
@@ -502,6 +507,15 @@ impl LogStore {
         if released {
             self.purge_released.notify_waiters();
         }
+    }
+
+    /// The state machine failed to install a snapshot (`why`): entries
+    /// that wait for it fail instead, so the Raft core, which waits for
+    /// their append, stops with the error (and the node with it) instead
+    /// of waiting for good, never reading the install's answer.
+    pub fn snapshot_install_failed(&self, why: &str) {
+        self.state.lock().install_failed = Some(why.to_owned());
+        self.purge_released.notify_waiters();
     }
 }
 
@@ -774,6 +788,12 @@ impl RaftLogStorage<TypeConfig> for LogStore {
                 let state = self.state.lock();
                 if !(state.entries.is_empty() && state.held_purge.is_some()) {
                     break;
+                }
+                if let Some(why) = &state.install_failed {
+                    return Err(storage_err(
+                        StorageIOError::write_logs,
+                        format!("these entries follow a snapshot that was not installed: {why}"),
+                    ));
                 }
             }
             released.await;
@@ -1157,6 +1177,45 @@ mod tests {
         store.wait_idle();
         assert_eq!(on_disk(&dir), Some(id(9)));
         assert_eq!(store.read_vote().await.unwrap(), Some(vote));
+        drop(store);
+    }
+
+    /// Entries that arrive while a snapshot is installed wait for it to be
+    /// on disk (the log is purged past it). An install that failed left
+    /// them waiting for good, and the Raft core with them, which then
+    /// never read the install's error: the node neither served nor
+    /// stopped. They fail with the install's error now.
+    #[tokio::test]
+    async fn entries_waiting_for_a_snapshot_that_failed_to_install_fail_too() {
+        use openraft::storage::RaftLogStorageExt;
+        let dir = Dir(std::env::temp_dir().join(format!(
+            "idem-log-store-failed-install-{}",
+            std::process::id()
+        )));
+        let _ = std::fs::remove_dir_all(&dir.0);
+        let mut store = LogStore::open(&dir.0, 1 << 16, Writing::Thread).unwrap();
+        let id = |index| LogId::new(openraft::CommittedLeaderId::new(1, 1), index);
+        store.snapshot_on_disk(Some(id(2)));
+        // A snapshot up to 9 is being installed.
+        store.purge(id(9)).await.unwrap();
+        let mut appender = store.clone();
+        let append = tokio::spawn(async move {
+            appender
+                .blocking_append([openraft::Entry {
+                    log_id: id(10),
+                    payload: openraft::EntryPayload::Blank,
+                }])
+                .await
+        });
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        assert!(!append.is_finished(), "did not wait for the snapshot");
+        store.snapshot_install_failed("no space left on device");
+        let appended = tokio::time::timeout(std::time::Duration::from_secs(10), append)
+            .await
+            .expect("still waits for a snapshot that will never be on disk")
+            .unwrap();
+        let e = appended.expect_err("appended past a snapshot never installed");
+        assert!(e.to_string().contains("no space left on device"), "{e}");
         drop(store);
     }
 

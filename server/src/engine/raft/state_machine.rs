@@ -683,6 +683,101 @@ impl StateMachine {
         self.report_saved(meta.last_log_id);
         Ok(true)
     }
+
+    /// Installs a snapshot received from the leader: loads it into the
+    /// store, then writes it as the current snapshot file.
+    async fn install(
+        &mut self,
+        meta: &SnapshotMeta,
+        snapshot: Box<SnapshotData>,
+    ) -> Result<(), StorageError> {
+        let refused = |e: String| {
+            storage_err(
+                StorageIOError::write_snapshot_any,
+                format!(
+                    "cannot install the snapshot {} received from the leader: {e}",
+                    meta.snapshot_id
+                ),
+            )
+        };
+        #[cfg(debug_assertions)]
+        slow_snapshot_install().await;
+        // Loaded off the runtime thread: a large snapshot takes seconds,
+        // and this node's peers and clients are answered meanwhile.
+        let store = Arc::clone(&self.store);
+        let data = match *snapshot {
+            SnapshotData::Incoming(incoming) => {
+                // Removed however this ends.
+                let file = ReceivedFile(incoming.into_path());
+                let load = tokio::task::spawn_blocking(move || {
+                    let len = fs::metadata(&file.0).map_err(|e| e.to_string())?.len();
+                    let open = || {
+                        Ok(std::io::BufReader::with_capacity(
+                            READ_PART,
+                            fs::File::open(&file.0)?,
+                        ))
+                    };
+                    store
+                        .load_snapshot_from(open, len)
+                        .map_err(|e| e.to_string())?;
+                    Ok::<_, String>(Received::File(file))
+                });
+                load.await
+                    .map_err(|e| refused(e.to_string()))?
+                    .map_err(refused)?
+            }
+            other => {
+                let bytes = other
+                    .into_bytes()
+                    .await
+                    .map_err(|e| storage_err(StorageIOError::read_snapshot_any, e))?;
+                let load = tokio::task::spawn_blocking(move || {
+                    store
+                        .load_snapshot(&bytes)
+                        .map(|()| Received::Mem(bytes))
+                        .map_err(|e| e.to_string())
+                });
+                load.await
+                    .map_err(|e| refused(e.to_string()))?
+                    .map_err(refused)?
+            }
+        };
+        // Written off the runtime thread too, and without waiting for a
+        // build writing its (older) snapshot: the build then finds this
+        // one newer and drops its own.
+        let (sm, meta) = (self.clone(), meta.clone());
+        tokio::task::spawn_blocking(move || {
+            let stopped = || {
+                storage_err(
+                    StorageIOError::write_snapshot_any,
+                    "the engine stopped: the snapshot was not installed",
+                )
+            };
+            if sm.is_stopped() {
+                return Err(stopped());
+            }
+            let written = match data {
+                Received::Mem(data) => sm.write_file(&meta, data.len() as u64 >= SYNC_EVERY, |w| {
+                    w.write_all(&data)
+                }),
+                Received::File(file) => match fs::File::open(&file.0) {
+                    Ok(mut from) => {
+                        let large = from.metadata().is_ok_and(|m| m.len() >= SYNC_EVERY);
+                        sm.write_file(&meta, large, |w| std::io::copy(&mut from, w).map(drop))
+                    }
+                    Err(e) => Err(e.to_string()),
+                },
+            };
+            let file = written.map_err(|e| storage_err(StorageIOError::write_snapshot_any, e))?;
+            match sm.make_current(file, &meta, false) {
+                Ok(true) => Ok(()),
+                Ok(false) => Err(stopped()),
+                Err(e) => Err(storage_err(StorageIOError::write_snapshot_any, e)),
+            }
+        })
+        .await
+        .map_err(|e| storage_err(StorageIOError::write_snapshot_any, e))?
+    }
 }
 
 /// A snapshot file being written, removed when dropped unless it was made
@@ -989,92 +1084,11 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         meta: &SnapshotMeta,
         snapshot: Box<SnapshotData>,
     ) -> Result<(), StorageError> {
-        let refused = |e: String| {
-            storage_err(
-                StorageIOError::write_snapshot_any,
-                format!(
-                    "cannot install the snapshot {} received from the leader: {e}",
-                    meta.snapshot_id
-                ),
-            )
-        };
-        #[cfg(debug_assertions)]
-        slow_snapshot_install().await;
-        // Loaded off the runtime thread: a large snapshot takes seconds,
-        // and this node's peers and clients are answered meanwhile.
-        let store = Arc::clone(&self.store);
-        let data = match *snapshot {
-            SnapshotData::Incoming(incoming) => {
-                // Removed however this ends.
-                let file = ReceivedFile(incoming.into_path());
-                let load = tokio::task::spawn_blocking(move || {
-                    let len = fs::metadata(&file.0).map_err(|e| e.to_string())?.len();
-                    let open = || {
-                        Ok(std::io::BufReader::with_capacity(
-                            READ_PART,
-                            fs::File::open(&file.0)?,
-                        ))
-                    };
-                    store
-                        .load_snapshot_from(open, len)
-                        .map_err(|e| e.to_string())?;
-                    Ok::<_, String>(Received::File(file))
-                });
-                load.await
-                    .map_err(|e| refused(e.to_string()))?
-                    .map_err(refused)?
-            }
-            other => {
-                let bytes = other
-                    .into_bytes()
-                    .await
-                    .map_err(|e| storage_err(StorageIOError::read_snapshot_any, e))?;
-                let load = tokio::task::spawn_blocking(move || {
-                    store
-                        .load_snapshot(&bytes)
-                        .map(|()| Received::Mem(bytes))
-                        .map_err(|e| e.to_string())
-                });
-                load.await
-                    .map_err(|e| refused(e.to_string()))?
-                    .map_err(refused)?
-            }
-        };
-        // Written off the runtime thread too, and without waiting for a
-        // build writing its (older) snapshot: the build then finds this
-        // one newer and drops its own.
-        let (sm, meta) = (self.clone(), meta.clone());
-        tokio::task::spawn_blocking(move || {
-            let stopped = || {
-                storage_err(
-                    StorageIOError::write_snapshot_any,
-                    "the engine stopped: the snapshot was not installed",
-                )
-            };
-            if sm.is_stopped() {
-                return Err(stopped());
-            }
-            let written = match data {
-                Received::Mem(data) => sm.write_file(&meta, data.len() as u64 >= SYNC_EVERY, |w| {
-                    w.write_all(&data)
-                }),
-                Received::File(file) => match fs::File::open(&file.0) {
-                    Ok(mut from) => {
-                        let large = from.metadata().is_ok_and(|m| m.len() >= SYNC_EVERY);
-                        sm.write_file(&meta, large, |w| std::io::copy(&mut from, w).map(drop))
-                    }
-                    Err(e) => Err(e.to_string()),
-                },
-            };
-            let file = written.map_err(|e| storage_err(StorageIOError::write_snapshot_any, e))?;
-            match sm.make_current(file, &meta, false) {
-                Ok(true) => Ok(()),
-                Ok(false) => Err(stopped()),
-                Err(e) => Err(storage_err(StorageIOError::write_snapshot_any, e)),
-            }
-        })
-        .await
-        .map_err(|e| storage_err(StorageIOError::write_snapshot_any, e))?
+        let installed = self.install(meta, snapshot).await;
+        if let (Err(e), Some(log)) = (&installed, &self.log) {
+            log.snapshot_install_failed(&e.to_string());
+        }
+        installed
     }
 
     /// Its data read from the file as it is sent (openraft asks for it to
