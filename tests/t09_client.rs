@@ -483,14 +483,76 @@ async fn a_waiting_claim_redirected_waits_only_for_the_time_left() {
         .unwrap();
     assert!(matches!(got, ClaimOutcome::InFlight { .. }), "{got:?}");
     assert_eq!(c.stats().redirects, 1);
+    // The leader is first asked without waiting (the key might be free),
+    // then, the key being in flight, with the time left.
     let waits = waits.lock().unwrap().clone();
-    let [Some(wait)] = waits[..] else {
+    let [None, Some(wait)] = waits[..] else {
         panic!("the leader got {waits:?}")
     };
     assert!(
         (1_000..=2_000).contains(&wait),
         "parked again with WAIT {wait} ms of 3,000, a second of them spent"
     );
+}
+
+/// Waiting claims and settles first ask without waiting, pipelined on the
+/// shared connection: those that find the key free (or settled) are
+/// answered there, and only those that find it in flight wait, each on a
+/// connection of its own. Every waiting request took a connection of its
+/// own, and past the few kept idle, a new one (the HTTP layer, which
+/// claims with WAIT, opened one for one request in five).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiting_requests_that_need_not_wait_share_the_connection() {
+    let s = Idemd::start().await;
+    let c = client(&s).await;
+    let mut info = s.conn().await;
+    let before = info_field(&mut info, "total_connections_received").await;
+    let prefix = key("shared-wait");
+    let mut tasks = Vec::new();
+    for i in 0..200 {
+        let c = c.clone();
+        let k = format!("{prefix}-{i}");
+        tasks.push(tokio::spawn(async move {
+            let claimed = c.claim(k.as_str()).wait(Duration::from_secs(5)).await?;
+            let ClaimOutcome::Acquired(guard) = claimed else {
+                panic!("a fresh key was not acquired: {claimed:?}");
+            };
+            guard.complete(Bytes::from_static(b"done")).await?;
+            let settled = c.settle(k.as_str(), Some(Duration::from_secs(5))).await?;
+            assert!(matches!(settled, Settled::Completed(_)), "{settled:?}");
+            Ok::<(), idem_client::Error>(())
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap().expect("claimed, completed and settled");
+    }
+    let opened = info_field(&mut info, "total_connections_received").await - before;
+    assert!(
+        opened == 0,
+        "{opened} connections for 200 waiting claims and settles that did not wait"
+    );
+    // One that finds its key in flight still waits, and is served when
+    // the owner completes.
+    let k = format!("{prefix}-busy");
+    let ClaimOutcome::Acquired(owner) = c.claim(k.as_str()).await.unwrap() else {
+        panic!("not acquired");
+    };
+    let waiter = {
+        let (c, k) = (c.clone(), k.clone());
+        tokio::spawn(async move { c.claim(k.as_str()).wait(Duration::from_secs(10)).await })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!waiter.is_finished(), "did not wait for the owner");
+    owner.complete(Bytes::from_static(b"theirs")).await.unwrap();
+    let got = tokio::time::timeout(Duration::from_secs(5), waiter)
+        .await
+        .expect("not served when the owner completed")
+        .unwrap()
+        .unwrap();
+    let ClaimOutcome::Completed(done) = got else {
+        panic!("expected the owner's outcome, got {got:?}");
+    };
+    assert_eq!(done.value, Bytes::from_static(b"theirs"));
 }
 
 /// A fake node that answers every CLAIM with `claim_reply` and counts the

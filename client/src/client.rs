@@ -27,9 +27,13 @@ use crate::key::Key;
 /// All clones share one multiplexed, pipelined connection per node, driven
 /// by one task. Behavior:
 ///
-/// - Claims and settles that WAIT use connections of their own (kept in a
-///   small idle pool), because the server holds back the replies of later
-///   requests on a connection while one of its requests waits.
+/// - Claims and settles that WAIT first ask without waiting, on the shared
+///   connection; only those that find the key in flight wait, on
+///   connections of their own (kept in a small idle pool), because the
+///   server holds back the replies of later requests on a connection while
+///   one of its requests waits. (So a waiting claim may take a key just
+///   freed ahead of requests already parked on it, as any claim without
+///   WAIT may.)
 /// - Requests from many tasks are pipelined on the shared connection and
 ///   answered in order.
 /// - When the connection fails, pending requests get a connection error and
@@ -696,12 +700,58 @@ impl Client {
             span.record("key", tracing::field::display(String::from_utf8_lossy(key)));
         }
         let attempts = std::sync::atomic::AtomicU32::new(0);
+        self.inner.stats.requests.fetch_add(1, Ordering::Relaxed);
         let result = self
-            .request_attempts(cmd, extra, budget, &attempts)
+            .ask_then_wait(cmd, extra, budget, &attempts)
             .instrument(span.clone())
             .await;
         span.record("attempts", attempts.load(Ordering::Relaxed));
         result
+    }
+
+    /// A waiting request (CLAIM or SETTLE with WAIT) first asks without
+    /// waiting, pipelined on the shared connection like any request: most
+    /// find the key free or settled and are answered in that one round
+    /// trip. Only one that finds the key in flight waits, on a connection
+    /// of its own, for what is left of its WAIT. Sent with WAIT at once,
+    /// every such request took a connection of its own, and past the few
+    /// kept idle, a new one: the HTTP layer (which claims every request
+    /// with WAIT) opened a connection for one request in five.
+    async fn ask_then_wait(
+        &self,
+        cmd: &Command,
+        extra: Duration,
+        budget: Option<Duration>,
+        attempts: &std::sync::atomic::AtomicU32,
+    ) -> Result<Frame> {
+        let Some((asked, wait_ms)) = without_wait(cmd) else {
+            return self.request_attempts(cmd, extra, budget, attempts).await;
+        };
+        let started = tokio::time::Instant::now();
+        let first = self
+            .request_attempts(&asked, Duration::ZERO, budget, attempts)
+            .await;
+        let used = started.elapsed();
+        let left = wait_ms.saturating_sub(used.as_millis() as u64);
+        if left == 0 || !matches!(&first, Ok(frame) if in_flight(frame)) {
+            return first;
+        }
+        let mut waiting = cmd.clone();
+        match &mut waiting {
+            Command::Claim(c) => c.wait_ms = Some(left),
+            Command::Settle(s) => s.wait_ms = Some(left),
+            _ => {}
+        }
+        let budget = budget
+            .unwrap_or(self.inner.config.deadline)
+            .saturating_sub(used);
+        self.request_attempts(
+            &waiting,
+            Duration::from_millis(left).min(extra),
+            Some(budget),
+            attempts,
+        )
+        .await
     }
 
     async fn request_attempts(
@@ -713,7 +763,6 @@ impl Client {
     ) -> Result<Frame> {
         let cfg = &self.inner.config;
         let counters = &self.inner.stats;
-        counters.requests.fetch_add(1, Ordering::Relaxed);
         let frame = cmd.to_frame();
         let started = tokio::time::Instant::now();
         let deadline = started + budget.unwrap_or(cfg.deadline) + extra;
@@ -1206,6 +1255,38 @@ impl IntoFuture for ClaimBuilder {
 
     fn into_future(self) -> Self::IntoFuture {
         Box::pin(self.send())
+    }
+}
+
+/// `cmd` without its WAIT, and the WAIT, if it is a request that waits.
+fn without_wait(cmd: &Command) -> Option<(Command, u64)> {
+    match cmd {
+        Command::Claim(c) if c.wait_ms.is_some_and(|w| w > 0) => Some((
+            Command::Claim(idem_protocol::cmd::Claim {
+                wait_ms: None,
+                ..c.clone()
+            }),
+            c.wait_ms.unwrap_or(0),
+        )),
+        Command::Settle(s) if s.wait_ms.is_some_and(|w| w > 0) => Some((
+            Command::Settle(Settle {
+                wait_ms: None,
+                ..s.clone()
+            }),
+            s.wait_ms.unwrap_or(0),
+        )),
+        _ => None,
+    }
+}
+
+/// Whether `frame` is an `INFLIGHT` reply (to a CLAIM or a SETTLE).
+fn in_flight(frame: &Frame) -> bool {
+    match frame {
+        Frame::Array(items) if items.len() == 2 => matches!(
+            &items[0],
+            Frame::Simple(w) | Frame::Bulk(w) if w.as_ref() == b"INFLIGHT"
+        ),
+        _ => false,
     }
 }
 
