@@ -1061,6 +1061,14 @@ async fn followers_write_small_appends_themselves_and_leaders_never_do() {
         "the leader wrote appends itself"
     );
     followers_inline(&c, "one at a time", true).await;
+    // Every node counts the entries written to its log and the commands
+    // in them (INFO persistence; a follower's said 0: only what a node
+    // proposed was counted).
+    for (i, m) in c.members.iter().enumerate() {
+        let (entries, cmds) = info_pair(m, "wal_entries", "wal_cmds").await;
+        assert!(entries >= 30, "node {i} wrote {entries} entries");
+        assert!(cmds >= 30, "node {i} wrote {cmds} commands");
+    }
     // A follower that takes over stops: once it serves, its appends go to
     // its thread, while the remaining follower keeps writing its own.
     c.members[l].kill().await;

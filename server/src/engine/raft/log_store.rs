@@ -262,6 +262,9 @@ pub struct LogStore {
     jobs: Jobs,
     /// The log's `fdatasync` times, recorded by the writer.
     sync_times: SyncTimes,
+    /// Entries appended since start, and the commands in them (on every
+    /// node: a follower's are the ones its leader sent).
+    appended: Arc<(AtomicU64, AtomicU64)>,
 }
 
 /// Why the log could not be opened.
@@ -356,7 +359,16 @@ impl LogStore {
             sync_times,
             purge_released: Arc::default(),
             grown: Arc::default(),
+            appended: Arc::default(),
         })
+    }
+
+    /// Entries appended since start, and the commands in them.
+    pub fn appended(&self) -> (u64, u64) {
+        (
+            self.appended.0.load(Ordering::Relaxed),
+            self.appended.1.load(Ordering::Relaxed),
+        )
     }
 
     /// Lets appends of fewer than `bytes` be written and synced by the
@@ -752,7 +764,11 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     {
         let mut records = Vec::new();
         let mut held = Vec::new();
+        let mut commands = 0u64;
         for e in entries {
+            if let openraft::EntryPayload::Normal(batch) = &e.payload {
+                commands += u64::from(batch.op_count());
+            }
             #[cfg(debug_assertions)]
             if let openraft::EntryPayload::Membership(m) = &e.payload {
                 // The second step of a change of voters: a uniform
@@ -807,6 +823,10 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             reset
         };
         let bytes = records.iter().map(|(_, b)| b.len()).sum();
+        self.appended
+            .0
+            .fetch_add(records.len() as u64, Ordering::Relaxed);
+        self.appended.1.fetch_add(commands, Ordering::Relaxed);
         self.grown.notify_one();
         let job = Job::Append {
             records,

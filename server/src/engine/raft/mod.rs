@@ -260,10 +260,6 @@ impl Proposal {
 /// Counters of the engine.
 #[derive(Debug, Default)]
 pub struct RaftStats {
-    /// Log entries proposed.
-    pub entries: AtomicU64,
-    /// Ops proposed in them.
-    pub ops: AtomicU64,
     /// The stamp of the latest entry proposed, ms.
     pub last_stamp_ms: AtomicU64,
     /// Entries whose answer the leader polled for (`leader_poll_us`).
@@ -1006,7 +1002,7 @@ impl RaftEngine {
     pub fn info(&self) -> RaftInfo {
         let m = self.raft.metrics().borrow().clone();
         let snapshots = self.sm.snapshot_stats();
-        let entries = self.stats.entries.load(Ordering::Relaxed);
+        let (entries, ops) = self.log.appended();
         let (fsyncs, fsync_p50_us, fsync_p99_us) = self.log.syncs();
         let fsyncs_inline = self.log.inlined();
         let (log_entries, log_bytes) = self.log.held();
@@ -1043,7 +1039,7 @@ impl RaftEngine {
             fsync_p99_us,
             fsync_total_us: self.log.syncs_total_us(),
             entries,
-            ops: self.stats.ops.load(Ordering::Relaxed),
+            ops,
             log_entries,
             log_bytes,
             peer_timeouts: self.peers.timeouts(),
@@ -1166,9 +1162,10 @@ pub struct RaftInfo {
     pub fsync_p99_us: u64,
     /// Their total time, µs.
     pub fsync_total_us: u64,
-    /// Entries proposed since start.
+    /// Entries appended to this node's log since start (on a follower,
+    /// the ones its leader sent).
     pub entries: u64,
-    /// Ops proposed since start.
+    /// The commands in them.
     pub ops: u64,
     /// Log entries held (not yet covered by a snapshot and purged).
     pub log_entries: u64,
@@ -1625,8 +1622,6 @@ async fn propose(p: Proposer, proposals: Arc<queue::Queue>, limits: Limits, stat
             info!(dir = %limits.dir.display(), "disk space is back: accepting writes");
             disk_full = false;
         }
-        stats.entries.fetch_add(1, Ordering::Relaxed);
-        stats.ops.fetch_add(ops.len() as u64, Ordering::Relaxed);
         // Stamped as it goes to the log, not while it waited: leases and
         // retention start no earlier than the write does.
         let entry = Entry {

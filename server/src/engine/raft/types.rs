@@ -42,6 +42,16 @@ impl Batch {
         decode_entry(self.0.clone())
     }
 
+    /// How many commands the batch holds (read from its header; 0 if the
+    /// header is cut short).
+    pub fn op_count(&self) -> u32 {
+        // u8 format version, u16 state machine version, u64 stamp, then
+        // u32 op count (see the store's codec).
+        self.0
+            .get(11..15)
+            .map_or(0, |b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+    }
+
     /// The encoded bytes.
     pub fn encoded(&self) -> &Bytes {
         &self.0
@@ -261,6 +271,13 @@ mod tests {
     fn within(part: &Bytes, whole: &Bytes) -> bool {
         let (p, w) = (part.as_ptr() as usize, whole.as_ptr() as usize);
         p >= w && p + part.len() <= w + whole.len()
+    }
+
+    #[test]
+    fn a_batch_tells_its_command_count_from_its_header() {
+        assert_eq!(Batch::new(&entry(&["a", "b", "c"])).op_count(), 3);
+        assert_eq!(Batch::new(&entry(&[])).op_count(), 0);
+        assert_eq!(Batch::unchecked(Bytes::from_static(b"\x01")).op_count(), 0);
     }
 
     #[test]
