@@ -137,6 +137,53 @@ fn truncate_and_purge() {
     assert_eq!(indexes(&recs), (first..26).collect::<Vec<_>>());
 }
 
+/// A purge forgets where the records it covers start, in the segment
+/// being written too (they are never read or cut again): a quiet server
+/// kept 16 bytes for each record of that segment until it was full. The
+/// log still appends, truncates and reads back as before, and later
+/// purges still remove whole segments.
+#[test]
+fn a_purge_within_the_segment_being_written_forgets_its_records() {
+    let d = TempDir::new("purge-within");
+    let mut wal = fill(&d.0, 1 << 20, &[1..1001]);
+    assert_eq!(wal.segment_paths().len(), 1);
+    let capacity = wal.slots.capacity();
+    assert_eq!(wal.purge_upto(990).unwrap(), 0, "no segment removed");
+    assert_eq!(wal.slots.len(), 10, "slots kept for purged records");
+    assert!(wal.slots.capacity() < capacity / 4);
+    assert_eq!((wal.first_index(), wal.next_index()), (1, 1001));
+    wal.truncate_from(995).unwrap();
+    assert!(wal.append([(997, &b"gap"[..])]).is_err());
+    wal.append([(995, &b"after"[..])]).unwrap();
+    // A purge of every record keeps the last slot: the log is not empty.
+    wal.purge_upto(995).unwrap();
+    assert_eq!(wal.slots.len(), 1);
+    assert_eq!(wal.next_index(), 996);
+    assert!(wal.append([(997, &b"gap"[..])]).is_err());
+    drop(wal);
+    let (wal, recs) = Wal::open(&d.0, 1 << 20).unwrap();
+    assert_eq!(indexes(&recs), (1..996).collect::<Vec<_>>());
+    assert_eq!(recs.last().map(|r| &r.1[..]), Some(&b"after"[..]));
+    assert_eq!(wal.next_index(), 996);
+    // Small segments: a purge within one, then one past it.
+    let d = TempDir::new("purge-within-small");
+    let mut wal = fill(&d.0, 300, &[1..40]);
+    let firsts: Vec<u64> = wal.segments.iter().map(|s| s.first).collect();
+    assert!(firsts.len() > 3);
+    let in_second = firsts[1] + 1;
+    assert_eq!(wal.purge_upto(in_second).unwrap(), firsts[1] - 1);
+    assert_eq!(wal.slots.len() as u64, 40 - in_second - 1);
+    let dropped = wal.purge_upto(firsts[3]).unwrap();
+    assert_eq!(dropped, firsts[3] - firsts[1]);
+    assert_eq!(wal.first_index(), firsts[3]);
+    assert_eq!(wal.next_index(), 40);
+    wal.truncate_from(38).unwrap();
+    wal.append([(38, &b"end"[..])]).unwrap();
+    drop(wal);
+    let (_, recs) = Wal::open(&d.0, 300).unwrap();
+    assert_eq!(indexes(&recs), (firsts[3]..39).collect::<Vec<_>>());
+}
+
 /// Cut the last segment at every byte offset of its final batches: recovery
 /// keeps exactly the records whose bytes were all there (the synced prefix),
 /// and the log can be appended to again.
