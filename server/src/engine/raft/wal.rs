@@ -460,9 +460,10 @@ impl Wal {
         self.base + self.slots.len() as u64
     }
 
-    /// Whether the log holds no record.
+    /// Whether the log holds no record: no slot, and none forgotten (the
+    /// records before `base` are still in the files).
     pub fn is_empty(&self) -> bool {
-        self.slots.is_empty()
+        self.slots.is_empty() && self.base == self.first
     }
 
     /// Appends records (whose indexes must continue the log) and syncs them
@@ -475,14 +476,14 @@ impl Wal {
         let mut pending: Vec<u64> = Vec::new();
         for (index, payload) in records {
             let expected = self.next_index() + pending.len() as u64;
-            if !(self.slots.is_empty() && pending.is_empty()) && index != expected {
+            if !(self.is_empty() && pending.is_empty()) && index != expected {
                 return Err(corrupt(
                     &self.dir,
                     0,
                     format!("append of index {index} where {expected} was expected"),
                 ));
             }
-            if self.slots.is_empty() && pending.is_empty() {
+            if self.is_empty() && pending.is_empty() {
                 self.first = index;
                 self.base = index;
             }
@@ -623,7 +624,11 @@ impl Wal {
             return Ok(());
         }
         let keep = index.saturating_sub(self.base) as usize;
-        let cut = self.slots[keep];
+        // Below the slots kept (records a purge covers are never cut):
+        // nothing to cut that the log still tracks.
+        let Some(&cut) = self.slots.get(keep) else {
+            return Ok(());
+        };
         // Whole segments after the cut go.
         while self.segments.len() > cut.segment + 1 {
             if let Some(seg) = self.segments.pop() {
@@ -703,6 +708,7 @@ impl Wal {
             fs::remove_file(&seg.path).map_err(io_err("remove", &seg.path))?;
         }
         self.slots.clear();
+        self.base = self.first;
         sync_dir(&self.dir)
     }
 

@@ -184,6 +184,46 @@ fn a_purge_within_the_segment_being_written_forgets_its_records() {
     assert_eq!(indexes(&recs), (firsts[3]..39).collect::<Vec<_>>());
 }
 
+/// A log cut back to the purge point (openraft truncates a follower's
+/// uncommitted tail before installing a snapshot) still holds the records
+/// before it in its files: it is not empty, so an append that does not
+/// continue it is refused, and the writer starts the files afresh
+/// (`reset`) for an append past a snapshot. Taken for empty, it wrote the
+/// new records after the old ones, and the node could not start again.
+#[test]
+fn a_log_cut_back_to_its_purge_point_is_not_empty() {
+    let d = TempDir::new("cut-to-purge");
+    let mut wal = fill(&d.0, 1 << 20, &[1..11]);
+    wal.purge_upto(5).unwrap();
+    wal.truncate_from(6).unwrap();
+    assert!(!wal.is_empty(), "records 1..=5 are still in the file");
+    assert_eq!(wal.next_index(), 6);
+    assert!(
+        wal.append([(20, &b"past a snapshot"[..])]).is_err(),
+        "a gap written into the log"
+    );
+    // A cut below the slots kept cuts nothing.
+    wal.truncate_from(3).unwrap();
+    assert_eq!(wal.next_index(), 6);
+    wal.reset().unwrap();
+    assert!(wal.is_empty());
+    wal.append([(20, &b"past a snapshot"[..])]).unwrap();
+    drop(wal);
+    let (wal, recs) = Wal::open(&d.0, 1 << 20).unwrap();
+    assert_eq!(indexes(&recs), vec![20]);
+    assert_eq!(wal.next_index(), 21);
+    // Continuing it instead is accepted and reads back whole.
+    let d = TempDir::new("cut-to-purge-continue");
+    let mut wal = fill(&d.0, 1 << 20, &[1..11]);
+    wal.purge_upto(5).unwrap();
+    wal.truncate_from(6).unwrap();
+    wal.append([(6, &b"new six"[..])]).unwrap();
+    drop(wal);
+    let (_, recs) = Wal::open(&d.0, 1 << 20).unwrap();
+    assert_eq!(indexes(&recs), (1..7).collect::<Vec<_>>());
+    assert_eq!(recs.last().map(|r| &r.1[..]), Some(&b"new six"[..]));
+}
+
 /// Cut the last segment at every byte offset of its final batches: recovery
 /// keeps exactly the records whose bytes were all there (the synced prefix),
 /// and the log can be appended to again.
