@@ -487,10 +487,12 @@ impl LogStore {
             let mut state = self.state.lock();
             let covers = last.map_or(0, |l| l.index + 1);
             state.snapshot_covers = Some(state.snapshot_covers.unwrap_or(0).max(covers));
-            state.install_failed = None;
             match state.held_purge {
                 Some(p) if p.index < covers => {
                     state.held_purge = None;
+                    // The snapshot the entries waited for is on disk (a
+                    // build's, covering less, leaves a failure standing).
+                    state.install_failed = None;
                     state.disk_purged = Some(p);
                     // Queued under the lock (a send that does not block),
                     // so no metadata encoded after this one is saved
@@ -1236,6 +1238,19 @@ mod tests {
             .unwrap();
         let e = appended.expect_err("appended past a snapshot never installed");
         assert!(e.to_string().contains("no space left on device"), "{e}");
+        // A snapshot built meanwhile, covering less than the install would
+        // have, leaves the failure standing.
+        store.snapshot_on_disk(Some(id(5)));
+        let again = tokio::time::timeout(
+            std::time::Duration::from_secs(10),
+            store.clone().blocking_append([openraft::Entry {
+                log_id: id(10),
+                payload: openraft::EntryPayload::Blank,
+            }]),
+        )
+        .await
+        .expect("waits again for the snapshot that failed");
+        assert!(again.is_err(), "appended past a snapshot never installed");
         drop(store);
     }
 
