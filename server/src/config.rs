@@ -603,6 +603,11 @@ macro_rules! numeric_keys {
 }
 
 impl RawConfig {
+    /// The largest expiry op: `expire_batch` keys of `max_key_bytes`.
+    fn largest_expiry_op(&self) -> usize {
+        self.expire_batch.saturating_mul(self.max_key_bytes + 4)
+    }
+
     /// Reads a TOML file over the defaults.
     pub fn from_file(path: &Path) -> Result<RawConfig, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
@@ -1049,6 +1054,18 @@ impl RawConfig {
         positive("sweep_interval_ms", self.sweep_interval_ms)?;
         positive("sweep_batch", self.sweep_batch as u64)?;
         positive("expire_batch", self.expire_batch as u64)?;
+        // One expiry op is one log entry, bounded as a request is.
+        if self.largest_expiry_op() > MAX_FRAME_BYTES {
+            return Err(invalid(
+                "expire_batch",
+                format!(
+                    "{} keys of up to max_key_bytes ({}) make an expiry entry of {} bytes, over {MAX_FRAME_BYTES} (64 MiB): lower expire_batch",
+                    self.expire_batch,
+                    self.max_key_bytes,
+                    self.largest_expiry_op()
+                ),
+            ));
+        }
         positive("max_pending_proposals", self.max_pending_proposals as u64)?;
         positive("proposal_timeout_ms", self.proposal_timeout_ms)?;
         if !(50..=60_000).contains(&self.election_timeout_ms) {
@@ -1340,7 +1357,7 @@ impl RawConfig {
                 tls,
                 max_pending_proposals: self.max_pending_proposals,
                 max_batch_bytes: self.max_batch_bytes,
-                max_request_bytes: self.max_frame_bytes,
+                max_request_bytes: self.max_frame_bytes.max(self.largest_expiry_op()),
                 proposal_timeout_ms: self.proposal_timeout_ms,
                 snapshot_entries: self.snapshot_entries,
                 snapshot_log_bytes: self.snapshot_log_bytes,
@@ -1606,6 +1623,9 @@ mod tests {
             ("max_journal_bytes", "67108865", "max_journal_bytes"),
             // A RECOVER reply carries the journal.
             ("max_journal_bytes", "40000000", "max_output_buffer_bytes"),
+            // One expiry op, one log entry: 300k keys of 1 KiB stopped the
+            // leader (and the next) as the request above did.
+            ("expire_batch", "300000", "expire_batch"),
             ("max_output_buffer_bytes", "10", "max_output_buffer_bytes"),
             // Past what a follower reads ahead of its answers.
             ("max_inflight_appends", "0", "max_inflight_appends"),
