@@ -792,7 +792,7 @@ impl Client {
             _ => None,
         };
         loop {
-            attempts.store(attempt + 1, Ordering::Relaxed);
+            attempts.fetch_add(1, Ordering::Relaxed);
             let addr = self.target();
             let context = |attempts: u32| CallContext {
                 cmd,
