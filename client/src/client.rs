@@ -736,12 +736,7 @@ impl Client {
         if left == 0 || !matches!(&first, Ok(frame) if in_flight(frame)) {
             return first;
         }
-        let mut waiting = cmd.clone();
-        match &mut waiting {
-            Command::Claim(c) => c.wait_ms = Some(left),
-            Command::Settle(s) => s.wait_ms = Some(left),
-            _ => {}
-        }
+        let waiting = with_wait(cmd, Some(left));
         let budget = budget
             .unwrap_or(self.inner.config.deadline)
             .saturating_sub(used);
@@ -766,11 +761,8 @@ impl Client {
         let frame = cmd.to_frame();
         let started = tokio::time::Instant::now();
         let deadline = started + budget.unwrap_or(cfg.deadline) + extra;
-        let waits = match cmd {
-            Command::Claim(c) => c.wait_ms.is_some_and(|w| w > 0),
-            Command::Settle(s) => s.wait_ms.is_some_and(|w| w > 0),
-            _ => false,
-        };
+        let wait_total = wait_of(cmd);
+        let waits = wait_total.is_some_and(|w| w > 0);
         let claim_attempt = match cmd {
             Command::Claim(c) => c.attempt.clone(),
             _ => None,
@@ -786,11 +778,6 @@ impl Client {
         // deadline, not by `retries`: with several seeds, one of them
         // takes over.
         let cluster = self.inner.seeds.len() > 1 || self.inner.seen_moved.load(Ordering::Relaxed);
-        let wait_total = match cmd {
-            Command::Claim(c) => c.wait_ms,
-            Command::Settle(s) => s.wait_ms,
-            _ => None,
-        };
         loop {
             attempts.fetch_add(1, Ordering::Relaxed);
             let addr = self.target();
@@ -808,13 +795,7 @@ impl Client {
             let frame = match wait_total {
                 Some(total) if waits && sent => {
                     let left = total.saturating_sub(started.elapsed().as_millis() as u64);
-                    let mut again = cmd.clone();
-                    match &mut again {
-                        Command::Claim(c) => c.wait_ms = Some(left),
-                        Command::Settle(s) => s.wait_ms = Some(left),
-                        _ => {}
-                    }
-                    again.to_frame()
+                    with_wait(cmd, Some(left)).to_frame()
                 }
                 _ => frame.clone(),
             };
@@ -1260,23 +1241,29 @@ impl IntoFuture for ClaimBuilder {
 
 /// `cmd` without its WAIT, and the WAIT, if it is a request that waits.
 fn without_wait(cmd: &Command) -> Option<(Command, u64)> {
+    let wait = wait_of(cmd).filter(|&w| w > 0)?;
+    Some((with_wait(cmd, None), wait))
+}
+
+/// The WAIT of a CLAIM or SETTLE, if it has one.
+fn wait_of(cmd: &Command) -> Option<u64> {
     match cmd {
-        Command::Claim(c) if c.wait_ms.is_some_and(|w| w > 0) => Some((
-            Command::Claim(idem_protocol::cmd::Claim {
-                wait_ms: None,
-                ..c.clone()
-            }),
-            c.wait_ms.unwrap_or(0),
-        )),
-        Command::Settle(s) if s.wait_ms.is_some_and(|w| w > 0) => Some((
-            Command::Settle(Settle {
-                wait_ms: None,
-                ..s.clone()
-            }),
-            s.wait_ms.unwrap_or(0),
-        )),
+        Command::Claim(c) => c.wait_ms,
+        Command::Settle(s) => s.wait_ms,
         _ => None,
     }
+}
+
+/// `cmd` with its WAIT set to `wait_ms` (a CLAIM or SETTLE; any other
+/// command as it is).
+fn with_wait(cmd: &Command, wait_ms: Option<u64>) -> Command {
+    let mut changed = cmd.clone();
+    match &mut changed {
+        Command::Claim(c) => c.wait_ms = wait_ms,
+        Command::Settle(s) => s.wait_ms = wait_ms,
+        _ => {}
+    }
+    changed
 }
 
 /// Whether `frame` is an `INFLIGHT` reply (to a CLAIM or a SETTLE).
@@ -1510,10 +1497,7 @@ async fn settle_lost_claim(
             if token.stopped.load(Ordering::Acquire) {
                 return;
             }
-            let mut again = cmd.clone();
-            if let Command::Claim(c) = &mut again {
-                c.wait_ms = None;
-            }
+            let again = with_wait(cmd, None);
             if let Ok(frame) = client.request(&again, Duration::ZERO).await {
                 settle_frame(client, key, frame).await;
             }
