@@ -1530,6 +1530,43 @@ async fn a_node_whose_data_was_lost_is_never_let_back_in_under_its_id() {
     );
 }
 
+/// A node of another cluster is refused as one, not as a member of this
+/// cluster whose data was lost: both clusters have a node 1, and what this
+/// one recorded of its own node 1 says nothing of the other's (its
+/// message told the operator to remove a healthy member).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_of_another_cluster_is_refused_as_one() {
+    let b = Cluster::start("otherb", 3).await;
+    let bl = b.leader().await;
+    // B's node 2 knows the data directory recorded for B's node 1.
+    let target = b.members.iter().find(|m| m.id == 2).unwrap();
+    incarnations_recorded(&mut target.conn().await, 3).await;
+    b.members[bl].conn().await.acquire(&["CLAIM", "b"]).await;
+    let mut a = Member::new("othera", 1);
+    let initial = format!("1={}", a.peer);
+    a.start(Some(&initial), &[]).await;
+    eventually("A, a cluster of one, leads", async || {
+        (a.info("idem_role").await == "leader").then_some(())
+    })
+    .await;
+    // A's operator gives B's node 2 to CLUSTER ADD by mistake.
+    let mut conn = a.conn().await;
+    let _ = target.add_as_learner(&mut conn).await;
+    let at_b = target.proc.as_ref().unwrap();
+    let at_a = a.proc.as_ref().unwrap();
+    for (side, p) in [("B's node 2", at_b), ("A", at_a)] {
+        let said = p
+            .logged("is not this node's cluster", Duration::from_secs(20))
+            .await;
+        assert!(!said.is_empty(), "{side} does not say the clusters differ");
+        let lost = p.logged("new data directory", Duration::ZERO).await;
+        assert!(
+            lost.is_empty(),
+            "{side} calls it a member whose data was lost: {lost:?}"
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_single_node_grows_into_a_cluster_and_shrinks_back() {
     // A single node with data.

@@ -1314,7 +1314,7 @@ pub async fn bootstrap(
                     // The peers know this id, and this data directory is
                     // not the one they knew.
                     return Err(refuse(format!(
-                        "node {id} refused this node: {e}. This data directory is empty or new: node {me}'s data was lost, and its id is never reused"
+                        "node {id} refused this node: {e}. This data directory is empty or new: node {me}'s data was lost, and its id is never reused (or --initial-cluster names node {id} at the address of another cluster's node: check the addresses)"
                     )));
                 }
                 Err(e) if !lowest => {

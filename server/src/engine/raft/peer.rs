@@ -1346,6 +1346,17 @@ async fn serve_conn(
         Some(refuse(
             "cluster_secret does not match (or is not set on the connecting node)".into(),
         ))
+    } else if let (Some(a), Some(b)) = (mine, hello.cluster)
+        && a != b
+    {
+        // Before anything that reads this cluster's records of the
+        // sender's id: a node of another cluster shares ids with this one,
+        // and what is recorded for them says nothing of it.
+        Some(refuse(format!(
+            "cluster id {} is not this node's cluster {}: check the peer addresses",
+            cluster_hex(&b),
+            cluster_hex(&a)
+        )))
     } else if hello.to != peers.node_id {
         Some(refuse(format!(
             "this is node {}, not node {}: check the peer addresses",
@@ -1364,14 +1375,6 @@ async fn serve_conn(
         Some(refuse(format!(
             "the connecting node claims this node's own id {}",
             peers.node_id
-        )))
-    } else if let (Some(a), Some(b)) = (mine, hello.cluster)
-        && a != b
-    {
-        Some(refuse(format!(
-            "cluster id {} is not this node's cluster {}",
-            cluster_hex(&b),
-            cluster_hex(&a)
         )))
     } else {
         None
