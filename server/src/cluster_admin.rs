@@ -405,12 +405,17 @@ fn slots(v: &ClusterView) -> Frame {
     Frame::Array(vec![Frame::Array(range)])
 }
 
-/// `CLUSTER SHARDS`: one shard, Redis 7's shape.
+/// `CLUSTER SHARDS`: one shard, Redis 7's shape, the (last known) leader
+/// first, as in `CLUSTER SLOTS`.
 fn shards(v: &ClusterView) -> Frame {
-    let nodes = v
+    let mut members: Vec<&MemberView> = v
         .members
         .iter()
         .filter(|m| !m.addr.client.is_empty())
+        .collect();
+    members.sort_by_key(|m| Some(m.id) != v.last_leader);
+    let nodes = members
+        .into_iter()
         .map(|m| {
             let (ip, port) = host_port(&m.addr.client);
             let leads = Some(m.id) == v.last_leader;
@@ -500,4 +505,73 @@ fn members(v: &ClusterView) -> Frame {
             })
             .collect(),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use openraft::ServerState;
+
+    use super::*;
+    use crate::engine::raft::cluster::{IdSet, MemberAddr};
+
+    fn view(leader: u64) -> ClusterView {
+        let members = (1..=3)
+            .map(|id| MemberView {
+                id,
+                addr: MemberAddr::parse(&format!(
+                    "127.0.0.1:{}@127.0.0.1:{}",
+                    7000 + id,
+                    17000 + id
+                )),
+                voter: true,
+                matched: Some(10),
+                reach: Some((true, None)),
+            })
+            .collect();
+        ClusterView {
+            me: leader,
+            leader: Some(leader),
+            last_leader: Some(leader),
+            serving: true,
+            state: ServerState::Leader,
+            term: 3,
+            cluster_id: None,
+            last_log_index: 10,
+            applied_index: 10,
+            members,
+            retired: IdSet::default(),
+            leader_lost: false,
+            joint: false,
+            removed: false,
+            quorum_lost: false,
+            leader_heard: None,
+        }
+    }
+
+    /// The client ports of the nodes `CLUSTER SLOTS` and `CLUSTER SHARDS`
+    /// list, in their order (the only integers from 7001 to 7003 there).
+    fn ports(f: &Frame) -> Vec<i64> {
+        match f {
+            Frame::Array(items) => items.iter().flat_map(ports).collect(),
+            Frame::Map(pairs) => pairs.iter().flat_map(|(_, v)| ports(v)).collect(),
+            Frame::Integer(p) if (7001..=7003).contains(p) => vec![*p],
+            _ => vec![],
+        }
+    }
+
+    #[test]
+    fn slots_and_shards_list_the_leader_first() {
+        for leader in 1..=3 {
+            let v = view(leader);
+            let first = 7000 + leader as i64;
+            assert_eq!(
+                ports(&slots(&v))[0],
+                first,
+                "CLUSTER SLOTS, leader {leader}"
+            );
+            let sh = ports(&shards(&v));
+            assert_eq!(sh.len(), 3);
+            assert_eq!(sh[0], first, "CLUSTER SHARDS, leader {leader}: {sh:?}");
+        }
+    }
 }
