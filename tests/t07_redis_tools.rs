@@ -357,6 +357,8 @@ async fn prometheus_scrapes_metrics_listen() {
     assert_eq!(v("idem_claims_total{outcome=\"acquired\"}"), 5.0);
     assert_eq!(v("idem_claims_total{outcome=\"replayed\"}"), 1.0);
     assert_eq!(v("idem_fenced_total"), 1.0);
+    // INFO's expired_keys (expired_records counts the ends of retention).
+    assert_eq!(v("idem_expired_keys_total"), 0.0);
     assert_eq!(v("idem_records{state=\"in_flight\"}"), 4.0);
     assert_eq!(v("idem_records{state=\"completed\"}"), 1.0);
     assert_eq!(v("idem_commands_total{cmd=\"claim\"}"), 6.0);

@@ -1000,3 +1000,46 @@ async fn a_snapshot_is_not_held_in_memory_beside_its_file() {
     let mut c = s.conn().await;
     assert_eq!(int(&c.cmd(&["DBSIZE"]).await), 100);
 }
+
+/// A restart's counters start from zero: the log it applies again at
+/// start rebuilds the store, and its events were counted by the process
+/// before (a restarted node said it had just lapsed every lease its log
+/// had, which a rate over the counters took for a burst). What happens
+/// after the restart is counted.
+#[tokio::test]
+async fn a_restart_does_not_count_its_log_again() {
+    let dir = DataDir::new("recount");
+    let mut s = raft(&dir).await;
+    let mut c = s.conn().await;
+    for i in 0..12 {
+        c.acquire(&["CLAIM", &key(&format!("lapse{i}")), "LEASE", "100"])
+            .await;
+    }
+    let k = key("done");
+    let f = c.acquire(&["CLAIM", &k]).await;
+    assert_eq!(c.cmd(&["COMPLETE", &k, &f.to_string(), "v"]).await, ok());
+    wait_for_info(&mut c, "lease_lapses", 12).await;
+    assert_eq!(info_field(&mut c, "claims_acquired").await, 13);
+    assert_eq!(info_field(&mut c, "records_completed").await, 1);
+    s.kill().await;
+
+    let s = raft(&dir).await;
+    let mut c = s.conn().await;
+    // The store is back...
+    assert_replays(&mut c, &k, "v").await;
+    // ...its history is not counted again (the replay above is a hit).
+    for field in [
+        "claims_acquired",
+        "lease_lapses",
+        "expired_keys",
+        "records_completed",
+        "keyspace_misses",
+    ] {
+        assert_eq!(info_field(&mut c, field).await, 0, "{field}");
+    }
+    assert_eq!(info_field(&mut c, "keyspace_hits").await, 1);
+    // What happens now is.
+    c.acquire(&["CLAIM", &key("after"), "LEASE", "100"]).await;
+    wait_for_info(&mut c, "lease_lapses", 1).await;
+    assert_eq!(info_field(&mut c, "claims_acquired").await, 1);
+}

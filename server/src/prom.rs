@@ -312,7 +312,7 @@ pub fn render(node: &Node) -> String {
         c.lapses,
     );
     o.one(
-        "idem_expired_records_total",
+        "idem_expired_keys_total",
         "counter",
         "Records removed at their deadline (a lapsed FREE lease, or the end of retention).",
         c.dropped,

@@ -492,6 +492,13 @@ impl Store {
         st
     }
 
+    /// Sets the counters ([`StoreStats::counters`]) back to zero.
+    pub fn reset_counters(&self) {
+        for shard in self.shards.iter() {
+            shard.lock().aux.stats = ShardStats::default();
+        }
+    }
+
     fn charge(&self, before: usize, after: usize) {
         if after > before {
             self.memory

@@ -440,6 +440,11 @@ impl LogStore {
         (state.entries.len() as u64, state.bytes)
     }
 
+    /// The index of the last entry held (`None` while none is).
+    pub fn last_index(&self) -> Option<u64> {
+        self.state.lock().entries.last_key_value().map(|(&i, _)| i)
+    }
+
     /// The committed index openraft reported last (0 before any).
     pub fn committed_index(&self) -> u64 {
         self.state.lock().meta.committed.map_or(0, |l| l.index)

@@ -99,6 +99,9 @@ pub struct StateMachine {
     building: Arc<std::sync::atomic::AtomicUsize>,
     /// Set while this node follows a leader: [`StateMachine::answers_first`].
     answers_first: Arc<std::sync::atomic::AtomicBool>,
+    /// The last entry of the log this process started with, until it is
+    /// applied: [`StateMachine::replaying_upto`].
+    replaying_upto: Arc<std::sync::atomic::AtomicU64>,
 }
 
 /// Why the state machine could not be opened.
@@ -522,6 +525,7 @@ impl StateMachine {
             log: None,
             building: Arc::default(),
             answers_first: Arc::default(),
+            replaying_upto: Arc::default(),
         })
     }
 
@@ -536,6 +540,36 @@ impl StateMachine {
     pub fn answers_first(&self, on: bool) {
         self.answers_first
             .store(on, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The log this process started with ends at `last`: its entries were
+    /// applied (and counted) by the process before, and applying them again
+    /// rebuilds the store, not events. Once entry `last` is applied the
+    /// store's counters are set back to zero, so that a restart's counters
+    /// start from zero like every other count of `INFO` (a restarted node
+    /// said it had just lapsed every lease its log recorded lapsing, which
+    /// a rate over its counters took for a burst).
+    pub fn replaying_upto(&self, last: Option<u64>) {
+        let applied = self.inner.lock().last_applied.map(|l| l.index);
+        if let Some(last) = last.filter(|&l| applied.is_none_or(|a| l > a)) {
+            self.replaying_upto
+                .store(last, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
+    /// Entry `index` is about to be applied, or was (`done`): the replay
+    /// ends once the last entry of the log this process started with is
+    /// applied, or when one past it comes first (that one was cut, and
+    /// replaced by a leader's).
+    fn replayed(&self, index: u64, done: bool) {
+        let upto = self
+            .replaying_upto
+            .load(std::sync::atomic::Ordering::Relaxed);
+        if upto != 0 && (index > upto || (done && index == upto)) {
+            self.replaying_upto
+                .store(0, std::sync::atomic::Ordering::Relaxed);
+            self.store.reset_counters();
+        }
     }
 
     /// Tells `log` what the snapshot on disk covers, now and after each
@@ -996,6 +1030,8 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let mut out = Vec::new();
         let mut slice = std::time::Instant::now();
         for entry in entries {
+            let index = entry.log_id.index;
+            self.replayed(index, false);
             let reply = match entry.payload {
                 EntryPayload::Blank => Replies::default(),
                 EntryPayload::Normal(batch) => {
@@ -1031,6 +1067,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                 }
             };
             self.inner.lock().last_applied = Some(entry.log_id);
+            self.replayed(index, true);
             out.push(reply);
             if slice.elapsed() >= APPLY_SLICE {
                 tokio::task::yield_now().await;
@@ -1087,6 +1124,12 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let installed = self.install(meta, snapshot).await;
         if let (Err(e), Some(log)) = (&installed, &self.log) {
             log.snapshot_install_failed(&e.to_string());
+        }
+        if installed.is_ok()
+            && let Some(last) = meta.last_log_id
+        {
+            // Past the log this process started with: its replay is over.
+            self.replayed(last.index, true);
         }
         installed
     }
