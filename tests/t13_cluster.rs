@@ -1472,15 +1472,32 @@ async fn local_cluster_script_reports_what_it_started_and_stopped() {
     assert_eq!(out.matches("stopped").count(), 3, "{out}");
 }
 
-/// Runs idemd with `args`, which must refuse to start: returns what it
-/// printed on stderr.
+/// Runs idemd with `args`, which must refuse to start (exit within 30 s,
+/// not with success): returns what it printed on stderr. One that starts
+/// is killed, and fails the test.
 fn refused(args: &[String]) -> String {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_idemd"))
+    use std::process::Stdio;
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_idemd"))
         .args(args)
         .env("RUST_LOG", "warn")
-        .stdin(std::process::Stdio::null())
-        .output()
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
         .expect("idemd runs");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while child.try_wait().expect("idemd is waited for").is_none() {
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let out = child.wait_with_output().expect("idemd's output");
+            panic!(
+                "idemd should refuse to start, and serves: {}",
+                String::from_utf8_lossy(&out.stdout)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().expect("idemd's output");
     assert!(
         !out.status.success(),
         "idemd should refuse to start: {}",
@@ -1527,6 +1544,40 @@ async fn a_node_whose_data_was_lost_is_never_let_back_in_under_its_id() {
     assert!(
         text.contains("already holds a cluster") || text.contains("data was lost"),
         "the lowest id bootstrapped again: {text}"
+    );
+}
+
+/// A member's data directory started under another node id is refused at
+/// start, naming node_id (it served, kept out by its peers with hints that
+/// pointed at its peer addresses and a lost data directory).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_data_directory_is_started_only_as_its_node() {
+    let mut one = Member::new("ownid", 1);
+    let initial = format!("1={}", one.peer);
+    one.start(Some(&initial), &[]).await;
+    eventually("node 1 leads", async || {
+        (one.info("idem_role").await == "leader").then_some(())
+    })
+    .await;
+    one.conn().await.acquire(&["CLAIM", "k"]).await;
+    one.kill().await;
+    let mut args = one.args(None);
+    let at = args.iter().position(|a| a == "--node-id").unwrap();
+    args[at + 1] = "7".into();
+    let text = tokio::task::spawn_blocking(move || refused(&args))
+        .await
+        .unwrap();
+    assert!(
+        text.contains("node 1's") && text.contains("node_id (--node-id) is 7"),
+        "{text}"
+    );
+    // As node 1 it starts, with what it held.
+    one.start(None, &[]).await;
+    let mut c = one.conn().await;
+    let r = cmd_served(&mut c, &["CLAIM", "k"]).await;
+    assert!(
+        matches!(claim(r.clone()), ClaimReply::InFlight { .. }),
+        "{r:?}"
     );
 }
 

@@ -709,6 +709,34 @@ async fn admit(peers: &Arc<Peers>, addr: SocketAddr) -> Option<Admitted> {
 
 const CLUSTER_FILE: &str = "cluster-id";
 const INCARNATION_FILE: &str = "incarnation";
+const NODE_ID_FILE: &str = "node-id";
+
+/// Checks that `dir` is node `id`'s, recording it if no node is recorded
+/// yet: its log, vote and membership are that node's, and under another
+/// id the process started, and was kept out by its peers with hints that
+/// pointed elsewhere.
+fn check_node_id(dir: &std::path::Path, id: NodeId) -> Result<(), String> {
+    let path = dir.join(NODE_ID_FILE);
+    match std::fs::read_to_string(&path) {
+        Ok(s) => {
+            let recorded: NodeId = s
+                .trim()
+                .parse()
+                .map_err(|_| format!("{}: not a node id", path.display()))?;
+            if recorded != id {
+                return Err(format!(
+                    "this data directory is node {recorded}'s, and node_id (--node-id) is {id}: start node {recorded} on it, or give node {id} a data directory of its own"
+                ));
+            }
+            Ok(())
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            super::wal::replace_file(dir, NODE_ID_FILE, format!("{id}\n").as_bytes())
+                .map_err(|e| e.to_string())
+        }
+        Err(e) => Err(format!("{}: {e}", path.display())),
+    }
+}
 
 /// The incarnation recorded in `dir`, made (and synced) if there is none.
 fn incarnation(dir: &std::path::Path) -> Result<u64, String> {
@@ -747,6 +775,7 @@ impl Peers {
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
                 Err(e) => return Err(format!("{}: {e}", path.display())),
             };
+        check_node_id(&data_dir, node_id)?;
         let incarnation = incarnation(&data_dir)?;
         Ok(Arc::new(Peers {
             node_id,
