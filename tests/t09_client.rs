@@ -143,6 +143,85 @@ async fn client_recovers_after_the_server_restarts() {
     drop(restarted);
 }
 
+/// A server that takes a moment to come back (a restart takes 1-2 s) is
+/// waited for within the call's deadline, with the default settings: the
+/// client of one address gave up after its five quick retries (0.6 s), so
+/// every call across a restart failed, and `run_once` left its key
+/// unrecorded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_is_ridden_out_within_the_deadline() {
+    let mut s = Idemd::start().await;
+    let addr = s.addr.to_string();
+    let c = Client::connect(addr.clone()).await.unwrap();
+    c.ping().await.unwrap();
+    s.kill().await;
+    let back = {
+        let addr = addr.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(1500)).await;
+            Idemd::start_with(&[], &["--listen", &addr]).await
+        })
+    };
+    let k = key("slow-restart");
+    let started = std::time::Instant::now();
+    let got = c.claim(k.as_str()).await;
+    assert!(
+        matches!(got, Ok(ClaimOutcome::Acquired(_))),
+        "{got:?} after {:?}",
+        started.elapsed()
+    );
+    assert!(started.elapsed() >= Duration::from_millis(1400));
+    drop(back.await.unwrap());
+}
+
+/// The connections kept idle for waiting requests are replaced once the
+/// server closed them: kept, the closed ones filled the pool for good,
+/// and after a restart every waiting request opened a connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiting_connections_are_kept_again_after_a_restart() {
+    let mut s = Idemd::start().await;
+    let addr = s.addr.to_string();
+    let c = Client::connect(addr.clone()).await.unwrap();
+    let prefix = key("pool-restart");
+    // A claim that waits for the owner of `k`, and the owner completing.
+    async fn waited(c: &Client, k: String) {
+        let ClaimOutcome::Acquired(owner) = c.claim(k.as_str()).await.unwrap() else {
+            panic!("not acquired");
+        };
+        let waiter = {
+            let (c, k) = (c.clone(), k.clone());
+            tokio::spawn(async move { c.claim(k.as_str()).wait(Duration::from_secs(10)).await })
+        };
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        owner.complete(Bytes::from_static(b"v")).await.unwrap();
+        let got = waiter.await.unwrap().unwrap();
+        assert!(matches!(got, ClaimOutcome::Completed(_)), "{got:?}");
+    }
+    // Enough at once to fill the pool (16).
+    let all: Vec<_> = (0..20)
+        .map(|i| {
+            let (c, k) = (c.clone(), format!("{prefix}-a{i}"));
+            tokio::spawn(async move { waited(&c, k).await })
+        })
+        .collect();
+    for t in all {
+        t.await.unwrap();
+    }
+    s.kill().await;
+    let s = Idemd::start_with(&[], &["--listen", &addr]).await;
+    c.ping().await.expect("reconnected");
+    let mut info = s.conn().await;
+    let before = info_field(&mut info, "total_connections_received").await;
+    for i in 0..5 {
+        waited(&c, format!("{prefix}-b{i}")).await;
+    }
+    let opened = info_field(&mut info, "total_connections_received").await - before;
+    assert!(
+        opened <= 1,
+        "{opened} connections for 5 waiting claims one after another"
+    );
+}
+
 #[tokio::test]
 async fn dropped_guard_abandons() {
     let s = Idemd::start().await;

@@ -9,7 +9,8 @@ use idem_client::Bytes;
 #[derive(Debug)]
 #[allow(dead_code)]
 enum GatewayError {
-    Declined(Bytes),
+    /// The decline code, as the gateway's SDK gives it.
+    Declined(String),
     Timeout,
     Other,
 }
@@ -29,7 +30,7 @@ async fn readme() -> Result<(), Box<dyn std::error::Error>> {
     let opts = RunOptions::new()
         .wait(Duration::from_secs(5)) // wait server-side for a live owner
         .classify(|e: &GatewayError| match e {
-            GatewayError::Declined(code) => Failure::Permanent(code.clone()), // completed ERR, replayed
+            GatewayError::Declined(code) => Failure::Permanent(code.clone().into()), // completed ERR, replayed
             GatewayError::Timeout => Failure::Transient, // released, retry runs again
             _ => Failure::Unknown,                       // abandoned, next caller recovers
         });

@@ -140,7 +140,9 @@ pub struct ClientStats {
     pub retries: u64,
     /// `-MOVED` redirects followed.
     pub redirects: u64,
-    /// Calls that failed for good (retries or deadline exhausted).
+    /// Requests that failed for good (retries or deadline exhausted),
+    /// the background renewals of held claims included (a guard tries
+    /// again at its next period).
     pub failures: u64,
     /// `run_once` calls.
     pub run_once_calls: u64,
@@ -643,7 +645,11 @@ impl Client {
             .map_err(|_| Error::new(ErrorKind::ConnectionClosed, "client closed"))?;
         let idle = {
             let mut pool = self.inner.waiting.lock();
-            let pos = pool.iter().position(|(a, c)| a == addr && !c.is_closed());
+            // Those the server closed (it restarted, or left) go: kept,
+            // they filled the pool for good, and every waiting request
+            // opened a connection of its own from then on.
+            pool.retain(|(_, c)| !c.is_closed());
+            let pos = pool.iter().position(|(a, _)| a == addr);
             pos.map(|i| pool.swap_remove(i).1)
         };
         let conn = match idle {
@@ -664,9 +670,13 @@ impl Client {
             conn.abort();
         } else {
             let mut pool = self.inner.waiting.lock();
-            if pool.len() < IDLE_WAIT_CONNECTIONS {
-                pool.push((addr.to_owned(), conn));
+            pool.retain(|(_, c)| !c.is_closed());
+            if pool.len() >= IDLE_WAIT_CONNECTIONS {
+                // The one idle longest goes (to a node that no longer
+                // leads, say): the newest are those most likely of use.
+                pool.remove(0).1.abort();
             }
+            pool.push((addr.to_owned(), conn));
         }
         reply
     }
@@ -860,13 +870,21 @@ impl Client {
                     }
                 }
                 Ok(frame) => return Ok(frame),
-                Err(e) if e.is_retryable() && (attempt < cfg.retries || cluster) => {
+                // A connection that cannot be made or breaks is retried
+                // until the deadline, as a failover is: a node restarting
+                // takes a moment (~1-2 s), and giving up after `retries`
+                // quick tries (0.6 s) left the calls of a client of one
+                // address unrecorded across every restart.
+                Err(e)
+                    if e.is_retryable()
+                        && (attempt < cfg.retries || cluster || e.is_connection()) =>
+                {
                     if cluster && (e.is_connection() || e.is_timeout()) {
                         // The node is gone (or its host is: no answer at
                         // all): another seed leads or knows who does.
                         self.next_seed(&addr);
                     }
-                    failover = cluster;
+                    failover = cluster || e.is_connection();
                     e
                 }
                 Err(e) => {

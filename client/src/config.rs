@@ -126,11 +126,14 @@ impl ClientConfig {
         self
     }
 
-    /// How many times a request is retried after a connection failure,
-    /// timeout or `-TRYAGAIN` (default 5; 0 disables retries). A client of
-    /// several seed nodes (a cluster), or one that was sent `-MOVED` (a
-    /// cluster behind one address), retries until the call's deadline
-    /// instead, since a failover takes a moment.
+    /// How many times a request is retried after a timeout or `-TRYAGAIN`
+    /// (default 5; 0 disables those retries). A connection that cannot be
+    /// made or breaks (a server restarting, a node failing) is retried
+    /// until the call's [`deadline`](Self::deadline) whatever this is, as
+    /// is every failure of a client of several seed nodes (a cluster), or
+    /// of one that was sent `-MOVED` (a cluster behind one address): a
+    /// restart or a failover takes a moment. Such retries back off up to
+    /// [`failover_backoff_max`](Self::failover_backoff_max).
     pub fn retries(mut self, n: u32) -> Self {
         self.retries = n;
         self
@@ -143,7 +146,8 @@ impl ClientConfig {
         self
     }
 
-    /// Lease for claims that set none (default: the server's).
+    /// Lease for claims that set none (default 30 s; the server's own
+    /// default is not used: the client sends the lease it renews).
     pub fn default_lease(mut self, d: Duration) -> Self {
         self.default_lease = Some(d);
         self
