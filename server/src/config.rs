@@ -993,6 +993,25 @@ impl RawConfig {
         if !self.cluster_secret.is_empty() && self.cluster_secret.len() < 16 {
             return Err(invalid("cluster_secret", "must be at least 16 bytes"));
         }
+        // As for CLUSTER ADD: the log goes to no address off this host
+        // unless peers prove they hold the secret.
+        if self.cluster_secret.is_empty()
+            && let Some((id, a)) =
+                initial_cluster
+                    .iter()
+                    .find(|(_, a)| match a.parse::<SocketAddr>() {
+                        Ok(p) => !p.ip().to_canonical().is_loopback(),
+                        // A host name may name any host.
+                        Err(_) => !a.starts_with("localhost:"),
+                    })
+        {
+            return Err(invalid(
+                "cluster_secret",
+                format!(
+                    "initial_cluster lists node {id} at {a}, not a loopback address: set cluster_secret (the same on every node) so that only nodes holding it can join"
+                ),
+            ));
+        }
         // Whether it lists this node (at its address) matters only to a
         // node that bootstraps (`cluster::bootstrap`): it is ignored once
         // the data directory holds a membership, so every node, those
@@ -1758,6 +1777,25 @@ mod tests {
                 ("cluster_secret", "short")
             ]))
             .contains("at least 16")
+        );
+        // The log goes to no other host unless peers prove they hold the
+        // secret: not from a bootstrap either.
+        for other in ["10.1.2.3:17380", "db2.example:17380"] {
+            let e = msg(set(&[
+                ("peer_listen", "127.0.0.1:17379"),
+                ("initial_cluster", &format!("1=127.0.0.1:17379,2={other}")),
+            ]));
+            assert!(
+                e.contains("cluster_secret") && e.contains(&format!("node 2 at {other}")),
+                "{e}"
+            );
+        }
+        assert!(
+            set(&[
+                ("peer_listen", "127.0.0.1:17379"),
+                ("initial_cluster", "1=127.0.0.1:17379,2=localhost:17380"),
+            ])
+            .is_ok()
         );
         assert!(msg(set(&[("node_id", "0")])).contains("node_id"));
         // Addresses clients or peers could not use, or that collide.
