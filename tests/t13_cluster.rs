@@ -1547,6 +1547,68 @@ async fn a_node_whose_data_was_lost_is_never_let_back_in_under_its_id() {
     );
 }
 
+/// A follower whose data directory was put back from an older copy (its
+/// log shorter than what it had acknowledged) is sent the log again: the
+/// leader took the shorter log for a bug, and stopped (a debug build) or
+/// left it out for good while every gauge said it was in step.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_restored_from_an_older_copy_is_sent_the_log_again() {
+    let mut c = Cluster::start("restored", 3).await;
+    let l = c.leader().await;
+    let leader_id = c.members[l].id.to_string();
+    let f = c.followers().await[0];
+    let mut conn = c.members[l].conn().await;
+    for i in 0..50 {
+        conn.acquire(&["CLAIM", &format!("before-{i}")]).await;
+    }
+    c.followers_apply_what_leader_committed(l, "the first claims")
+        .await;
+    // The follower is stopped and its data directory copied.
+    c.members[f].kill().await;
+    let dir = c.members[f].dir.0.clone();
+    let copy = dir.with_extension("copy");
+    let _ = std::fs::remove_dir_all(&copy);
+    let cp = std::process::Command::new("cp")
+        .arg("-a")
+        .arg(&dir)
+        .arg(&copy)
+        .status()
+        .unwrap();
+    assert!(cp.success());
+    c.members[f].start(None, &[]).await;
+    for i in 0..200 {
+        conn.acquire(&["CLAIM", &format!("between-{i}")]).await;
+    }
+    c.followers_apply_what_leader_committed(l, "the claims after the copy")
+        .await;
+    // Stopped again, and put back from the copy.
+    c.members[f].kill().await;
+    std::fs::remove_dir_all(&dir).unwrap();
+    std::fs::rename(&copy, &dir).unwrap();
+    c.members[f].start(None, &[]).await;
+    for i in 0..50 {
+        conn.acquire(&["CLAIM", &format!("after-{i}")]).await;
+    }
+    c.followers_apply_what_leader_committed(l, "the restored follower catches up")
+        .await;
+    // The same leader throughout, which says what it saw.
+    assert_eq!(c.members[l].info("idem_role").await, "leader");
+    let said = c.members[l]
+        .proc
+        .as_ref()
+        .unwrap()
+        .logged("follower log is reverted", Duration::from_secs(5))
+        .await;
+    assert!(!said.is_empty(), "the leader did not log the reverted log");
+    assert_eq!(c.members[f].info("idem_leader_id").await, leader_id);
+    let mut fc = c.members[f].conn().await;
+    assert_eq!(
+        info_field(&mut fc, "records").await,
+        300,
+        "the follower's store"
+    );
+}
+
 /// A member's data directory started under another node id is refused at
 /// start, naming node_id (it served, kept out by its peers with hints that
 /// pointed at its peer addresses and a lost data directory).

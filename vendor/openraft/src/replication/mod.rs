@@ -953,8 +953,10 @@ where
     fn validate_matching(&self, matching: Option<LogId<C::NodeId>>) {
         if cfg!(feature = "loosen-follower-log-revert") {
             if self.matching > matching {
+                // Idem: under the server's target, as in `update_conflicting`.
                 tracing::warn!(
-                    "follower log is reverted from {} to {}; with 'loosen-follower-log-revert' enabled, this is allowed",
+                    target: "idem_server::engine::raft",
+                    "follower log is reverted from {} to {} (its data directory was put back from an older copy, or its disk lost writes); it is sent the log again",
                     self.matching.display(),
                     matching.display(),
                 );

@@ -154,8 +154,11 @@ impl<NID: NodeId> ProgressEntry<NID> {
         {
             #[cfg(feature = "loosen-follower-log-revert")]
             if conflict < self.matching.next_index() {
+                // Idem: logged under the server's target (openraft's own
+                // logs are off by default), saying what an operator did.
                 tracing::warn!(
-                    "conflict {} < last matching {}: follower log is reverted; with 'loosen-follower-log-revert' enabled, this is allowed.",
+                    target: "idem_server::engine::raft",
+                    "conflict {} < last matching {}: follower log is reverted (its data directory was put back from an older copy, or its disk lost writes); it is sent the log again",
                     conflict,
                     self.matching.display(),
                 );
