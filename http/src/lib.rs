@@ -9,7 +9,10 @@
 //! let idem = idem_client::Client::connect("127.0.0.1:7379").await?;
 //! let app: Router = Router::new()
 //!     .route("/payments", post(|| async { "paid" }))
-//!     // Scoped by the caller (here an account header set by a gateway).
+//!     // Scoped by the caller: here an account header that a gateway sets
+//!     // on every request. Refuse requests without one before this layer
+//!     // (as `examples/payments.rs` does): the empty scope below would be
+//!     // one key space shared by all of them.
 //!     .layer(IdempotencyLayer::new(idem).scope(|parts| {
 //!         let account = parts.headers.get("x-account-id");
 //!         account.and_then(|v| v.to_str().ok()).unwrap_or("").to_owned()
@@ -30,11 +33,11 @@
 //!
 //! | the handler answers | the key is | a retry |
 //! |---|---|---|
-//! | 1xx, 2xx, 3xx | completed | replays the response |
+//! | 2xx, 3xx | completed | replays the response |
 //! | 400, 401, 403, 404, 405, 406, 411, 413, 414, 415, 422, 431 (refused before anything happened) | released | runs the handler again (the corrected request) |
 //! | 408, 425, 429, 503 | released | runs the handler again |
 //! | other 4xx (402, 409, 410, 412, ...) | completed as an error | replays the response |
-//! | other 5xx, a panic, a timeout | abandoned (outcome unknown) | gets `500 outcome-unknown`, or runs with [`Recovering`] under [`OnRecover::RunWithRecovery`] |
+//! | other 5xx, a panic, a timeout, a 1xx (not a final status: hyper answers `500`) | abandoned (outcome unknown) | gets `500 outcome-unknown`, or runs with [`Recovering`] under [`OnRecover::RunWithRecovery`] |
 //!
 //! A recovery run ([`Recovering`]) never releases: the key keeps what the
 //! earlier run journaled until an outcome is recorded. The handler runs
@@ -131,6 +134,9 @@ pub fn default_policy(status: StatusCode) -> Decision {
         400 | 401 | 403..=406 | 408 | 411 | 413..=415 | 422 | 425 | 429 | 431 | 503 => {
             Decision::Release
         }
+        // Not a final status: hyper answers `500` for it, with no body,
+        // and that is no response to replay.
+        100..=199 => Decision::Abandon,
         500..=599 => Decision::Abandon,
         400..=499 => Decision::CompleteError,
         _ => Decision::Complete,
@@ -227,6 +233,9 @@ struct Settings {
 #[derive(Clone)]
 pub struct IdempotencyLayer {
     settings: Arc<Settings>,
+    /// Whether the missing-scope warning was logged: once for a layer and
+    /// its clones (a router applies one layer to each of its routes).
+    warned: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl std::fmt::Debug for IdempotencyLayer {
@@ -277,6 +286,7 @@ impl IdempotencyLayer {
                 namespace: "http".into(),
                 shared: false,
             }),
+            warned: Arc::default(),
         }
     }
 
@@ -419,7 +429,10 @@ impl<S> Layer<S> for IdempotencyLayer {
     type Service = IdempotencyService<S>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        if self.settings.scope.is_none() && !self.settings.shared {
+        if self.settings.scope.is_none()
+            && !self.settings.shared
+            && !self.warned.swap(true, std::sync::atomic::Ordering::Relaxed)
+        {
             warn!(
                 "IdempotencyLayer without a scope: all callers share one key space, so one can replay another's response by using its key; set .scope(...) by principal, or .shared_key_space() if all callers are one"
             );
@@ -606,11 +619,15 @@ where
             ))
         }
         Ok(ClaimOutcome::Completed(c)) => Ok(replay(c, &s.replay_headers)),
-        Ok(ClaimOutcome::InFlight { remaining }) => Ok(retry_after(
+        // Retry in a second: the retry waits again, server-side, for up to
+        // `wait`. (What is left of the lease only says when the key would
+        // be abandoned: a client that waited that long, ~25 s, waited
+        // long after most handlers finished.)
+        Ok(ClaimOutcome::InFlight { .. }) => Ok(retry_after(
             Problem::InFlight.response(
                 "a request with this Idempotency-Key is still being processed; retry it unchanged",
             ),
-            remaining.as_secs_f64().ceil() as u64,
+            1,
         )),
         Ok(ClaimOutcome::Acquired(claim)) => {
             spawn_run(s, inner, parts, body, key, claim, None).await
@@ -1090,6 +1107,11 @@ mod tests {
             assert_eq!(d(s), Decision::Release, "{s}");
         }
         for s in [500, 502, 504] {
+            assert_eq!(d(s), Decision::Abandon, "{s}");
+        }
+        // Not a final status: the caller got hyper's bare 500, which a
+        // replay would repeat for the key's whole retention.
+        for s in [100, 102, 103] {
             assert_eq!(d(s), Decision::Abandon, "{s}");
         }
     }
