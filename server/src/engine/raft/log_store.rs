@@ -265,6 +265,11 @@ pub struct LogStore {
     /// Entries appended since start, and the commands in them (on every
     /// node: a follower's are the ones its leader sent).
     appended: Arc<(AtomicU64, AtomicU64)>,
+    /// The last entry of the log this process opened, until the state
+    /// machine has applied it (0: none, or applied): entries up to it are
+    /// replays ([`StateMachine::replaying_upto`](super::state_machine::StateMachine::replaying_upto)).
+    /// A truncation brings it down: what follows the cut is new.
+    replay_upto: Arc<AtomicU64>,
 }
 
 /// Why the log could not be opened.
@@ -345,7 +350,9 @@ impl LogStore {
             }
             Writing::Inline => Jobs::Inline(Arc::new(Mutex::new(writer))),
         };
+        let last = entries.last_key_value().map_or(0, |(&i, _)| i);
         Ok(LogStore {
+            replay_upto: Arc::new(AtomicU64::new(last)),
             state: Arc::new(Mutex::new(State {
                 entries,
                 bytes,
@@ -440,9 +447,10 @@ impl LogStore {
         (state.entries.len() as u64, state.bytes)
     }
 
-    /// The index of the last entry held (`None` while none is).
-    pub fn last_index(&self) -> Option<u64> {
-        self.state.lock().entries.last_key_value().map(|(&i, _)| i)
+    /// The end of the replay of the log this process opened (see
+    /// `replay_upto`), shared with the state machine.
+    pub fn replay_boundary(&self) -> Arc<AtomicU64> {
+        Arc::clone(&self.replay_upto)
     }
 
     /// The committed index openraft reported last (0 before any).
@@ -848,6 +856,15 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn truncate(&mut self, log_id: LogId) -> Result<(), StorageError> {
+        // Entries from the cut on were never applied (only committed ones
+        // are, and those are never cut): the ones that replace them are
+        // new, and the replay ends before the first of them.
+        let cut = log_id.index.saturating_sub(1);
+        let _ = self
+            .replay_upto
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |u| {
+                (u > cut).then_some(cut)
+            });
         self.state.lock().drop_from(log_id.index);
         self.run(|done| Job::Truncate {
             index: log_id.index,
@@ -1204,6 +1221,45 @@ mod tests {
         store.wait_idle();
         assert_eq!(on_disk(&dir), Some(id(9)));
         assert_eq!(store.read_vote().await.unwrap(), Some(vote));
+        drop(store);
+    }
+
+    /// The replay a restart does ends at the last entry the log was opened
+    /// with, unless a truncation cuts below it: the entries that replace
+    /// the cut ones are new, and must be counted.
+    #[tokio::test]
+    async fn a_truncation_ends_the_replay_before_what_replaces_the_cut() {
+        use openraft::storage::RaftLogStorageExt;
+        let dir =
+            Dir(std::env::temp_dir().join(format!("idem-log-store-replay-{}", std::process::id())));
+        let _ = std::fs::remove_dir_all(&dir.0);
+        let id = |index| LogId::new(openraft::CommittedLeaderId::new(1, 1), index);
+        let mut store = LogStore::open(&dir.0, 1 << 16, Writing::Thread).unwrap();
+        assert_eq!(
+            store.replay_boundary().load(Ordering::Acquire),
+            0,
+            "nothing to replay"
+        );
+        store
+            .blocking_append((1..=6).map(|i| openraft::Entry {
+                log_id: id(i),
+                payload: openraft::EntryPayload::Blank,
+            }))
+            .await
+            .unwrap();
+        // Appended by this process: not a replay.
+        assert_eq!(store.replay_boundary().load(Ordering::Acquire), 0);
+        store.wait_idle();
+        drop(store);
+        let mut store = LogStore::open(&dir.0, 1 << 16, Writing::Thread).unwrap();
+        let upto = store.replay_boundary();
+        assert_eq!(upto.load(Ordering::Acquire), 6);
+        store.truncate(id(4)).await.unwrap();
+        assert_eq!(upto.load(Ordering::Acquire), 3, "4 on are new");
+        // A cut above it changes nothing.
+        store.truncate(id(5)).await.unwrap();
+        assert_eq!(upto.load(Ordering::Acquire), 3);
+        store.wait_idle();
         drop(store);
     }
 

@@ -433,8 +433,8 @@ impl RaftEngine {
         }
         let mut sm = StateMachine::open(Arc::clone(&store), &data_dir)?
             .snapshots_on_own_thread(io.writing == log_store::Writing::Thread)
-            .reporting_to(log.clone());
-        sm.replaying_upto(log.last_index());
+            .reporting_to(log.clone())
+            .replaying_upto(log.replay_boundary());
         let stepped_down = step_down_at_restart(&log, &mut sm, cfg.node_id).await?;
         let peers = peer::Peers::new(
             cfg.node_id,

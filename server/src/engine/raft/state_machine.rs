@@ -549,12 +549,18 @@ impl StateMachine {
     /// start from zero like every other count of `INFO` (a restarted node
     /// said it had just lapsed every lease its log recorded lapsing, which
     /// a rate over its counters took for a burst).
-    pub fn replaying_upto(&self, last: Option<u64>) {
-        let applied = self.inner.lock().last_applied.map(|l| l.index);
-        if let Some(last) = last.filter(|&l| applied.is_none_or(|a| l > a)) {
-            self.replaying_upto
-                .store(last, std::sync::atomic::Ordering::Relaxed);
+    ///
+    /// `upto` is shared with the log store, which brings it down when it
+    /// cuts its tail: the entries that replace the cut ones are new (and a
+    /// reset when the old last index came back would wipe their counts).
+    #[must_use]
+    pub fn replaying_upto(mut self, upto: Arc<std::sync::atomic::AtomicU64>) -> StateMachine {
+        let applied = self.inner.lock().last_applied.map_or(0, |l| l.index);
+        if upto.load(std::sync::atomic::Ordering::Acquire) <= applied {
+            upto.store(0, std::sync::atomic::Ordering::Release);
         }
+        self.replaying_upto = upto;
+        self
     }
 
     /// Entry `index` is about to be applied, or was (`done`): the replay
@@ -564,10 +570,10 @@ impl StateMachine {
     fn replayed(&self, index: u64, done: bool) {
         let upto = self
             .replaying_upto
-            .load(std::sync::atomic::Ordering::Relaxed);
+            .load(std::sync::atomic::Ordering::Acquire);
         if upto != 0 && (index > upto || (done && index == upto)) {
             self.replaying_upto
-                .store(0, std::sync::atomic::Ordering::Relaxed);
+                .store(0, std::sync::atomic::Ordering::Release);
             self.store.reset_counters();
         }
     }
