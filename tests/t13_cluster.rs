@@ -1622,24 +1622,65 @@ async fn a_data_directory_is_started_only_as_its_node() {
     })
     .await;
     one.conn().await.acquire(&["CLAIM", "k"]).await;
-    one.kill().await;
-    let mut args = one.args(None);
-    let at = args.iter().position(|a| a == "--node-id").unwrap();
-    args[at + 1] = "7".into();
+    incarnations_recorded(&mut one.conn().await, 1).await;
+    let as_seven = |one: &Member| {
+        let mut args = one.args(None);
+        let at = args.iter().position(|a| a == "--node-id").unwrap();
+        args[at + 1] = "7".into();
+        args
+    };
+    // Twice: the second time without its node-id file, as a directory
+    // written before there was one: the membership's record of the
+    // directory says whose it is.
+    for round in 0..2 {
+        one.kill().await;
+        if round == 1 {
+            std::fs::remove_file(one.dir.0.join("node-id")).unwrap();
+        }
+        let args = as_seven(&one);
+        let text = tokio::task::spawn_blocking(move || refused(&args))
+            .await
+            .unwrap();
+        assert!(
+            text.contains("node 1's (its cluster recorded it")
+                && text.contains("node_id (--node-id) is 7"),
+            "round {round}: {text}"
+        );
+        // As node 1 it starts, with what it held, and records its id.
+        one.start(None, &[]).await;
+        let mut c = one.conn().await;
+        let r = cmd_served(&mut c, &["CLAIM", "k"]).await;
+        assert!(
+            matches!(claim(r.clone()), ClaimReply::InFlight { .. }),
+            "{r:?}"
+        );
+        assert!(one.dir.0.join("node-id").exists(), "node-id not written");
+    }
+    // A single node's membership records no directory: its node-id file
+    // says whose it is.
+    let single = DataDir::new("ownid-single");
+    let listen = format!("127.0.0.1:{}", crate::support::cluster::free_port());
+    let mut s = Idemd::start_raft_at(&single, &listen).await;
+    s.conn().await.acquire(&["CLAIM", "k"]).await;
+    s.kill().await;
+    let args: Vec<String> = [
+        "--engine",
+        "raft",
+        "--data-dir",
+        single.arg(),
+        "--listen",
+        &listen,
+        "--node-id",
+        "7",
+    ]
+    .map(str::to_owned)
+    .to_vec();
     let text = tokio::task::spawn_blocking(move || refused(&args))
         .await
         .unwrap();
     assert!(
-        text.contains("node 1's") && text.contains("node_id (--node-id) is 7"),
+        text.contains("this data directory is node 1's, and node_id (--node-id) is 7"),
         "{text}"
-    );
-    // As node 1 it starts, with what it held.
-    one.start(None, &[]).await;
-    let mut c = one.conn().await;
-    let r = cmd_served(&mut c, &["CLAIM", "k"]).await;
-    assert!(
-        matches!(claim(r.clone()), ClaimReply::InFlight { .. }),
-        "{r:?}"
     );
 }
 

@@ -435,6 +435,7 @@ impl RaftEngine {
             .snapshots_on_own_thread(io.writing == log_store::Writing::Thread)
             .reporting_to(log.clone())
             .replaying_upto(log.replay_boundary());
+        own_directory(&log, &mut sm, cfg.node_id, &data_dir).await?;
         let stepped_down = step_down_at_restart(&log, &mut sm, cfg.node_id).await?;
         let peers = peer::Peers::new(
             cfg.node_id,
@@ -652,6 +653,21 @@ impl RaftEngine {
                 }
                 tokio::time::sleep(Duration::from_millis(2)).await;
             }
+            // Its membership is there now (a first start bootstraps it):
+            // the directory is recorded as this node's.
+            let members: Vec<(NodeId, Option<u64>)> = {
+                let m = raft.metrics().borrow().membership_config.clone();
+                m.membership()
+                    .nodes()
+                    .map(|(id, n)| (*id, cluster::MemberAddr::parse(&n.addr).inc))
+                    .collect()
+            };
+            peer::check_node_id(&data_dir, cfg.node_id, &members).map_err(|reason| {
+                StartError::DataDir {
+                    path: data_dir.clone(),
+                    reason,
+                }
+            })?;
             #[cfg(debug_assertions)]
             if std::env::var("IDEMD_UNSAFE_TEST_REUSE_FENCES").is_ok_and(|v| v == "1") {
                 tracing::error!(
@@ -1486,6 +1502,31 @@ impl Limits {
 /// down. A node alone in its membership waits for each flush before it
 /// commits (and replicates to no one), so it leads again at once as
 /// before.
+/// Refuses a data directory that is another node's (see
+/// [`peer::check_node_id`]), before anything is written to it.
+async fn own_directory(
+    log: &LogStore,
+    sm: &mut StateMachine,
+    me: NodeId,
+    dir: &std::path::Path,
+) -> Result<(), StartError> {
+    use openraft::storage::StorageHelper;
+    let mut log = log.clone();
+    let membership = StorageHelper::new(&mut log, sm)
+        .get_membership()
+        .await
+        .map_err(|e| StartError::Raft(e.to_string()))?;
+    let members: Vec<(NodeId, Option<u64>)> = membership
+        .effective()
+        .nodes()
+        .map(|(id, n)| (*id, cluster::MemberAddr::parse(&n.addr).inc))
+        .collect();
+    peer::check_node_id(dir, me, &members).map_err(|reason| StartError::DataDir {
+        path: dir.to_owned(),
+        reason,
+    })
+}
+
 async fn step_down_at_restart(
     log: &LogStore,
     sm: &mut StateMachine,

@@ -711,11 +711,33 @@ const CLUSTER_FILE: &str = "cluster-id";
 const INCARNATION_FILE: &str = "incarnation";
 const NODE_ID_FILE: &str = "node-id";
 
-/// Checks that `dir` is node `id`'s, recording it if no node is recorded
-/// yet: its log, vote and membership are that node's, and under another
-/// id the process started, and was kept out by its peers with hints that
-/// pointed elsewhere.
-fn check_node_id(dir: &std::path::Path, id: NodeId) -> Result<(), String> {
+/// Checks that `dir` is node `id`'s: its log, vote and membership are
+/// that node's, and started under another id it served, kept out by its
+/// peers with hints that pointed elsewhere. `members` are the ids of the
+/// membership the directory holds, with the data directory (incarnation)
+/// recorded for each. The membership says whose the directory is once it
+/// recorded this directory's incarnation; the `node-id` file does for a
+/// directory whose membership has not (a single node's), and is written
+/// once the membership lists `id` (not before: a fresh directory started
+/// once under a mistyped id would keep the typo).
+pub(super) fn check_node_id(
+    dir: &std::path::Path,
+    id: NodeId,
+    members: &[(NodeId, Option<u64>)],
+) -> Result<(), String> {
+    let mine = std::fs::read_to_string(dir.join(INCARNATION_FILE))
+        .ok()
+        .and_then(|s| u64::from_str_radix(s.trim(), 16).ok());
+    if let Some(owner) = members
+        .iter()
+        .find(|(_, inc)| inc.is_some() && *inc == mine)
+        .map(|(m, _)| *m)
+        && owner != id
+    {
+        return Err(format!(
+            "this data directory is node {owner}'s (its cluster recorded it under that id), and node_id (--node-id) is {id}: start node {owner} on it, or give node {id} a data directory of its own"
+        ));
+    }
     let path = dir.join(NODE_ID_FILE);
     match std::fs::read_to_string(&path) {
         Ok(s) => {
@@ -731,8 +753,11 @@ fn check_node_id(dir: &std::path::Path, id: NodeId) -> Result<(), String> {
             Ok(())
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            super::wal::replace_file(dir, NODE_ID_FILE, format!("{id}\n").as_bytes())
-                .map_err(|e| e.to_string())
+            if members.iter().any(|(m, _)| *m == id) {
+                super::wal::replace_file(dir, NODE_ID_FILE, format!("{id}\n").as_bytes())
+                    .map_err(|e| e.to_string())?;
+            }
+            Ok(())
         }
         Err(e) => Err(format!("{}: {e}", path.display())),
     }
@@ -775,7 +800,6 @@ impl Peers {
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
                 Err(e) => return Err(format!("{}: {e}", path.display())),
             };
-        check_node_id(&data_dir, node_id)?;
         let incarnation = incarnation(&data_dir)?;
         Ok(Arc::new(Peers {
             node_id,
