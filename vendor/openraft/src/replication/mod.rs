@@ -953,7 +953,14 @@ where
     fn validate_matching(&self, matching: Option<LogId<C::NodeId>>) {
         if cfg!(feature = "loosen-follower-log-revert") {
             if self.matching > matching {
-                // Idem: under the server's target, as in `update_conflicting`.
+                // Idem: under the server's target, and a bug in a debug
+                // build unless expected, as in `update_conflicting`.
+                debug_assert!(
+                    std::env::var_os("IDEMD_TEST_ALLOW_LOG_REVERT").is_some(),
+                    "follower log is reverted from {} to {}",
+                    self.matching.display(),
+                    matching.display(),
+                );
                 tracing::warn!(
                     target: "idem_server::engine::raft",
                     "follower log is reverted from {} to {} (its data directory was put back from an older copy, or its disk lost writes); it is sent the log again",

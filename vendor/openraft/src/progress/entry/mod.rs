@@ -155,7 +155,16 @@ impl<NID: NodeId> ProgressEntry<NID> {
             #[cfg(feature = "loosen-follower-log-revert")]
             if conflict < self.matching.next_index() {
                 // Idem: logged under the server's target (openraft's own
-                // logs are off by default), saying what an operator did.
+                // logs are off by default), saying what an operator did;
+                // still a bug in a debug build (the tests' tripwire for a
+                // log store that loses acknowledged entries), unless the
+                // test expects it.
+                debug_assert!(
+                    std::env::var_os("IDEMD_TEST_ALLOW_LOG_REVERT").is_some(),
+                    "follower log reverted: matching {}; conflict {}",
+                    self.matching.display(),
+                    conflict
+                );
                 tracing::warn!(
                     target: "idem_server::engine::raft",
                     "conflict {} < last matching {}: follower log is reverted (its data directory was put back from an older copy, or its disk lost writes); it is sent the log again",
