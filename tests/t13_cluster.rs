@@ -1476,6 +1476,7 @@ async fn local_cluster_script_reports_what_it_started_and_stopped() {
 /// not with success): returns what it printed on stderr. One that starts
 /// is killed, and fails the test.
 fn refused(args: &[String]) -> String {
+    use std::io::Read;
     use std::process::Stdio;
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_idemd"))
         .args(args)
@@ -1485,25 +1486,34 @@ fn refused(args: &[String]) -> String {
         .stderr(Stdio::piped())
         .spawn()
         .expect("idemd runs");
+    // Read as it is written: a full pipe would hold the process up.
+    let drain = |mut r: Box<dyn Read + Send>| {
+        std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = r.read_to_string(&mut s);
+            s
+        })
+    };
+    let out = drain(Box::new(child.stdout.take().unwrap()));
+    let err = drain(Box::new(child.stderr.take().unwrap()));
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while child.try_wait().expect("idemd is waited for").is_none() {
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("idemd is waited for") {
+            break status;
+        }
         if std::time::Instant::now() > deadline {
             let _ = child.kill();
-            let out = child.wait_with_output().expect("idemd's output");
+            let _ = child.wait();
             panic!(
                 "idemd should refuse to start, and serves: {}",
-                String::from_utf8_lossy(&out.stdout)
+                out.join().unwrap()
             );
         }
         std::thread::sleep(Duration::from_millis(20));
-    }
-    let out = child.wait_with_output().expect("idemd's output");
-    assert!(
-        !out.status.success(),
-        "idemd should refuse to start: {}",
-        String::from_utf8_lossy(&out.stdout)
-    );
-    String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let (out, err) = (out.join().unwrap(), err.join().unwrap());
+    assert!(!status.success(), "idemd should refuse to start: {out}");
+    err
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

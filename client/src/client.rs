@@ -650,7 +650,8 @@ impl Client {
             // opened a connection of its own from then on.
             pool.retain(|(_, c)| !c.is_closed());
             let pos = pool.iter().position(|(a, _)| a == addr);
-            pos.map(|i| pool.swap_remove(i).1)
+            // In order: the first is the one idle longest (see below).
+            pos.map(|i| pool.remove(i).1)
         };
         let conn = match idle {
             Some(c) => c,
@@ -825,6 +826,7 @@ impl Client {
                 Err(_) => Err(Error::new(ErrorKind::Timeout, "the call's deadline passed")),
             };
             let failover;
+            let mut restart = false;
             let retry_err = match result {
                 Ok(Frame::Error(text)) => {
                     let err = ServerError::parse(&text);
@@ -870,21 +872,23 @@ impl Client {
                     }
                 }
                 Ok(frame) => return Ok(frame),
-                // A connection that cannot be made or breaks is retried
-                // until the deadline, as a failover is: a node restarting
-                // takes a moment (~1-2 s), and giving up after `retries`
-                // quick tries (0.6 s) left the calls of a client of one
-                // address unrecorded across every restart.
+                // A connection refused, reset or closed is retried until
+                // the deadline, as a failover is: a node restarting takes a
+                // moment (~1-2 s), and giving up after `retries` quick
+                // tries (0.6 s) left the calls of a client of one address
+                // unrecorded across every restart. (With one address the
+                // backoff still grows to `backoff_max`.)
                 Err(e)
                     if e.is_retryable()
-                        && (attempt < cfg.retries || cluster || e.is_connection()) =>
+                        && (attempt < cfg.retries || cluster || e.is_restart_like()) =>
                 {
                     if cluster && (e.is_connection() || e.is_timeout()) {
                         // The node is gone (or its host is: no answer at
                         // all): another seed leads or knows who does.
                         self.next_seed(&addr);
                     }
-                    failover = cluster || e.is_connection();
+                    failover = cluster;
+                    restart = e.is_restart_like();
                     e
                 }
                 Err(e) => {
@@ -896,7 +900,7 @@ impl Client {
                 }
             };
             may_have_run |= retry_err.may_have_run();
-            if !failover && attempt >= cfg.retries {
+            if !failover && !restart && attempt >= cfg.retries {
                 counters.failures.fetch_add(1, Ordering::Relaxed);
                 return Err(retry_err
                     .or_may_have_run(may_have_run)

@@ -126,14 +126,15 @@ impl ClientConfig {
         self
     }
 
-    /// How many times a request is retried after a timeout or `-TRYAGAIN`
-    /// (default 5; 0 disables those retries). A connection that cannot be
-    /// made or breaks (a server restarting, a node failing) is retried
-    /// until the call's [`deadline`](Self::deadline) whatever this is, as
-    /// is every failure of a client of several seed nodes (a cluster), or
-    /// of one that was sent `-MOVED` (a cluster behind one address): a
-    /// restart or a failover takes a moment. Such retries back off up to
-    /// [`failover_backoff_max`](Self::failover_backoff_max).
+    /// How many times a request is retried after a timeout, `-TRYAGAIN` or
+    /// another connection failure (default 5; 0 disables those retries). A
+    /// connection refused, reset or closed (a server restarting, a node
+    /// failing) is retried until the call's [`deadline`](Self::deadline)
+    /// whatever this is, backing off up to `backoff_max`; so is every
+    /// failure of a client of several seed nodes (a cluster), or of one
+    /// that was sent `-MOVED` (a cluster behind one address), backing off
+    /// up to [`failover_backoff_max`](Self::failover_backoff_max): a
+    /// restart or a failover takes a moment.
     pub fn retries(mut self, n: u32) -> Self {
         self.retries = n;
         self

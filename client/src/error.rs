@@ -206,6 +206,33 @@ impl Error {
         matches!(self.kind, ErrorKind::Io | ErrorKind::ConnectionClosed)
     }
 
+    /// What a server restarting (or a node going away) gives: the
+    /// connection was refused, reset or closed. Retried until the call's
+    /// deadline, not `retries` times; a host name that does not resolve,
+    /// say, is not this.
+    pub(crate) fn is_restart_like(&self) -> bool {
+        use std::io::ErrorKind as Io;
+        match self.kind {
+            ErrorKind::ConnectionClosed => true,
+            ErrorKind::Io => self
+                .source
+                .as_deref()
+                .and_then(|s| s.downcast_ref::<std::io::Error>())
+                .is_some_and(|e| {
+                    matches!(
+                        e.kind(),
+                        Io::ConnectionRefused
+                            | Io::ConnectionReset
+                            | Io::ConnectionAborted
+                            | Io::BrokenPipe
+                            | Io::UnexpectedEof
+                            | Io::NotConnected
+                    )
+                }),
+            _ => false,
+        }
+    }
+
     /// Retrying the same request later may succeed (and is safe for every
     /// Idem command: claims carry an attempt id, owner calls a fence).
     pub fn is_retryable(&self) -> bool {

@@ -37,7 +37,7 @@
 //! | 400, 401, 403, 404, 405, 406, 411, 413, 414, 415, 422, 431 (refused before anything happened) | released | runs the handler again (the corrected request) |
 //! | 408, 425, 429, 503 | released | runs the handler again |
 //! | other 4xx (402, 409, 410, 412, ...) | completed as an error | replays the response |
-//! | other 5xx, a panic, a timeout, a 1xx (not a final status: hyper answers `500`) | abandoned (outcome unknown) | gets `500 outcome-unknown`, or runs with [`Recovering`] under [`OnRecover::RunWithRecovery`] |
+//! | other 5xx, a panic, a timeout, a 1xx (not a final response to store: hyper answers `500`, or switches protocols on a `101`) | abandoned (outcome unknown) | gets `500 outcome-unknown`, or runs with [`Recovering`] under [`OnRecover::RunWithRecovery`] |
 //!
 //! A recovery run ([`Recovering`]) never releases: the key keeps what the
 //! earlier run journaled until an outcome is recorded. The handler runs
@@ -134,8 +134,9 @@ pub fn default_policy(status: StatusCode) -> Decision {
         400 | 401 | 403..=406 | 408 | 411 | 413..=415 | 422 | 425 | 429 | 431 | 503 => {
             Decision::Release
         }
-        // Not a final status: hyper answers `500` for it, with no body,
-        // and that is no response to replay.
+        // Not a final response to store: hyper answers `500` for it, with
+        // no body (or switches protocols on a `101`), and neither is a
+        // response to replay.
         100..=199 => Decision::Abandon,
         500..=599 => Decision::Abandon,
         400..=499 => Decision::CompleteError,

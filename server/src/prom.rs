@@ -317,6 +317,12 @@ pub fn render(node: &Node) -> String {
         "Records removed at their deadline (a lapsed FREE lease, or the end of retention).",
         c.dropped,
     );
+    o.one(
+        "idem_expired_records_total",
+        "counter",
+        "Deprecated: idem_expired_keys_total under its former name (to be removed).",
+        c.dropped,
+    );
 
     o.labelled(
         "idem_waits_total",
