@@ -188,10 +188,7 @@ async fn waiting_connections_are_kept_again_after_a_restart() {
         let ClaimOutcome::Acquired(owner) = c.claim(k.as_str()).await.unwrap() else {
             panic!("not acquired");
         };
-        let waiter = {
-            let (c, k) = (c.clone(), k.clone());
-            tokio::spawn(async move { c.claim(k.as_str()).wait(Duration::from_secs(10)).await })
-        };
+        let waiter = waiting_claim(c, &k);
         tokio::time::sleep(Duration::from_millis(100)).await;
         owner.complete(Bytes::from_static(b"v")).await.unwrap();
         let got = waiter.await.unwrap().unwrap();
@@ -616,10 +613,7 @@ async fn waiting_requests_that_need_not_wait_share_the_connection() {
     let ClaimOutcome::Acquired(owner) = c.claim(k.as_str()).await.unwrap() else {
         panic!("not acquired");
     };
-    let waiter = {
-        let (c, k) = (c.clone(), k.clone());
-        tokio::spawn(async move { c.claim(k.as_str()).wait(Duration::from_secs(10)).await })
-    };
+    let waiter = waiting_claim(&c, &k);
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert!(!waiter.is_finished(), "did not wait for the owner");
     owner.complete(Bytes::from_static(b"theirs")).await.unwrap();
@@ -632,6 +626,15 @@ async fn waiting_requests_that_need_not_wait_share_the_connection() {
         panic!("expected the owner's outcome, got {got:?}");
     };
     assert_eq!(done.value, Bytes::from_static(b"theirs"));
+}
+
+/// A claim of `k` that waits up to 10 s for its owner, in a task.
+fn waiting_claim(
+    c: &Client,
+    k: &str,
+) -> tokio::task::JoinHandle<idem_client::Result<ClaimOutcome>> {
+    let (c, k) = (c.clone(), k.to_owned());
+    tokio::spawn(async move { c.claim(k.as_str()).wait(Duration::from_secs(10)).await })
 }
 
 /// A fake node that answers every CLAIM with `claim_reply` and counts the

@@ -655,19 +655,8 @@ impl RaftEngine {
             }
             // Its membership is there now (a first start bootstraps it):
             // the directory is recorded as this node's.
-            let members: Vec<(NodeId, Option<u64>)> = {
-                let m = raft.metrics().borrow().membership_config.clone();
-                m.membership()
-                    .nodes()
-                    .map(|(id, n)| (*id, cluster::MemberAddr::parse(&n.addr).inc))
-                    .collect()
-            };
-            peer::check_node_id(&data_dir, cfg.node_id, &members).map_err(|reason| {
-                StartError::DataDir {
-                    path: data_dir.clone(),
-                    reason,
-                }
-            })?;
+            let m = raft.metrics().borrow().membership_config.clone();
+            directory_of(m.membership(), cfg.node_id, &data_dir)?;
             #[cfg(debug_assertions)]
             if std::env::var("IDEMD_UNSAFE_TEST_REUSE_FENCES").is_ok_and(|v| v == "1") {
                 tracing::error!(
@@ -1516,8 +1505,17 @@ async fn own_directory(
         .get_membership()
         .await
         .map_err(|e| StartError::Raft(e.to_string()))?;
+    directory_of(membership.effective().membership(), me, dir)
+}
+
+/// [`peer::check_node_id`] against `membership`'s members and the data
+/// directories it recorded for them.
+fn directory_of(
+    membership: &openraft::Membership<NodeId, openraft::BasicNode>,
+    me: NodeId,
+    dir: &std::path::Path,
+) -> Result<(), StartError> {
     let members: Vec<(NodeId, Option<u64>)> = membership
-        .effective()
         .nodes()
         .map(|(id, n)| (*id, cluster::MemberAddr::parse(&n.addr).inc))
         .collect();

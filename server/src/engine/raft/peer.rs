@@ -725,9 +725,7 @@ pub(super) fn check_node_id(
     id: NodeId,
     members: &[(NodeId, Option<u64>)],
 ) -> Result<(), String> {
-    let mine = std::fs::read_to_string(dir.join(INCARNATION_FILE))
-        .ok()
-        .and_then(|s| u64::from_str_radix(s.trim(), 16).ok());
+    let mine = read_incarnation(dir)?;
     if let Some(owner) = members
         .iter()
         .find(|(_, inc)| inc.is_some() && *inc == mine)
@@ -765,17 +763,24 @@ pub(super) fn check_node_id(
 
 /// The incarnation recorded in `dir`, made (and synced) if there is none.
 fn incarnation(dir: &std::path::Path) -> Result<u64, String> {
+    if let Some(inc) = read_incarnation(dir)? {
+        return Ok(inc);
+    }
+    let r = random16();
+    let inc = u64::from_le_bytes([r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7]]).max(1);
+    super::wal::replace_file(dir, INCARNATION_FILE, format!("{inc:016x}\n").as_bytes())
+        .map_err(|e| e.to_string())?;
+    Ok(inc)
+}
+
+/// The incarnation recorded in `dir`, if there is one.
+fn read_incarnation(dir: &std::path::Path) -> Result<Option<u64>, String> {
     let path = dir.join(INCARNATION_FILE);
     match std::fs::read_to_string(&path) {
         Ok(s) => u64::from_str_radix(s.trim(), 16)
+            .map(Some)
             .map_err(|_| format!("{}: not an incarnation (16 hex digits)", path.display())),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            let r = random16();
-            let inc = u64::from_le_bytes([r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7]]).max(1);
-            super::wal::replace_file(dir, INCARNATION_FILE, format!("{inc:016x}\n").as_bytes())
-                .map_err(|e| e.to_string())?;
-            Ok(inc)
-        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
         Err(e) => Err(format!("{}: {e}", path.display())),
     }
 }
