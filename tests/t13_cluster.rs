@@ -1668,6 +1668,24 @@ async fn a_data_directory_is_started_only_as_its_node() {
         );
         assert!(one.dir.0.join("node-id").exists(), "node-id not written");
     }
+    // A node-id file that says otherwise (an earlier release wrote the id
+    // a directory was first started under, a typo included) yields to the
+    // membership's record: the directory starts as node 1, and the file is
+    // put right (it said the directory was node 7's, and as node 7 the
+    // membership refused it: no id could start it).
+    one.kill().await;
+    std::fs::write(one.dir.0.join("node-id"), "7\n").unwrap();
+    one.start(None, &[]).await;
+    let mut c = one.conn().await;
+    let r = cmd_served(&mut c, &["CLAIM", "k"]).await;
+    assert!(
+        matches!(claim(r.clone()), ClaimReply::InFlight { .. }),
+        "{r:?}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(one.dir.0.join("node-id")).unwrap(),
+        "1\n"
+    );
     // A single node's membership records no directory: its node-id file
     // says whose it is.
     let single = DataDir::new("ownid-single");
@@ -1691,8 +1709,39 @@ async fn a_data_directory_is_started_only_as_its_node() {
         .await
         .unwrap();
     assert!(
-        text.contains("this data directory is node 1's, and node_id (--node-id) is 7"),
+        text.contains("this data directory is node 1's")
+            && text.contains("node_id (--node-id) is 7"),
         "{text}"
+    );
+    // Without its node-id file (a directory written before there was one),
+    // its membership says whose it is: started as node 7 it never served,
+    // its client port closed, and said nothing.
+    std::fs::remove_file(single.0.join("node-id")).unwrap();
+    let args: Vec<String> = [
+        "--engine",
+        "raft",
+        "--data-dir",
+        single.arg(),
+        "--listen",
+        &listen,
+        "--node-id",
+        "7",
+    ]
+    .map(str::to_owned)
+    .to_vec();
+    let text = tokio::task::spawn_blocking(move || refused(&args))
+        .await
+        .unwrap();
+    assert!(
+        text.contains("node 1's (the only member it records), and node_id (--node-id) is 7"),
+        "{text}"
+    );
+    // As node 1 it serves what it held.
+    let s = Idemd::start_raft_at(&single, &listen).await;
+    let r = cmd_served(&mut s.conn().await, &["CLAIM", "k"]).await;
+    assert!(
+        matches!(claim(r.clone()), ClaimReply::InFlight { .. }),
+        "{r:?}"
     );
 }
 

@@ -435,7 +435,14 @@ impl RaftEngine {
             .snapshots_on_own_thread(io.writing == log_store::Writing::Thread)
             .reporting_to(log.clone())
             .replaying_upto(log.replay_boundary());
-        own_directory(&log, &mut sm, cfg.node_id, &data_dir).await?;
+        own_directory(
+            &log,
+            &mut sm,
+            cfg.node_id,
+            &data_dir,
+            cfg.cluster.peer_listen.is_none(),
+        )
+        .await?;
         let stepped_down = step_down_at_restart(&log, &mut sm, cfg.node_id).await?;
         let peers = peer::Peers::new(
             cfg.node_id,
@@ -656,7 +663,7 @@ impl RaftEngine {
             // Its membership is there now (a first start bootstraps it):
             // the directory is recorded as this node's.
             let m = raft.metrics().borrow().membership_config.clone();
-            directory_of(m.membership(), cfg.node_id, &data_dir)?;
+            directory_of(m.membership(), cfg.node_id, &data_dir, true)?;
             #[cfg(debug_assertions)]
             if std::env::var("IDEMD_UNSAFE_TEST_REUSE_FENCES").is_ok_and(|v| v == "1") {
                 tracing::error!(
@@ -1498,6 +1505,7 @@ async fn own_directory(
     sm: &mut StateMachine,
     me: NodeId,
     dir: &std::path::Path,
+    alone: bool,
 ) -> Result<(), StartError> {
     use openraft::storage::StorageHelper;
     let mut log = log.clone();
@@ -1505,21 +1513,23 @@ async fn own_directory(
         .get_membership()
         .await
         .map_err(|e| StartError::Raft(e.to_string()))?;
-    directory_of(membership.effective().membership(), me, dir)
+    directory_of(membership.effective().membership(), me, dir, alone)
 }
 
 /// [`peer::check_node_id`] against `membership`'s members and the data
-/// directories it recorded for them.
+/// directories it recorded for them; `alone`: the node has no peer
+/// address.
 fn directory_of(
     membership: &openraft::Membership<NodeId, openraft::BasicNode>,
     me: NodeId,
     dir: &std::path::Path,
+    alone: bool,
 ) -> Result<(), StartError> {
     let members: Vec<(NodeId, Option<u64>)> = membership
         .nodes()
         .map(|(id, n)| (*id, cluster::MemberAddr::parse(&n.addr).inc))
         .collect();
-    peer::check_node_id(dir, me, &members).map_err(|reason| StartError::DataDir {
+    peer::check_node_id(dir, me, &members, alone).map_err(|reason| StartError::DataDir {
         path: dir.to_owned(),
         reason,
     })

@@ -719,24 +719,60 @@ const NODE_ID_FILE: &str = "node-id";
 /// recorded this directory's incarnation; the `node-id` file does for a
 /// directory whose membership has not (a single node's), and is written
 /// once the membership lists `id` (not before: a fresh directory started
-/// once under a mistyped id would keep the typo).
+/// once under a mistyped id would keep the typo). A file that disagrees
+/// with the membership's record is put right (an earlier release wrote
+/// whatever id a directory was first started under). `alone`: the node
+/// has no peer address, so it serves only as a member of the membership
+/// the directory holds (nothing can add it to one): a directory whose
+/// membership does not list `id` is refused too (one written before there
+/// was a `node-id` file, started under another id, never served).
 pub(super) fn check_node_id(
     dir: &std::path::Path,
     id: NodeId,
     members: &[(NodeId, Option<u64>)],
+    alone: bool,
 ) -> Result<(), String> {
     let mine = read_incarnation(dir)?;
+    let path = dir.join(NODE_ID_FILE);
     if let Some(owner) = members
         .iter()
         .find(|(_, inc)| inc.is_some() && *inc == mine)
         .map(|(m, _)| *m)
-        && owner != id
     {
-        return Err(format!(
-            "this data directory is node {owner}'s (its cluster recorded it under that id), and node_id (--node-id) is {id}: start node {owner} on it, or give node {id} a data directory of its own"
-        ));
+        if owner != id {
+            return Err(format!(
+                "this data directory is node {owner}'s (its cluster recorded it under that id), and node_id (--node-id) is {id}: start node {owner} on it, or give node {id} a data directory of its own"
+            ));
+        }
+        // The membership's record decides.
+        let recorded = std::fs::read_to_string(&path).ok();
+        if recorded.as_deref().map(str::trim) != Some(id.to_string().as_str()) {
+            if let Some(other) = recorded {
+                tracing::warn!(
+                    file = %path.display(),
+                    said = other.trim(),
+                    node_id = id,
+                    "the node-id file disagreed with the cluster's record of this data directory: rewritten"
+                );
+            }
+            super::wal::replace_file(dir, NODE_ID_FILE, format!("{id}\n").as_bytes())
+                .map_err(|e| e.to_string())?;
+        }
+        return Ok(());
     }
-    let path = dir.join(NODE_ID_FILE);
+    if alone && !members.is_empty() && !members.iter().any(|(m, _)| *m == id) {
+        let ids: Vec<String> = members.iter().map(|(m, _)| m.to_string()).collect();
+        return Err(if let [only] = ids.as_slice() {
+            format!(
+                "this data directory is node {only}'s (the only member it records), and node_id (--node-id) is {id}: start node {only} on it, or give node {id} a data directory of its own"
+            )
+        } else {
+            format!(
+                "this data directory is a cluster member's (its members are {}), and node_id (--node-id) is {id}, which is none of them: start it under its own id, with peer_listen, or give node {id} a data directory of its own",
+                ids.join(", ")
+            )
+        });
+    }
     match std::fs::read_to_string(&path) {
         Ok(s) => {
             let recorded: NodeId = s
