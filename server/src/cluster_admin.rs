@@ -246,6 +246,9 @@ fn change(node: &Node, change: MembershipChange) -> Action {
             Ok(()) => Reply::Ok,
             Err(ChangeError::NotLeader(e)) => Reply::Error(e.to_server_error()),
             Err(ChangeError::Refused(why)) => Reply::Error(ServerError::owned(ErrorCode::Err, why)),
+            Err(ChangeError::Unsure(why)) => {
+                Reply::Error(ServerError::owned(ErrorCode::TryAgain, why))
+            }
         }
     }))
 }

@@ -1543,17 +1543,43 @@ impl ClusterView {
     }
 }
 
-/// Why a membership change was refused.
+/// Why a membership change failed.
 #[derive(Debug, Clone)]
 pub enum ChangeError {
     /// Not here: the redirect.
     NotLeader(EngineError),
     /// Refused (the message says why).
     Refused(String),
+    /// Cut off after it may have been proposed: it may have been applied
+    /// (in part, for a removal), or may not; the message says what to do.
+    Unsure(String),
 }
 
-fn raft_err(e: impl std::fmt::Display) -> ChangeError {
-    ChangeError::Refused(e.to_string())
+/// What a membership change that openraft failed tells the operator: a
+/// leader that stopped leading meanwhile, or a change a leader before left
+/// under way, may have applied it (or part of it): not a refusal.
+fn raft_err(
+    e: openraft::error::RaftError<NodeId, openraft::error::ClientWriteError<NodeId, BasicNode>>,
+) -> ChangeError {
+    use openraft::error::{ChangeMembershipError, ClientWriteError, RaftError};
+    match &e {
+        RaftError::APIError(ClientWriteError::ForwardToLeader(f)) => {
+            let now = match f.leader_id {
+                Some(l) => format!(" (node {l} leads now)"),
+                None => String::new(),
+            };
+            ChangeError::Unsure(format!(
+                "this node stopped leading during the change{now}: it may have been applied; see CLUSTER MEMBERS on the leader, and send it there again if not"
+            ))
+        }
+        RaftError::APIError(ClientWriteError::ChangeMembershipError(
+            ChangeMembershipError::InProgress(_),
+        )) => ChangeError::Unsure(
+            "another change of membership is still under way (one a leader before left halfway, which the leader finishes once a majority of the voters answers): this one may have been applied in part; see CLUSTER MEMBERS, and send it again once that change is done"
+                .into(),
+        ),
+        _ => ChangeError::Refused(e.to_string()),
+    }
 }
 
 /// `CLUSTER ADD`: adds `id` as a learner at `addr`; returns once the change
@@ -1716,6 +1742,50 @@ pub async fn remove_member(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A change cut off by a change of leader, or by a change a leader
+    /// before left under way, may have been applied: `-TRYAGAIN` with what
+    /// to check, where it was `-ERR` with openraft's words (an operator
+    /// took it for a refusal); a refusal stays one.
+    #[test]
+    fn a_change_cut_off_may_have_been_applied_and_says_so() {
+        use openraft::error::{
+            ChangeMembershipError, ClientWriteError, EmptyMembership, ForwardToLeader, InProgress,
+            RaftError,
+        };
+        let moved = raft_err(RaftError::APIError(ClientWriteError::ForwardToLeader(
+            ForwardToLeader::new(3, BasicNode::new("127.0.0.1:7003")),
+        )));
+        let ChangeError::Unsure(why) = moved else {
+            panic!("{moved:?}")
+        };
+        assert!(
+            why.contains("node 3 leads now") && why.contains("may have been applied"),
+            "{why}"
+        );
+        let unknown = raft_err(RaftError::APIError(ClientWriteError::ForwardToLeader(
+            ForwardToLeader::empty(),
+        )));
+        assert!(matches!(unknown, ChangeError::Unsure(_)), "{unknown:?}");
+        let busy = raft_err(RaftError::APIError(
+            ClientWriteError::ChangeMembershipError(ChangeMembershipError::InProgress(
+                InProgress {
+                    committed: None,
+                    membership_log_id: None,
+                },
+            )),
+        ));
+        assert!(
+            matches!(&busy, ChangeError::Unsure(why) if why.contains("may have been applied in part")),
+            "{busy:?}"
+        );
+        let refused = raft_err(RaftError::APIError(
+            ClientWriteError::ChangeMembershipError(ChangeMembershipError::EmptyMembership(
+                EmptyMembership {},
+            )),
+        ));
+        assert!(matches!(refused, ChangeError::Refused(_)), "{refused:?}");
+    }
 
     #[test]
     fn member_addresses_round_trip_with_retired_ids() {

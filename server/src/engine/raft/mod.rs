@@ -947,7 +947,7 @@ impl RaftEngine {
             Ok(Err(e)) => Err(cluster::ChangeError::Refused(format!(
                 "the change stopped: {e}"
             ))),
-            Err(_) => Err(cluster::ChangeError::Refused(
+            Err(_) => Err(cluster::ChangeError::Unsure(
                 "the change was not committed within proposal_timeout_ms (is a majority of the voters up?); it goes on, and may still be applied: see CLUSTER MEMBERS".into(),
             )),
         }
