@@ -308,6 +308,11 @@ pub const LEADER_POLL_US: u64 = 600;
 /// leases are live: past it, it proposes an empty entry (a tick).
 pub const TICK_MS: u64 = 100;
 
+/// The same for a single node, whose logged clock only serves its next
+/// start: a lease comes back at most this much longer than it had left
+/// when the node stopped.
+pub const SINGLE_TICK_MS: u64 = 1_000;
+
 /// A running raft engine.
 pub struct RaftEngine {
     raft: Raft<TypeConfig>,
@@ -953,13 +958,17 @@ impl RaftEngine {
         }
     }
 
-    /// In a cluster, while leases are live (`in_flight()`) and nothing was
-    /// stamped for [`TICK_MS`], proposes an empty entry, so the replicated
-    /// clock follows the leader's: a lease that reads on this leader saw
-    /// run out is not in flight again on the next leader (which continues
-    /// from the clock last applied). Returns whether it proposed one.
+    /// While leases are live (`in_flight()`) and nothing was stamped for
+    /// [`TICK_MS`] ([`SINGLE_TICK_MS`] on a single node), proposes an empty
+    /// entry, so the logged clock follows
+    /// the serving node's: a lease that reads on this leader saw run out is
+    /// not in flight again on the next leader (which continues from the
+    /// clock last applied), and a single node restarted continues from
+    /// where its clock was when it stopped, not from its last write (its
+    /// leases came back longer by the time it sat idle before the stop).
+    /// Returns whether it proposed one.
     pub fn tick_if_idle(&self, in_flight: impl FnOnce() -> bool) -> bool {
-        if !self.clustered() || !self.role.serving() {
+        if !self.role.serving() {
             return false;
         }
         let last = self.stats.last_stamp_ms.load(Ordering::Relaxed);
@@ -967,7 +976,12 @@ impl RaftEngine {
         // A stamp ahead of the clock is from an earlier term's entry that
         // may never commit: it does not count.
         // Whether leases are live is asked last: it looks at every shard.
-        if (last <= now && now - last < TICK_MS) || !in_flight() {
+        let tick = if self.clustered() {
+            TICK_MS
+        } else {
+            SINGLE_TICK_MS
+        };
+        if (last <= now && now - last < tick) || !in_flight() {
             return false;
         }
         if let super::Submission::Pending(f) | super::Submission::Waiting(f) =
