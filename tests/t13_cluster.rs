@@ -3689,6 +3689,23 @@ async fn a_removal_its_leader_died_in_is_finished_by_the_next_leader() {
         "{r:?}"
     );
     assert_eq!(c.members[third].info("idem_voters").await, "3");
+    // The node being removed still counts: it sends clients to the leader
+    // (it said "removed ... stop this one").
+    let mut fc = c.members[f].conn().await;
+    let r = eventually_within(
+        Duration::from_secs(10),
+        "the node being removed redirects to the leader",
+        async || match fc.try_cmd(&["CLAIM", "meanwhile-f"]).await {
+            Some(r @ Frame::Error(_)) if err(&r).starts_with("MOVED") => Some(err(&r)),
+            other => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                eprintln!("node being removed answered {other:?}");
+                None
+            }
+        },
+    )
+    .await;
+    assert!(r.ends_with(&c.members[third].client.to_string()), "{r}");
     // The old leader back, the removal is finished.
     c.members[l].start(None, &[]).await;
     let n = third;

@@ -713,9 +713,28 @@ impl Role {
 /// Whether this node was removed from the cluster: its own log says so (a
 /// removed leader), or the members it asks for votes do (a removed voter
 /// never hears of its removal) while it knows no other leader. It serves
-/// no one, and may still believe it leads.
-fn removed(peers: &Peers, retired: &IdSet, leader: Option<NodeId>) -> bool {
+/// no one, and may still believe it leads. Not while its removal is half
+/// done (`half_removed`: recorded as retired, still a voter of a uniform
+/// membership, a leader having died between the two steps): it still
+/// votes and counts towards a majority until the next leader finishes
+/// the removal, so it answers as any other voter (it said "stop this
+/// one", which could leave the others without a majority).
+fn half_removed(
+    membership: &openraft::Membership<NodeId, BasicNode>,
+    retired: &IdSet,
+    me: NodeId,
+) -> bool {
+    retired.contains(me)
+        && membership.get_joint_config().len() == 1
+        && membership.voter_ids().any(|v| v == me)
+}
+
+/// See [`half_removed`].
+fn removed(peers: &Peers, retired: &IdSet, leader: Option<NodeId>, half_removed: bool) -> bool {
     let me = peers.node_id();
+    if half_removed {
+        return false;
+    }
     retired.contains(me) || (peers.told_removed() && leader.is_none_or(|l| l == me))
 }
 
@@ -734,7 +753,12 @@ pub fn not_serving(
     let membership = raft.metrics().borrow().membership_config.clone();
     let member = membership.membership().get_node(&me).is_some();
     let retired = retired_ids(membership.membership().nodes());
-    if removed(peers, &retired, leader) {
+    if removed(
+        peers,
+        &retired,
+        leader,
+        half_removed(membership.membership(), &retired, me),
+    ) {
         return EngineError::ClusterDown(
             "this node was removed from the cluster (CLUSTER REMOVE): it serves no one; ask another node, and stop this one",
         );
@@ -1526,7 +1550,12 @@ impl ClusterView {
             cluster_id: peers.cluster().map(|c| cluster_hex(&c)),
             last_log_index: m.last_log_index.unwrap_or(0),
             applied_index: m.last_applied.map_or(0, |l| l.index),
-            removed: removed(peers, &retired, m.current_leader),
+            removed: removed(
+                peers,
+                &retired,
+                m.current_leader,
+                half_removed(m.membership_config.membership(), &retired, m.id),
+            ),
             quorum_lost: role.quorum_lost(),
             leader_heard: m
                 .current_leader
