@@ -1736,30 +1736,6 @@ async fn a_data_directory_is_started_only_as_its_node() {
         text.contains("node 1's (the only member it records), and node_id (--node-id) is 7"),
         "{text}"
     );
-    // The same with a peer address (growing it into a cluster under the
-    // wrong id): it waited to be added, answering -TRYAGAIN.
-    let peer = format!("127.0.0.1:{}", crate::support::cluster::free_port());
-    let args: Vec<String> = [
-        "--engine",
-        "raft",
-        "--data-dir",
-        single.arg(),
-        "--listen",
-        &listen,
-        "--peer-listen",
-        &peer,
-        "--node-id",
-        "7",
-    ]
-    .map(str::to_owned)
-    .to_vec();
-    let text = tokio::task::spawn_blocking(move || refused(&args))
-        .await
-        .unwrap();
-    assert!(
-        text.contains("node 1's (the only member it records), and node_id (--node-id) is 7"),
-        "{text}"
-    );
     // As node 1 it serves what it held.
     let s = Idemd::start_raft_at(&single, &listen).await;
     let r = cmd_served(&mut s.conn().await, &["CLAIM", "k"]).await;

@@ -1601,12 +1601,18 @@ fn raft_err(
                 "this node stopped leading during the change{now}: it may have been applied; see CLUSTER MEMBERS on the leader, and send it there again if not"
             ))
         }
+        // Checked before anything is proposed: this step was not made
+        // (a CLUSTER REMOVE's first step, recording the id as removed, may
+        // have been).
         RaftError::APIError(ClientWriteError::ChangeMembershipError(
             ChangeMembershipError::InProgress(_),
         )) => ChangeError::Unsure(
-            "another change of membership is still under way (one a leader before left halfway, which the leader finishes once a majority of the voters answers): this one may have been applied in part; see CLUSTER MEMBERS, and send it again once that change is done"
+            "another change of membership is being committed: this one was not made (a CLUSTER REMOVE may have recorded the id as removed already); send it again once CLUSTER INFO shows idem_membership:uniform"
                 .into(),
         ),
+        RaftError::Fatal(f) => ChangeError::Unsure(format!(
+            "this node's Raft core stopped ({f}): the change may have been applied; see CLUSTER MEMBERS on another node"
+        )),
         _ => ChangeError::Refused(e.to_string()),
     }
 }
@@ -1805,7 +1811,7 @@ mod tests {
             )),
         ));
         assert!(
-            matches!(&busy, ChangeError::Unsure(why) if why.contains("may have been applied in part")),
+            matches!(&busy, ChangeError::Unsure(why) if why.contains("this one was not made")),
             "{busy:?}"
         );
         let refused = raft_err(RaftError::APIError(

@@ -309,8 +309,9 @@ pub const LEADER_POLL_US: u64 = 600;
 pub const TICK_MS: u64 = 100;
 
 /// The same for a single node, whose logged clock only serves its next
-/// start: a lease comes back at most this much longer than it had left
-/// when the node stopped.
+/// start: a lease comes back at most about this much longer than it had
+/// left when the node stopped (plus the expiry sweep's interval, which
+/// checks it, and a sync).
 pub const SINGLE_TICK_MS: u64 = 1_000;
 
 /// A running raft engine.
@@ -949,8 +950,8 @@ impl RaftEngine {
         });
         match tokio::time::timeout(self.proposal_timeout, task).await {
             Ok(Ok(done)) => done,
-            Ok(Err(e)) => Err(cluster::ChangeError::Refused(format!(
-                "the change stopped: {e}"
+            Ok(Err(e)) => Err(cluster::ChangeError::Unsure(format!(
+                "the change stopped: {e}; it may have been applied: see CLUSTER MEMBERS"
             ))),
             Err(_) => Err(cluster::ChangeError::Unsure(
                 "the change was not committed within proposal_timeout_ms (is a majority of the voters up?); it goes on, and may still be applied: see CLUSTER MEMBERS".into(),

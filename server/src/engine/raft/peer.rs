@@ -725,9 +725,7 @@ const NODE_ID_FILE: &str = "node-id";
 /// has no peer address, so it serves only as a member of the membership
 /// the directory holds (nothing can add it to one): a directory whose
 /// membership does not list `id` is refused too (one written before there
-/// was a `node-id` file, started under another id, never served), as is
-/// a single node's started under another id with a peer address (it
-/// waited, `-TRYAGAIN`, to be added to a cluster).
+/// was a `node-id` file, started under another id, never served).
 pub(super) fn check_node_id(
     dir: &std::path::Path,
     id: NodeId,
@@ -762,11 +760,10 @@ pub(super) fn check_node_id(
         }
         return Ok(());
     }
-    // A membership of one node that recorded no data directory is a
-    // single node's (a cluster's records its members' once they serve):
-    // its directory is that node's, peer address or not.
-    let single = matches!(members, [(_, None)]);
-    if (alone || single) && !members.is_empty() && !members.iter().any(|(m, _)| *m == id) {
+    // (Not with a peer address: a learner added to a cluster that grew
+    // from a single node holds that node's membership alone, with no
+    // directory recorded, until the entry that records it arrives.)
+    if alone && !members.is_empty() && !members.iter().any(|(m, _)| *m == id) {
         let ids: Vec<String> = members.iter().map(|(m, _)| m.to_string()).collect();
         return Err(if let [only] = ids.as_slice() {
             format!(
