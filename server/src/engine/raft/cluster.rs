@@ -710,15 +710,10 @@ impl Role {
     }
 }
 
-/// Whether this node was removed from the cluster: its own log says so (a
-/// removed leader), or the members it asks for votes do (a removed voter
-/// never hears of its removal) while it knows no other leader. It serves
-/// no one, and may still believe it leads. Not while its removal is half
-/// done (`half_removed`: recorded as retired, still a voter of a uniform
-/// membership, a leader having died between the two steps): it still
-/// votes and counts towards a majority until the next leader finishes
-/// the removal, so it answers as any other voter (it said "stop this
-/// one", which could leave the others without a majority).
+/// Whether node `me`'s removal is half done in `membership`: recorded as
+/// retired, still a voter of a uniform membership (a leader died between
+/// the two steps of `CLUSTER REMOVE`). It still votes and counts towards
+/// a majority until the next leader finishes the removal.
 fn half_removed(
     membership: &openraft::Membership<NodeId, BasicNode>,
     retired: &IdSet,
@@ -729,7 +724,12 @@ fn half_removed(
         && membership.voter_ids().any(|v| v == me)
 }
 
-/// See [`half_removed`].
+/// Whether this node was removed from the cluster: its own log says so (a
+/// removed leader), or the members it asks for votes do (a removed voter
+/// never hears of its removal) while it knows no other leader. It serves
+/// no one, and may still believe it leads. Not while its removal is
+/// [`half_removed`]: it answers as any other voter then (it said "stop
+/// this one", which could leave the others without a majority).
 fn removed(peers: &Peers, retired: &IdSet, leader: Option<NodeId>, half_removed: bool) -> bool {
     let me = peers.node_id();
     if half_removed {

@@ -961,13 +961,12 @@ impl RaftEngine {
 
     /// While leases are live (`in_flight()`) and nothing was stamped for
     /// [`TICK_MS`] ([`SINGLE_TICK_MS`] on a single node), proposes an empty
-    /// entry, so the logged clock follows
-    /// the serving node's: a lease that reads on this leader saw run out is
-    /// not in flight again on the next leader (which continues from the
-    /// clock last applied), and a single node restarted continues from
-    /// where its clock was when it stopped, not from its last write (its
-    /// leases came back longer by the time it sat idle before the stop).
-    /// Returns whether it proposed one.
+    /// entry, so the logged clock follows the serving node's: a lease that
+    /// reads on this leader saw run out is not in flight again on the next
+    /// leader (which continues from the clock last applied), and a single
+    /// node restarted continues from where its clock was when it stopped,
+    /// not from its last write (its leases came back longer by the time it
+    /// sat idle before the stop). Returns whether it proposed one.
     pub fn tick_if_idle(&self, in_flight: impl FnOnce() -> bool) -> bool {
         if !self.role.serving() {
             return false;
