@@ -1693,21 +1693,25 @@ async fn a_data_directory_is_started_only_as_its_node() {
     let mut s = Idemd::start_raft_at(&single, &listen).await;
     s.conn().await.acquire(&["CLAIM", "k"]).await;
     s.kill().await;
-    let args: Vec<String> = [
-        "--engine",
-        "raft",
-        "--data-dir",
-        single.arg(),
-        "--listen",
-        &listen,
-        "--node-id",
-        "7",
-    ]
-    .map(str::to_owned)
-    .to_vec();
-    let text = tokio::task::spawn_blocking(move || refused(&args))
-        .await
-        .unwrap();
+    // Started as node 7 without a peer address: what it says.
+    let as_seven = async || {
+        let args: Vec<String> = [
+            "--engine",
+            "raft",
+            "--data-dir",
+            single.arg(),
+            "--listen",
+            &listen,
+            "--node-id",
+            "7",
+        ]
+        .map(str::to_owned)
+        .to_vec();
+        tokio::task::spawn_blocking(move || refused(&args))
+            .await
+            .unwrap()
+    };
+    let text = as_seven().await;
     assert!(
         text.contains("this data directory is node 1's")
             && text.contains("node_id (--node-id) is 7"),
@@ -1717,21 +1721,7 @@ async fn a_data_directory_is_started_only_as_its_node() {
     // its membership says whose it is: started as node 7 it never served,
     // its client port closed, and said nothing.
     std::fs::remove_file(single.0.join("node-id")).unwrap();
-    let args: Vec<String> = [
-        "--engine",
-        "raft",
-        "--data-dir",
-        single.arg(),
-        "--listen",
-        &listen,
-        "--node-id",
-        "7",
-    ]
-    .map(str::to_owned)
-    .to_vec();
-    let text = tokio::task::spawn_blocking(move || refused(&args))
-        .await
-        .unwrap();
+    let text = as_seven().await;
     assert!(
         text.contains("node 1's (the only member it records), and node_id (--node-id) is 7"),
         "{text}"
