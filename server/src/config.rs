@@ -1559,7 +1559,7 @@ mod tests {
         // A leader gathers the writes its answers bring back unless told
         // not to.
         let mut raw = RawConfig::default();
-        assert_eq!(raw.gather_idle_us, 25);
+        assert_eq!(raw.gather_idle_us, 80);
         raw.set("gather_idle_us", "0").unwrap();
         assert_eq!(raw.validate().unwrap().raft.gather_idle_us, 0);
         let mut raw = RawConfig::default();

@@ -1843,10 +1843,18 @@ const GATHER_POLLS: usize = 4;
 /// wait on stragglers longer than they gain. Claim + complete at pipeline 1
 /// 26.1k against 29.2k (six rounds; four rounds before, 24.4k against
 /// 23.4k), claims at pipeline 16 within the noise (240.5k against 232.6k
-/// at 50 µs, 244.0k against 252.2k at 25 µs, four or five rounds). Nothing waits when no
-/// writes were answered (a lone request goes at once), nor on a single
-/// node, whose log write is not a network round.
-pub const GATHER_IDLE_US: u64 = 25;
+/// at 50 µs, 244.0k against 252.2k at 25 µs, four or five rounds).
+/// Measured again on a later build (fresh clusters, `redis-benchmark` at
+/// 50 connections, alternating 200k-claim turns): at 25 µs a gather ended
+/// early on one entry in seven (entries carried 45.8 claims), at 80 µs
+/// on one in fifty (49.5: every client in every entry), and claims went
+/// from 61.6k-65.6k to 65.8k-68.1k a second (50 µs in between; 70.0k at
+/// 80 µs with 600 µs as the most a gather waits, within the noise of
+/// 300 µs); `idem-bench` 63.4k-66.6k against 68.0k-68.7k, claim +
+/// complete, pipeline 16, and 5 or 200 connections within the noise.
+/// Nothing waits when no writes were answered (a lone request goes at
+/// once), nor on a single node, whose log write is not a network round.
+pub const GATHER_IDLE_US: u64 = 80;
 
 /// How long a gather waits for the writes its answers bring back, at
 /// most ([`GATHER_IDLE_US`]): a third of a round on the cluster above.
