@@ -3460,6 +3460,131 @@ async fn a_paused_leader_resumed_after_a_failover_answers_nothing_stale() {
     c.members[l].kill().await;
 }
 
+/// `election_timeout_ms` set larger on the leader than on its followers
+/// (raised on one node and not the others): each follower keeps its vote
+/// for the leader it heard from for its own value only, yet the leader
+/// served reads on a majority's answers for four fifths of its own (2.4 s
+/// against 300 ms here) and heartbeated every third of its own. Cut off
+/// from its followers, it went on answering reads with what it held while
+/// they had elected another leader and taken writes; and left alone, the
+/// followers, hearing from it once a second, elected one of themselves
+/// every few seconds. Its lease now follows the smallest value among its
+/// voters (INFO `raft_lease_ms`), and it heartbeats often enough to keep
+/// that lease: reads do not wait for a heartbeat, and the leader stays.
+#[cfg(debug_assertions)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_serves_no_longer_than_its_followers_keep_their_votes() {
+    let faults = DataDir::new("lease-cap-faults");
+    std::fs::create_dir_all(&faults.0).unwrap();
+    let long = [
+        ("IDEM_ELECTION_TIMEOUT_MS", "3000"),
+        ("IDEMD_TEST_ISOLATE_DIR", faults.arg()),
+    ];
+    let short = [
+        ("IDEM_ELECTION_TIMEOUT_MS", "300"),
+        ("IDEMD_TEST_ISOLATE_DIR", faults.arg()),
+    ];
+    let mut c = Cluster::start_with("lease-cap", 3, &long).await;
+    let l = c.leader().await;
+    let lease = async |m: &Member| info_field(&mut m.conn().await, "raft_lease_ms").await;
+    assert_eq!(lease(&c.members[l]).await, 2400, "four fifths of its own");
+    // The followers restarted with a smaller value, one at a time.
+    let init = c.initial.clone();
+    for f in (0..c.members.len()).filter(|&i| i != l) {
+        c.members[f].kill().await;
+        c.members[f].start(Some(&init), &short).await;
+        eventually("the restarted follower rejoins", async || {
+            (c.members[f].info("idem_leader_id").await == c.members[l].id.to_string()).then_some(())
+        })
+        .await;
+    }
+    eventually("the leader's lease follows its followers'", async || {
+        (lease(&c.members[l]).await == 240).then_some(())
+    })
+    .await;
+    for f in (0..c.members.len()).filter(|&i| i != l) {
+        assert_eq!(lease(&c.members[f]).await, 240, "its own four fifths");
+    }
+    // Left alone for a few of its own heartbeat intervals, it still leads,
+    // and serves reads without holding them for its lease to be renewed.
+    let mut conn = c.members[l].conn().await;
+    let f = conn.acquire(&["CLAIM", "before", "LEASE", "60000"]).await;
+    assert_eq!(
+        conn.cmd(&["COMPLETE", "before", &f.to_string(), "old"])
+            .await,
+        ok()
+    );
+    let term = c.members[l].info("cluster_current_epoch").await;
+    let (_, held_before) = info_pair(&c.members[l], "raft_lease_lapses", "raft_lease_held").await;
+    for _ in 0..60 {
+        let r = conn.cmd(&["INSPECT", "before"]).await;
+        assert!(
+            format!("{r:?}").contains("old"),
+            "a read on the leader: {r:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (_, held) = info_pair(&c.members[l], "raft_lease_lapses", "raft_lease_held").await;
+    // (Its own heartbeats alone, once a second, would leave three in four
+    // of these reads held; a heartbeat answered late on a busy machine
+    // may hold one or two.)
+    assert!(
+        held - held_before <= 2,
+        "reads waited for the lease to be renewed: {held_before} -> {held} held"
+    );
+    assert_eq!(
+        c.members[l].info("cluster_current_epoch").await,
+        term,
+        "the followers elected another leader meanwhile"
+    );
+    // Cut off: the followers elect another leader, which takes a write; a
+    // read on the cut-off one must not see the old state.
+    let mut read = c.members[l].conn().await;
+    let old = c.members[l].id;
+    std::fs::write(faults.0.join(format!("isolate-{old}")), b"").unwrap();
+    let others: Vec<usize> = (0..c.members.len()).filter(|&i| i != l).collect();
+    let l2 = eventually("a new leader while the old one is cut off", async || {
+        for &i in &others {
+            if c.members[i].info("idem_role").await == "leader" {
+                let mut c2 = c.members[i].conn().await;
+                if let Some(Frame::Array(_) | Frame::Null) =
+                    c2.try_cmd(&["INSPECT", "probe-leader"]).await
+                {
+                    return Some(i);
+                }
+            }
+        }
+        None
+    })
+    .await;
+    let mut conn2 = c.members[l2].conn().await;
+    let fa = conn2.acquire(&["CLAIM", "after", "LEASE", "60000"]).await;
+    assert_eq!(
+        conn2
+            .cmd(&["COMPLETE", "after", &fa.to_string(), "new"])
+            .await,
+        ok()
+    );
+    let r = tokio::time::timeout(Duration::from_secs(10), read.cmd(&["INSPECT", "after"]))
+        .await
+        .expect("the cut-off leader answers");
+    match &r {
+        Frame::Error(_) => {
+            let e = err(&r);
+            assert!(
+                e.starts_with("TRYAGAIN") || e.starts_with("MOVED"),
+                "INSPECT on the cut-off leader: {e}"
+            );
+        }
+        _ => assert!(
+            format!("{r:?}").contains("new"),
+            "the cut-off leader served the old state: {r:?}"
+        ),
+    }
+    std::fs::remove_file(faults.0.join(format!("isolate-{old}"))).unwrap();
+    c.members[l].kill().await;
+}
+
 /// Both followers' disks stall once for longer than the leader's lease
 /// (no answer comes from either meanwhile), then recover: the leader holds
 /// the requests that arrive while its lease has lapsed until a majority

@@ -37,6 +37,7 @@ use tokio::time::Instant;
 
 use openraft::{BasicNode, ChangeMembers, Raft, ServerState};
 use parking_lot::{Mutex, RwLock};
+use tokio_util::task::AbortOnDropHandle;
 use tracing::{debug, info, warn};
 
 use super::peer::{PeerClient, Peers, ProbeInfo, cluster_hex, random16};
@@ -373,6 +374,12 @@ pub struct Role {
     lease_held: AtomicU64,
     lease_held_failed: AtomicU64,
     lease: Duration,
+    /// The lease as shortened by a voter's smaller `election_timeout_ms`
+    /// (four fifths of it), µs; `u64::MAX` while none is smaller than this
+    /// node's ([`Role::cap_lease`]).
+    lease_cap_us: AtomicU64,
+    /// Signalled when that cap changes.
+    lease_cap_changed: tokio::sync::Notify,
     /// How long after its lease lapsed a leader holds requests.
     hold: Duration,
     inner: RwLock<RoleInner>,
@@ -448,6 +455,8 @@ impl Role {
             lease_held: AtomicU64::new(0),
             lease_held_failed: AtomicU64::new(0),
             lease,
+            lease_cap_us: AtomicU64::new(u64::MAX),
+            lease_cap_changed: tokio::sync::Notify::new(),
             hold,
             inner: RwLock::new(RoleInner {
                 clock,
@@ -486,7 +495,31 @@ impl Role {
         let acked = self.acked_at_us.load(Ordering::Acquire);
         acked != 0
             && acked >= self.woke_at_us.load(Ordering::Acquire)
-            && self.us(Instant::now()).saturating_sub(acked) < self.lease.as_micros() as u64
+            && self.us(Instant::now()).saturating_sub(acked) < self.lease().as_micros() as u64
+    }
+
+    /// How long this leader serves on a majority's answers: four fifths of
+    /// its `election_timeout_ms`, or of a voter's if that is smaller (a
+    /// follower keeps its vote for the leader it heard from for its own
+    /// value only).
+    pub fn lease(&self) -> Duration {
+        self.lease.min(Duration::from_micros(
+            self.lease_cap_us.load(Ordering::Acquire),
+        ))
+    }
+
+    /// Caps the lease at four fifths of `voter_election_timeout`, the
+    /// smallest `election_timeout_ms` the other voters gave (`None`: no
+    /// cap); whether the lease is now shorter than this node's own.
+    pub fn cap_lease(&self, voter_election_timeout: Option<Duration>) -> bool {
+        let cap = voter_election_timeout
+            .map(|t| t * 4 / 5)
+            .filter(|c| *c < self.lease)
+            .map_or(u64::MAX, |c| c.as_micros() as u64);
+        if self.lease_cap_us.swap(cap, Ordering::AcqRel) != cap {
+            self.lease_cap_changed.notify_waiters();
+        }
+        cap != u64::MAX
     }
 
     /// The latest instant a majority acknowledgement counts from: the
@@ -509,7 +542,7 @@ impl Role {
     /// `woke_at_us` on, and [`Role::cut_off`] reads them.
     pub fn cut_off_at(&self) -> Option<Instant> {
         self.replicated().then(|| {
-            self.base + Duration::from_micros(self.acked_or_woke_us()) + self.lease + self.hold
+            self.base + Duration::from_micros(self.acked_or_woke_us()) + self.lease() + self.hold
         })
     }
 
@@ -596,7 +629,7 @@ impl Role {
         if acked == 0 || acked < self.woke_at_us.load(Ordering::Acquire) {
             return None;
         }
-        let until = self.base + Duration::from_micros(acked) + self.lease + self.hold;
+        let until = self.base + Duration::from_micros(acked) + self.lease() + self.hold;
         (Instant::now() < until).then_some(until)
     }
 
@@ -862,6 +895,13 @@ pub async fn watch_role(w: Arc<Watch>) {
     // Whether this node's own log removed it, by the membership entry it
     // was read from: parsed once an entry, not at every pass of the core.
     let mut retired: (Option<openraft::LogId<NodeId>>, bool) = (None, false);
+    // The voters' election timeouts the lease was last capped by: looked
+    // at again when the membership or a value given changes.
+    let mut capped: (Option<openraft::LogId<NodeId>>, u64) = (None, u64::MAX);
+    let _heartbeats = AbortOnDropHandle::new(tokio::spawn(heartbeat_capped_lease(
+        w.raft.clone(),
+        Arc::clone(&w.role),
+    )));
     loop {
         let (state, leader, term) = {
             let m = rx.borrow_and_update();
@@ -877,6 +917,27 @@ pub async fn watch_role(w: Arc<Watch>) {
             if retired.0.as_ref() != at.as_ref() {
                 let removed = retired_ids(m.membership_config.membership().nodes()).contains(me);
                 retired = (*at, removed);
+            }
+            if capped.0.as_ref() != at.as_ref() || capped.1 != w.peers.election_timeouts_version() {
+                let (smallest, version) = w
+                    .peers
+                    .election_timeouts(m.membership_config.membership().voter_ids());
+                let was = w.role.lease();
+                let shortened = w.role.cap_lease(smallest.map(Duration::from_millis));
+                let now = w.role.lease().as_millis() as u64;
+                if w.role.lease() != was && shortened {
+                    warn!(
+                        lease_ms = now,
+                        smallest_election_timeout_ms = ?smallest,
+                        "a voter has a smaller election_timeout_ms than this node: a leader here serves on a majority's answers for {now} ms (four fifths of it), and heartbeats every third of that"
+                    );
+                } else if w.role.lease() != was {
+                    info!(
+                        lease_ms = now,
+                        "no voter has a smaller election_timeout_ms than this node any more: its lease is its own again"
+                    );
+                }
+                capped = (*at, version);
             }
             (m.state, m.current_leader, m.current_term)
         };
@@ -962,6 +1023,30 @@ pub async fn watch_role(w: Arc<Watch>) {
                 }
                 _ = tick.tick() => check_lease(&w, &mut lease),
             }
+        }
+    }
+}
+
+/// While a voter's smaller `election_timeout_ms` shortens the lease
+/// ([`Role::cap_lease`]) below what this node's heartbeats (every third
+/// of its own) keep alive, a serving leader sends heartbeats every third
+/// of the shortened lease, so that it does not lapse between them.
+async fn heartbeat_capped_lease(raft: Raft<TypeConfig>, role: Arc<Role>) {
+    let own = Duration::from_millis(raft.config().heartbeat_interval);
+    loop {
+        let changed = role.lease_cap_changed.notified();
+        tokio::pin!(changed);
+        changed.as_mut().enable();
+        let lease = role.lease();
+        // Its own heartbeats keep a lease at least twice their interval
+        // (this node's own lease is 2.4 times it).
+        if lease >= own * 2 {
+            changed.await;
+            continue;
+        }
+        tokio::time::sleep((lease / 3).max(Duration::from_millis(1))).await;
+        if role.serving() && raft.trigger().heartbeat().await.is_err() {
+            return;
         }
     }
 }
@@ -2034,6 +2119,45 @@ mod tests {
         // One sent after the wake-up does.
         tokio::time::advance(Duration::from_millis(1)).await;
         role.acknowledged(Instant::now());
+        assert!(role.lease_holds());
+    }
+
+    /// A leader whose election timeout was larger than a follower's
+    /// served reads on a majority's answers for four fifths of its own
+    /// while that follower kept its vote for it for its smaller value
+    /// only: once the follower's vote was free, another leader could be
+    /// elected while this one still served. The lease is four fifths of
+    /// the smallest value the voters gave, and its own again once none
+    /// is smaller.
+    #[tokio::test(start_paused = true)]
+    async fn the_lease_is_capped_by_the_smallest_election_timeout_of_the_voters() {
+        let role = test_role(|| 0);
+        role.serving.store(true, Ordering::Release);
+        assert_eq!(role.lease(), Duration::from_millis(240));
+        // A voter's larger value leaves it alone.
+        assert!(!role.cap_lease(Some(Duration::from_millis(3000))));
+        assert_eq!(role.lease(), Duration::from_millis(240));
+        // A smaller one shortens it, and what holds, holds that long.
+        assert!(role.cap_lease(Some(Duration::from_millis(100))));
+        assert_eq!(role.lease(), Duration::from_millis(80));
+        tokio::time::advance(Duration::from_millis(1)).await;
+        let acked = Instant::now();
+        role.acknowledged(acked);
+        tokio::time::advance(Duration::from_millis(79)).await;
+        assert!(role.lease_holds());
+        tokio::time::advance(Duration::from_millis(2)).await;
+        assert!(!role.lease_holds(), "served past a voter's vote");
+        assert_eq!(
+            role.lease_hold_until(),
+            Some(acked + Duration::from_millis(80 + 300))
+        );
+        assert_eq!(
+            role.cut_off_at(),
+            Some(acked + Duration::from_millis(80 + 300))
+        );
+        // No value given (voters of an earlier release): its own.
+        assert!(!role.cap_lease(None));
+        assert_eq!(role.lease(), Duration::from_millis(240));
         assert!(role.lease_holds());
     }
 

@@ -1085,6 +1085,7 @@ impl RaftEngine {
             lease_held,
             lease_held_failed,
             leader_changes: self.role.leader_changes(),
+            lease_ms: self.role.lease().as_millis() as u64,
         }
     }
 
@@ -1242,6 +1243,9 @@ pub struct RaftInfo {
     /// Of those, the ones not served after all (no majority answered in
     /// time, or this node stopped leading): answered as routing says.
     pub lease_held_failed: u64,
+    /// How long a leader here serves on a majority's answers, ms: four
+    /// fifths of `election_timeout_ms`, or of a voter's if smaller.
+    pub lease_ms: u64,
 }
 
 fn op_size(op: &Op) -> usize {

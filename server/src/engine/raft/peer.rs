@@ -6,7 +6,8 @@
 //! ```text
 //! server -> client  Challenge { protocol, nonce_s }
 //! client -> server  Hello { protocol, cluster, from, to, client_addr, nonce_c, mac }
-//! server -> client  Welcome { cluster, node, client_addr, mac } | Refused(reason)
+//! server -> client  Welcome { cluster, node, client_addr, incarnation, mac,
+//!                             election_timeout_ms } | Refused(reason) | Removed(reason)
 //! then, one at a time: client -> server Request, server -> client Response
 //! ```
 //!
@@ -19,6 +20,12 @@
 //!   HMAC-SHA256 over both nonces and both node ids, so a recorded
 //!   handshake cannot be replayed. Without it the MACs are zeros (allowed
 //!   only on loopback peer addresses, which the configuration checks).
+//! - The Welcome says the server's `election_timeout_ms` (unsigned: a
+//!   value there can only shorten the connecting leader's lease, never
+//!   lengthen it; a node of an earlier release says nothing): a leader
+//!   serves reads on a majority's answers for four fifths of the smallest
+//!   value among its voters, since a follower keeps its vote for the
+//!   leader it heard from for its own value only.
 //! - A client holds one connection per target and reuses it; a failed or
 //!   timed-out call drops it (the next call reconnects). Frames are capped
 //!   ([`MAX_FRAME`], and [`MAX_HANDSHAKE_FRAME`] before the handshake), and
@@ -239,11 +246,62 @@ enum Welcome {
         client_addr: String,
         incarnation: u64,
         mac: [u8; 32],
+        /// The server's `election_timeout_ms` (0: not known yet). Last, so
+        /// that a node of an earlier release reads the rest (postcard
+        /// leaves trailing bytes unread); one of those sends none
+        /// ([`WelcomeBefore`]).
+        election_timeout_ms: u64,
     },
     Refused(String),
     /// Refused: the connecting node was removed from the cluster (last, so
     /// that the variants before keep their encoding).
     Removed(String),
+}
+
+/// A [`Welcome`] as nodes of earlier releases send it: without the
+/// election timeout.
+#[derive(Debug, Deserialize)]
+enum WelcomeBefore {
+    Ok {
+        cluster: Option<ClusterId>,
+        node: NodeId,
+        client_addr: String,
+        incarnation: u64,
+        mac: [u8; 32],
+    },
+    Refused(String),
+    Removed(String),
+}
+
+impl From<WelcomeBefore> for Welcome {
+    fn from(w: WelcomeBefore) -> Welcome {
+        match w {
+            WelcomeBefore::Ok {
+                cluster,
+                node,
+                client_addr,
+                incarnation,
+                mac,
+            } => Welcome::Ok {
+                cluster,
+                node,
+                client_addr,
+                incarnation,
+                mac,
+                election_timeout_ms: 0,
+            },
+            WelcomeBefore::Refused(why) => Welcome::Refused(why),
+            WelcomeBefore::Removed(why) => Welcome::Removed(why),
+        }
+    }
+}
+
+impl Welcome {
+    /// Reads a Welcome of this release or of an earlier one.
+    fn decode(frame: &[u8]) -> postcard::Result<Welcome> {
+        postcard::from_bytes::<Welcome>(frame)
+            .or_else(|_| postcard::from_bytes::<WelcomeBefore>(frame).map(Welcome::from))
+    }
 }
 
 /// What one node asks another.
@@ -503,6 +561,10 @@ pub struct Peers {
     /// Client addresses other nodes gave in handshakes (fresher than the
     /// ones recorded in the membership).
     advertised: Mutex<HashMap<NodeId, String>>,
+    /// The `election_timeout_ms` other nodes gave in handshakes, and how
+    /// many times one of them changed (see [`Peers::election_timeouts`]).
+    election_timeouts: Mutex<HashMap<NodeId, u64>>,
+    election_timeouts_changed: std::sync::atomic::AtomicU64,
     raft: OnceLock<Raft<TypeConfig>>,
     slots: Arc<Semaphore>,
     /// Whether each peer answered this node's last call to it (changes
@@ -854,6 +916,8 @@ impl Peers {
             data_dir,
             cluster: Mutex::new(cluster),
             advertised: Mutex::new(HashMap::new()),
+            election_timeouts: Mutex::new(HashMap::new()),
+            election_timeouts_changed: std::sync::atomic::AtomicU64::new(0),
             raft: OnceLock::new(),
             slots: Arc::new(Semaphore::new(
                 limits.max_connections.clamp(1, Semaphore::MAX_PERMITS),
@@ -1137,6 +1201,55 @@ impl Peers {
         self.advertised.lock().get(&id).cloned()
     }
 
+    /// Records the `election_timeout_ms` node `id` gave in a handshake (0:
+    /// none, from an earlier release or a node not started yet); warns
+    /// when it differs from this node's by more than a tenth (once per
+    /// value a node gives).
+    fn learn_election_timeout(&self, id: NodeId, ms: u64) {
+        if ms == 0 {
+            return;
+        }
+        let before = self.election_timeouts.lock().insert(id, ms);
+        if before == Some(ms) {
+            return;
+        }
+        self.election_timeouts_changed
+            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        let Some(own) = self.raft.get().map(|r| r.config().leader_lease) else {
+            return;
+        };
+        if ms.abs_diff(own) * 10 > own {
+            warn!(
+                node = id,
+                its_election_timeout_ms = ms,
+                election_timeout_ms = own,
+                "node {id} has another election_timeout_ms ({ms} against this node's {own}): set the same on every node; while they differ, a leader serves reads on a majority's answers for four fifths of the smallest value among its voters, and heartbeats more often if that is shorter than its own"
+            );
+        }
+    }
+
+    /// A count that moves whenever a value given for
+    /// [`Peers::election_timeouts`] changes.
+    pub fn election_timeouts_version(&self) -> u64 {
+        self.election_timeouts_changed
+            .load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// The smallest `election_timeout_ms` the members `ids` gave in their
+    /// handshakes (those that gave one, this node excluded), and a count
+    /// that moves whenever one of the values given changes.
+    pub fn election_timeouts(&self, ids: impl Iterator<Item = NodeId>) -> (Option<u64>, u64) {
+        let changed = self
+            .election_timeouts_changed
+            .load(std::sync::atomic::Ordering::Acquire);
+        let given = self.election_timeouts.lock();
+        let min = ids
+            .filter(|id| *id != self.node_id)
+            .filter_map(|id| given.get(&id).copied())
+            .min();
+        (min, changed)
+    }
+
     /// Records whether `id` answered; logs the changes.
     fn mark(&self, id: NodeId, addr: &str, ok: Result<(), &std::io::Error>) {
         self.note(id, addr, ok, true);
@@ -1271,7 +1384,7 @@ pub fn decode_for_fuzzing(data: &[u8]) {
     while let Ok(Some(frame)) = codec.decode(&mut buf) {
         let _ = postcard::from_bytes::<Challenge>(&frame);
         let _ = postcard::from_bytes::<Hello>(&frame);
-        let _ = postcard::from_bytes::<Welcome>(&frame);
+        let _ = Welcome::decode(&frame);
         let _ = postcard::from_bytes::<Request>(&frame);
         let _ = postcard::from_bytes::<Response>(&frame);
     }
@@ -1496,6 +1609,7 @@ async fn serve_conn(
                 client_addr: &peers.client_addr,
                 incarnation: peers.incarnation,
             }),
+            election_timeout_ms: peers.raft.get().map_or(0, |r| r.config().leader_lease),
         },
     )
     .await?;
@@ -1918,7 +2032,16 @@ impl PeerClient {
                 },
             )
             .await?;
-            let w: Welcome = recv(&mut conn).await?;
+            let w = match conn.next().await {
+                Some(Ok(frame)) => Welcome::decode(&frame).map_err(std::io::Error::other)?,
+                Some(Err(e)) => return Err(e),
+                None => {
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::UnexpectedEof,
+                        "peer closed the connection",
+                    ));
+                }
+            };
             Ok((w, ch.nonce, nonce_c))
         })
         .await
@@ -1955,6 +2078,7 @@ impl PeerClient {
                     client_addr,
                     incarnation,
                     mac,
+                    election_timeout_ms,
                 },
                 nonce_s,
                 nonce_c,
@@ -2002,6 +2126,7 @@ impl PeerClient {
                     return Err(unreachable(std::io::Error::other(why)));
                 }
                 self.peers.learn_incarnation(node, incarnation);
+                self.peers.learn_election_timeout(node, election_timeout_ms);
                 // Welcomed: a refusal as removed came from a membership
                 // change not committed after all (it was cut from the log
                 // when another leader took over): campaign again.
@@ -2467,6 +2592,86 @@ impl openraft::RaftNetworkFactory<TypeConfig> for PeerNetwork {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The Welcome says the server's election timeout; nodes of earlier
+    /// releases, which send none, are still read (the value unknown), and
+    /// they read this release's Welcome (postcard leaves the trailing
+    /// field unread).
+    #[test]
+    fn a_welcome_says_the_election_timeout_and_earlier_releases_still_understand_each_other() {
+        #[derive(Serialize)]
+        enum Before {
+            Ok {
+                cluster: Option<ClusterId>,
+                node: NodeId,
+                client_addr: String,
+                incarnation: u64,
+                mac: [u8; 32],
+            },
+            Refused(String),
+            Removed(String),
+        }
+        let cluster = Some([7u8; 16]);
+        let old = postcard::to_allocvec(&Before::Ok {
+            cluster,
+            node: 2,
+            client_addr: "127.0.0.1:7002".into(),
+            incarnation: 9,
+            mac: [3; 32],
+        })
+        .unwrap();
+        match Welcome::decode(&old).unwrap() {
+            Welcome::Ok {
+                cluster: c,
+                node: 2,
+                client_addr,
+                incarnation: 9,
+                mac,
+                election_timeout_ms: 0,
+            } => {
+                assert_eq!(c, cluster);
+                assert_eq!(client_addr, "127.0.0.1:7002");
+                assert_eq!(mac, [3; 32]);
+            }
+            other => panic!("an earlier release's Welcome read as {other:?}"),
+        }
+        for (before, now) in [
+            (Before::Refused("no".into()), "Refused(\"no\")"),
+            (Before::Removed("gone".into()), "Removed(\"gone\")"),
+        ] {
+            let w = Welcome::decode(&postcard::to_allocvec(&before).unwrap()).unwrap();
+            assert_eq!(format!("{w:?}"), now);
+        }
+        let new = postcard::to_allocvec(&Welcome::Ok {
+            cluster,
+            node: 2,
+            client_addr: "127.0.0.1:7002".into(),
+            incarnation: 9,
+            mac: [3; 32],
+            election_timeout_ms: 3000,
+        })
+        .unwrap();
+        assert!(matches!(
+            Welcome::decode(&new).unwrap(),
+            Welcome::Ok {
+                election_timeout_ms: 3000,
+                ..
+            }
+        ));
+        // What an earlier release reads of it.
+        let read: WelcomeBefore = postcard::from_bytes(&new).unwrap();
+        assert!(
+            matches!(
+                read,
+                WelcomeBefore::Ok {
+                    node: 2,
+                    incarnation: 9,
+                    ..
+                }
+            ),
+            "{read:?}"
+        );
+    }
 
     struct Dir(PathBuf);
 
