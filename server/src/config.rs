@@ -534,6 +534,9 @@ pub const MAX_LEADER_POLL_US: u64 = 100_000;
 /// round of turns at most, and the log grows meanwhile.
 pub const MAX_SNAPSHOT_TURN_MS: u64 = 600_000;
 
+/// The `election_timeout_ms` values taken.
+pub const ELECTION_TIMEOUT_MS: std::ops::RangeInclusive<u64> = 50..=60_000;
+
 /// The longest `gather_idle_us` (1 ms): a pause between requests longer
 /// than that is not requests on their way.
 pub const MAX_GATHER_IDLE_US: u64 = 1_000;
@@ -1087,7 +1090,7 @@ impl RawConfig {
         }
         positive("max_pending_proposals", self.max_pending_proposals as u64)?;
         positive("proposal_timeout_ms", self.proposal_timeout_ms)?;
-        if !(50..=60_000).contains(&self.election_timeout_ms) {
+        if !ELECTION_TIMEOUT_MS.contains(&self.election_timeout_ms) {
             return Err(invalid(
                 "election_timeout_ms",
                 "must be between 50 and 60000",

@@ -1209,6 +1209,12 @@ impl Peers {
         if ms == 0 {
             return;
         }
+        // Within what a node's configuration takes (a value outside came
+        // from no idemd).
+        let ms = ms.clamp(
+            *crate::config::ELECTION_TIMEOUT_MS.start(),
+            *crate::config::ELECTION_TIMEOUT_MS.end(),
+        );
         let before = self.election_timeouts.lock().insert(id, ms);
         if before == Some(ms) {
             return;
