@@ -290,9 +290,21 @@ fn run(node: &Node, session: &mut Session, cmd: Command) -> Action {
         // `read_from_replicas`, ioredis's `scaleReads`, Lettuce's
         // `ReadFrom`, go-redis's `ReadOnly`) send READONLY on every
         // connection and give the node up if it is refused. Every node
-        // accepts both; a follower still redirects every record command
-        // and read to the leader, which alone answers them (linearizable).
-        Command::ReadOnly | Command::ReadWrite => Reply::Ok,
+        // accepts both. After READONLY a follower answers the connection's
+        // reads (SETTLE and INSPECT without WAIT) itself, once it has
+        // applied what the leader had committed when asked (linearizable,
+        // as the leader's own); it redirects everything else to the
+        // leader. A follower that redirected those reads too sent these
+        // clients back to the replica they took the leader's MOVED for,
+        // round after round.
+        Command::ReadOnly => {
+            session.readonly = true;
+            Reply::Ok
+        }
+        Command::ReadWrite => {
+            session.readonly = false;
+            Reply::Ok
+        }
         _ => err("unsupported command"),
     })
 }
@@ -454,6 +466,49 @@ async fn reply_of_action(action: Action) -> Reply {
     }
 }
 
+/// The reply to `cmd` from the local store, if it is a read (the command
+/// table says which commands only read: they are answered from the store,
+/// never through the log; one that waits is not). `expire`: a deadline the
+/// read saw pass is applied through the engine (a leader's reads).
+fn local_read(node: &Node, session: &Session, cmd: &Command, expire: bool) -> Option<Reply> {
+    let engine = node.engine();
+    let seen = match cmd {
+        _ if !reads_locally(cmd) => return None,
+        Command::Settle(s) => engine.read(Read::Settle(&s.key)),
+        Command::Inspect(i) => engine.read(Read::Inspect(&i.key)),
+        _ => return None,
+    };
+    if expire
+        && seen.due
+        && let Some(key) = cmd.key()
+    {
+        // Apply the passed deadline through the engine, so waiters are
+        // served and memory freed at the same point everywhere.
+        engine.expire_soon(key);
+    }
+    let mut reply = seen.reply.unwrap_or_else(|| err("no reply"));
+    // The fence and attempt id are an owner's: shown only to users who
+    // may write the key.
+    if let Reply::Inspect(Some(info)) = &mut reply
+        && let (Some(user), Some(key)) = (&session.user, cmd.key())
+        && !user.may_own(key)
+    {
+        info.fence = 0;
+        info.attempt = None;
+    }
+    Some(reply)
+}
+
+/// Whether `cmd` is answered from the local store ([`local_read`]).
+fn reads_locally(cmd: &Command) -> bool {
+    cmd.spec().flags.contains(Flags::READ)
+        && match cmd {
+            Command::Settle(s) => s.wait_ms.unwrap_or(0) == 0,
+            Command::Inspect(_) => true,
+            _ => false,
+        }
+}
+
 /// A record command: a wait, a read or a write.
 fn record(node: &Node, session: &Session, cmd: Command) -> Action {
     record_routed(node, session, cmd, true)
@@ -471,6 +526,23 @@ fn record_routed(node: &Node, session: &Session, cmd: Command, may_hold: bool) -
     // Only the serving leader answers record commands, reads included;
     // elsewhere: -MOVED to the leader, -TRYAGAIN or -CLUSTERDOWN.
     if let Err(e) = node.engine().route(cmd.key().map(|k| &k[..])) {
+        // A follower answers a READONLY connection's reads once it has
+        // applied the leader's read index; if that fails, the read goes
+        // to the leader as any other.
+        if session.readonly
+            && may_hold
+            && matches!(e, crate::engine::EngineError::Moved { .. })
+            && reads_locally(&cmd)
+        {
+            let (node, session) = (node.clone(), session.clone());
+            return Action::Block(Box::pin(async move {
+                match node.engine().follower_read_barrier().await {
+                    Ok(()) => local_read(&node, &session, &cmd, false)
+                        .unwrap_or_else(|| Reply::Error(e.to_server_error())),
+                    Err(_) => Reply::Error(e.to_server_error()),
+                }
+            }));
+        }
         // A leader no majority answered within its lease (their disks or
         // the network to them slow for a moment, or it is cut off) holds
         // the command, and the ones after it on this connection, until one
@@ -496,32 +568,7 @@ fn record_routed(node: &Node, session: &Session, cmd: Command, may_hold: bool) -
         return Action::Block(Box::pin(waiters.wait(cmd, wait)));
     }
     let engine = node.engine();
-    // The command table says which commands only read: they are answered
-    // from the local store, never through the log.
-    let read = match &cmd {
-        _ if !cmd.spec().flags.contains(Flags::READ) => None,
-        Command::Settle(s) => Some(engine.read(Read::Settle(&s.key))),
-        Command::Inspect(i) => Some(engine.read(Read::Inspect(&i.key))),
-        _ => None,
-    };
-    if let Some(seen) = read {
-        if seen.due
-            && let Some(key) = cmd.key()
-        {
-            // Apply the passed deadline through the engine, so waiters are
-            // served and memory freed at the same point everywhere.
-            engine.expire_soon(key);
-        }
-        let mut reply = seen.reply.unwrap_or_else(|| err("no reply"));
-        // The fence and attempt id are an owner's: shown only to users who
-        // may write the key.
-        if let Reply::Inspect(Some(info)) = &mut reply
-            && let (Some(user), Some(key)) = (&session.user, cmd.key())
-            && !user.may_own(key)
-        {
-            info.fence = 0;
-            info.attempt = None;
-        }
+    if let Some(reply) = local_read(node, session, &cmd, true) {
         return Action::Reply(reply);
     }
     let Some(op) = Op::from_command(cmd, &node.config().defaults) else {

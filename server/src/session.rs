@@ -27,6 +27,10 @@ pub struct Session {
     /// a command that could be answered from the store must not be (it
     /// would not see them).
     pub writes_pending: bool,
+    /// The client sent READONLY (Redis Cluster's replica reads): a
+    /// follower answers its reads itself, linearizably, instead of
+    /// redirecting them to the leader.
+    pub readonly: bool,
 }
 
 impl Session {
@@ -44,6 +48,7 @@ impl Session {
             acl_epoch: epoch,
             tls: false,
             writes_pending: false,
+            readonly: false,
         }
     }
 

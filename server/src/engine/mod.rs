@@ -224,6 +224,16 @@ impl Engine {
         }
     }
 
+    /// Makes this follower's store current for a linearizable read (see
+    /// [`raft::RaftEngine::follower_read_barrier`]); an error for the
+    /// memory engine, which has no leader to ask.
+    pub async fn follower_read_barrier(&self) -> Result<(), String> {
+        match &self.inner {
+            Inner::Memory(_) => Err("not a cluster".into()),
+            Inner::Raft { engine, .. } => engine.follower_read_barrier().await,
+        }
+    }
+
     /// Whether this node serves records now: always for the memory engine;
     /// for the raft engine, while it leads (even in a lapse of its lease,
     /// which holds requests rather than refusing them). Once false in a

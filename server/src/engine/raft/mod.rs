@@ -598,6 +598,20 @@ impl RaftEngine {
             // Requests wait out a lapse of the lease this long.
             Duration::from_millis(cfg.election_timeout_ms),
         );
+        // A follower's linearizable read asks the leader for this index
+        // and applies up to it first: every write acknowledged here was
+        // committed, at or below it; and only while the lease holds, so
+        // that no other leader can have acknowledged one meanwhile.
+        peers.set_read_index({
+            let (role, raft, log) = (Arc::clone(&role), raft.clone(), log.clone());
+            Box::new(move || {
+                if !role.serving() || !role.lease_holds() {
+                    return Err("this node does not serve as leader now".into());
+                }
+                let applied = raft.metrics().borrow().last_applied.map_or(0, |l| l.index);
+                Ok(log.committed_index().max(applied))
+            })
+        });
         let on_demoted: Arc<dyn Fn() + Send + Sync> = {
             let (sink, role, raft, peers) = (
                 sm.sink(),
@@ -872,6 +886,40 @@ impl RaftEngine {
     /// ([`cluster::Role::lease_regained`]).
     pub async fn lease_regained(&self, until: tokio::time::Instant) -> bool {
         self.role.lease_regained(until).await
+    }
+
+    /// Makes this follower's store current for a linearizable read: asks
+    /// the leader for its read index ([`peer::Peers::read_index`]) and
+    /// waits until this node has applied up to it, within
+    /// `election_timeout_ms`. An error (no leader known, the leader does
+    /// not serve or cannot be reached, this node is not a follower, or it
+    /// did not apply in time) says only that the read must go to the
+    /// leader.
+    pub async fn follower_read_barrier(&self) -> Result<(), String> {
+        let (leader, addr) = {
+            let m = self.raft.metrics();
+            let m = m.borrow();
+            let Some(leader) = m.current_leader.filter(|l| *l != m.id) else {
+                return Err("no other leader known".into());
+            };
+            if m.state != openraft::ServerState::Follower {
+                return Err("not a follower".into());
+            }
+            let Some(node) = m.membership_config.membership().get_node(&leader) else {
+                return Err("the leader is not a member".into());
+            };
+            (leader, cluster::MemberAddr::parse(&node.addr).peer)
+        };
+        let ttl = Duration::from_millis(self.raft.config().election_timeout_min);
+        let index = peer::PeerClient::new(Arc::clone(&self.peers), leader, addr)
+            .read_index(ttl)
+            .await?;
+        self.raft
+            .wait(Some(ttl))
+            .applied_index_at_least(Some(index), "a follower's read")
+            .await
+            .map(|_| ())
+            .map_err(|e| e.to_string())
     }
 
     /// Whether this node serves commands on `key`; otherwise where to go.

@@ -316,6 +316,12 @@ enum Request {
     /// replaced). Sent once, in place of any other request; the
     /// connection ends.
     KeptOut(String),
+    /// A follower asks its leader for the index its reads must have
+    /// applied to be linearizable ([`Peers::read_index`]). Last, so that
+    /// the variants before keep their encoding (a node of an earlier
+    /// release cannot read it, and closes the connection: the follower
+    /// then redirects the read).
+    ReadIndex,
 }
 
 impl Request {
@@ -325,7 +331,7 @@ impl Request {
         match self {
             Request::Append(r) => r.entries.iter().map(encoded_size_hint).sum::<usize>() + 256,
             Request::Snapshot(r) => r.data.len() + 512,
-            Request::Vote(_) | Request::Probe => 256,
+            Request::Vote(_) | Request::Probe | Request::ReadIndex => 256,
             Request::KeptOut(why) => why.len() + 16,
         }
     }
@@ -341,6 +347,9 @@ enum Response {
     Snapshot(SnapshotResult),
     Probe(ProbeInfo),
     Failed(String),
+    /// The answer to [`Request::ReadIndex`]: the index, or why this node
+    /// cannot give one (it does not lead, or its lease has lapsed).
+    ReadIndex(Result<u64, String>),
 }
 
 /// What a node says of itself when probed (before a bootstrap, and by
@@ -545,6 +554,9 @@ impl tokio_util::codec::Encoder<Bytes> for PeerCodec {
     }
 }
 
+/// How a leader answers a follower's [`Request::ReadIndex`].
+pub type ReadIndexFn = Box<dyn Fn() -> Result<u64, String> + Send + Sync>;
+
 /// This node's identity on the peer network, shared by the server, the
 /// clients and the cluster code.
 pub struct Peers {
@@ -561,6 +573,9 @@ pub struct Peers {
     /// Client addresses other nodes gave in handshakes (fresher than the
     /// ones recorded in the membership).
     advertised: Mutex<HashMap<NodeId, String>>,
+    /// What this node answers a follower's [`Request::ReadIndex`] with
+    /// (set once the engine has its role).
+    read_index: OnceLock<ReadIndexFn>,
     /// The `election_timeout_ms` other nodes gave in handshakes, and how
     /// many times one of them changed (see [`Peers::election_timeouts`]).
     election_timeouts: Mutex<HashMap<NodeId, u64>>,
@@ -916,6 +931,7 @@ impl Peers {
             data_dir,
             cluster: Mutex::new(cluster),
             advertised: Mutex::new(HashMap::new()),
+            read_index: OnceLock::new(),
             election_timeouts: Mutex::new(HashMap::new()),
             election_timeouts_changed: std::sync::atomic::AtomicU64::new(0),
             raft: OnceLock::new(),
@@ -1199,6 +1215,23 @@ impl Peers {
     /// The client address node `id` gave when it last connected, if any.
     pub fn advertised(&self, id: NodeId) -> Option<String> {
         self.advertised.lock().get(&id).cloned()
+    }
+
+    /// Sets how this node answers a follower's [`Request::ReadIndex`]
+    /// (once; later calls are ignored).
+    pub fn set_read_index(&self, f: ReadIndexFn) {
+        let _ = self.read_index.set(f);
+    }
+
+    /// The index a follower's read must have applied to be linearizable:
+    /// every write this leader acknowledged is at or below it. Only a
+    /// leader that serves and whose lease holds gives one (so no other
+    /// leader can have acknowledged a write meanwhile).
+    fn read_index(&self) -> Result<u64, String> {
+        match self.read_index.get() {
+            Some(f) => f(),
+            None => Err("starting".into()),
+        }
     }
 
     /// Records the `election_timeout_ms` node `id` gave in a handshake (0:
@@ -1691,7 +1724,7 @@ async fn serve_conn(
             peers.kept_out_by(asker, &why);
             return Ok(());
         }
-        if !matches!(req, Request::Probe)
+        if !matches!(req, Request::Probe | Request::ReadIndex)
             && peers.cluster().is_none()
             && let Some(id) = hello.cluster
         {
@@ -1724,6 +1757,10 @@ async fn serve_conn(
             send(&mut conn, &Response::Probe(peers.probe_info(asker))).await?;
             continue;
         }
+        if let Request::ReadIndex = req {
+            send(&mut conn, &Response::ReadIndex(peers.read_index())).await?;
+            continue;
+        }
         let Some(raft) = raft else {
             send(&mut conn, &Response::Failed("starting".into())).await?;
             continue;
@@ -1753,6 +1790,7 @@ async fn serve_conn(
                 }
             }
             Request::Probe => Response::Probe(peers.probe_info(asker)),
+            Request::ReadIndex => Response::ReadIndex(peers.read_index()),
             // Handled as it was read.
             Request::KeptOut(_) => return Ok(()),
         };
@@ -1834,7 +1872,7 @@ fn implausible(req: &Request, asker: NodeId) -> Option<String> {
         Request::Append(r) => &r.vote,
         Request::Vote(r) => &r.vote,
         Request::Snapshot(r) => &r.vote,
-        Request::Probe | Request::KeptOut(_) => return None,
+        Request::Probe | Request::KeptOut(_) | Request::ReadIndex => return None,
     };
     let term = vote.leader_id.term;
     if term >= MAX_TERM {
@@ -1861,7 +1899,7 @@ fn implausible(req: &Request, asker: NodeId) -> Option<String> {
         }
         Request::Vote(r) => logged.extend(r.last_log_id.iter()),
         Request::Snapshot(r) => logged.extend(r.meta.last_log_id.iter()),
-        Request::Probe | Request::KeptOut(_) => {}
+        Request::Probe | Request::KeptOut(_) | Request::ReadIndex => {}
     }
     logged
         .into_iter()
@@ -2248,6 +2286,17 @@ impl PeerClient {
                 self.peers.note(self.target, &self.addr, Err(&e), log);
                 Err(CallError::Network(e))
             }
+        }
+    }
+
+    /// Asks this peer, the leader, for the index a linearizable read must
+    /// have applied ([`Request::ReadIndex`]), within `ttl`.
+    pub async fn read_index(&mut self, ttl: Duration) -> Result<u64, String> {
+        match self.call(Request::ReadIndex, ttl).await {
+            Ok(Response::ReadIndex(r)) => r,
+            Ok(Response::Failed(why)) => Err(why),
+            Ok(_) => Err("unexpected answer".into()),
+            Err(CallError::Unreachable(e) | CallError::Network(e)) => Err(e.to_string()),
         }
     }
 
