@@ -2808,6 +2808,35 @@ async fn clients_that_read_from_replicas_connect_and_still_reach_the_leader() {
             assert!(stats.contains(line), "{line} missing from {stats}");
         }
     }
+    // Reads from many connections at once share their requests to the
+    // leader: one serves every read waiting when it is sent.
+    let f = c.followers().await[0];
+    let mut readers = Vec::new();
+    for _ in 0..40 {
+        let mut conn = c.members[f].conn().await;
+        assert_eq!(conn.cmd(&["READONLY"]).await, ok());
+        readers.push(conn);
+    }
+    let rounds =
+        async |m: &Member| info_pair(m, "raft_follower_reads", "raft_read_index_rounds").await;
+    let (reads_before, rounds_before) = rounds(&c.members[f]).await;
+    let k = format!("ro-{f}-29");
+    let answers = futures_util::future::join_all(
+        readers
+            .iter_mut()
+            .map(async |conn| conn.cmd(&["INSPECT", &k]).await),
+    )
+    .await;
+    for r in answers {
+        assert!(format!("{r:?}").contains("v29"), "{r:?}");
+    }
+    let (reads, rounds_after) = rounds(&c.members[f]).await;
+    assert_eq!(reads - reads_before, 40);
+    assert!(
+        rounds_after - rounds_before < 40,
+        "40 reads at once asked the leader {} times",
+        rounds_after - rounds_before
+    );
     let mut conn = c.members[l].conn().await;
     assert_eq!(conn.cmd(&["READONLY"]).await, ok());
     assert!(matches!(

@@ -326,8 +326,92 @@ pub struct RaftEngine {
     data_dir: PathBuf,
     stats: Arc<RaftStats>,
     proposal_timeout: Duration,
+    /// Follower reads waiting for the leader's read index.
+    read_rounds: Arc<ReadRounds>,
     /// Held while running: a second idemd on the directory is refused.
     _lock: File,
+}
+
+/// The follower reads waiting for a read index, and whether a round of
+/// asking the leader runs. Reads that come while one is out wait for the
+/// next: one request to the leader serves every read that came before it
+/// was sent (so its index covers every write acknowledged before each of
+/// them), however many connections read at once.
+#[derive(Default)]
+struct ReadRounds {
+    /// The reads waiting, and whether a round runs.
+    state: parking_lot::Mutex<(Vec<ReadIndexTx>, bool)>,
+    /// Reads that asked for an index, and the requests sent to the
+    /// leader for them, since start.
+    reads: AtomicU64,
+    rounds: AtomicU64,
+}
+
+impl ReadRounds {
+    /// The leader's read index, asked for after this call began.
+    async fn index(
+        self: &Arc<Self>,
+        raft: &Raft<TypeConfig>,
+        peers: &Arc<peer::Peers>,
+    ) -> Result<u64, String> {
+        self.reads.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        let start = {
+            let mut s = self.state.lock();
+            s.0.push(tx);
+            !std::mem::replace(&mut s.1, true)
+        };
+        if start {
+            tokio::spawn(Arc::clone(self).run(raft.clone(), Arc::clone(peers)));
+        }
+        rx.await.unwrap_or_else(|_| Err("stopped".into()))
+    }
+
+    /// Asks the leader once for every read waiting, until none is.
+    async fn run(self: Arc<Self>, raft: Raft<TypeConfig>, peers: Arc<peer::Peers>) {
+        loop {
+            let waiting = {
+                let mut s = self.state.lock();
+                if s.0.is_empty() {
+                    s.1 = false;
+                    return;
+                }
+                std::mem::take(&mut s.0)
+            };
+            self.rounds.fetch_add(1, Ordering::Relaxed);
+            let got = match leader_peer(&raft) {
+                Ok((leader, addr)) => {
+                    let ttl = Duration::from_millis(raft.config().election_timeout_min);
+                    peer::PeerClient::new(Arc::clone(&peers), leader, addr)
+                        .read_index(ttl)
+                        .await
+                }
+                Err(why) => Err(why),
+            };
+            for tx in waiting {
+                let _ = tx.send(got.clone());
+            }
+        }
+    }
+}
+
+/// Where a follower read waiting for a read index is told it.
+type ReadIndexTx = oneshot::Sender<Result<u64, String>>;
+
+/// The leader this node follows and its peer address.
+fn leader_peer(raft: &Raft<TypeConfig>) -> Result<(NodeId, String), String> {
+    let m = raft.metrics();
+    let m = m.borrow();
+    let Some(leader) = m.current_leader.filter(|l| *l != m.id) else {
+        return Err("no other leader known".into());
+    };
+    if m.state != openraft::ServerState::Follower {
+        return Err("not a follower".into());
+    }
+    let Some(node) = m.membership_config.membership().get_node(&leader) else {
+        return Err("the leader is not a member".into());
+    };
+    Ok((leader, cluster::MemberAddr::parse(&node.addr).peer))
 }
 
 /// Debug builds only, for fault tests: with `IDEMD_TEST_CRASH=POINT:FILE`,
@@ -742,6 +826,7 @@ impl RaftEngine {
             data_dir,
             stats,
             proposal_timeout: Duration::from_millis(cfg.proposal_timeout_ms),
+            read_rounds: Arc::default(),
             _lock: lock,
         })
     }
@@ -896,24 +981,10 @@ impl RaftEngine {
     /// did not apply in time) says only that the read must go to the
     /// leader.
     pub async fn follower_read_barrier(&self) -> Result<(), String> {
-        let (leader, addr) = {
-            let m = self.raft.metrics();
-            let m = m.borrow();
-            let Some(leader) = m.current_leader.filter(|l| *l != m.id) else {
-                return Err("no other leader known".into());
-            };
-            if m.state != openraft::ServerState::Follower {
-                return Err("not a follower".into());
-            }
-            let Some(node) = m.membership_config.membership().get_node(&leader) else {
-                return Err("the leader is not a member".into());
-            };
-            (leader, cluster::MemberAddr::parse(&node.addr).peer)
-        };
+        // Not a follower of a known leader: not worth a round.
+        leader_peer(&self.raft)?;
         let ttl = Duration::from_millis(self.raft.config().election_timeout_min);
-        let index = peer::PeerClient::new(Arc::clone(&self.peers), leader, addr)
-            .read_index(ttl)
-            .await?;
+        let index = self.read_rounds.index(&self.raft, &self.peers).await?;
         self.raft
             .wait(Some(ttl))
             .applied_index_at_least(Some(index), "a follower's read")
@@ -1134,6 +1205,8 @@ impl RaftEngine {
             lease_held_failed,
             leader_changes: self.role.leader_changes(),
             lease_ms: self.role.lease().as_millis() as u64,
+            follower_reads: self.read_rounds.reads.load(Ordering::Relaxed),
+            read_index_rounds: self.read_rounds.rounds.load(Ordering::Relaxed),
         }
     }
 
@@ -1294,6 +1367,13 @@ pub struct RaftInfo {
     /// How long a leader here serves on a majority's answers, ms: four
     /// fifths of `election_timeout_ms`, or of a voter's if smaller.
     pub lease_ms: u64,
+    /// Reads on this follower after READONLY that asked for the leader's
+    /// read index (answered here once it came and was applied, else
+    /// redirected), since start.
+    pub follower_reads: u64,
+    /// Requests for the leader's read index sent for them (one serves
+    /// every read waiting when it is sent), since start.
+    pub read_index_rounds: u64,
 }
 
 fn op_size(op: &Op) -> usize {
