@@ -2837,6 +2837,29 @@ async fn clients_that_read_from_replicas_connect_and_still_reach_the_leader() {
         "40 reads at once asked the leader {} times",
         rounds_after - rounds_before
     );
+    // A learner applies the same log, and reads the same way.
+    let mut learner = Member::new("readonly", 4);
+    learner.start(None, &[]).await;
+    let add = learner.add_as_learner(&mut writer).await;
+    assert_eq!(add, ok(), "{add:?}");
+    let mut lc = learner.conn().await;
+    assert_eq!(lc.cmd(&["READONLY"]).await, ok());
+    let k = format!("ro-{f}-7");
+    eventually("the learner answers reads", async || {
+        let r = lc.cmd(&["INSPECT", &k]).await;
+        format!("{r:?}").contains("v7").then_some(())
+    })
+    .await;
+    let fence = writer.acquire(&["CLAIM", "ro-l", "LEASE", "60000"]).await;
+    assert_eq!(
+        writer
+            .cmd(&["COMPLETE", "ro-l", &fence.to_string(), "lv"])
+            .await,
+        ok()
+    );
+    let r = lc.cmd(&["INSPECT", "ro-l"]).await;
+    assert!(format!("{r:?}").contains("lv"), "the learner's read: {r:?}");
+    learner.kill().await;
     let mut conn = c.members[l].conn().await;
     assert_eq!(conn.cmd(&["READONLY"]).await, ok());
     assert!(matches!(

@@ -405,7 +405,11 @@ fn leader_peer(raft: &Raft<TypeConfig>) -> Result<(NodeId, String), String> {
     let Some(leader) = m.current_leader.filter(|l| *l != m.id) else {
         return Err("no other leader known".into());
     };
-    if m.state != openraft::ServerState::Follower {
+    // A learner applies the same log: its reads are as good.
+    if !matches!(
+        m.state,
+        openraft::ServerState::Follower | openraft::ServerState::Learner
+    ) {
         return Err("not a follower".into());
     }
     let Some(node) = m.membership_config.membership().get_node(&leader) else {
