@@ -3588,9 +3588,6 @@ async fn a_leader_serves_no_longer_than_its_followers_keep_their_votes() {
         (lease(&c.members[l]).await == 240).then_some(())
     })
     .await;
-    for f in (0..c.members.len()).filter(|&i| i != l) {
-        assert_eq!(lease(&c.members[f]).await, 240, "its own four fifths");
-    }
     // Left alone for a few of its own heartbeat intervals, it still leads,
     // and serves reads without holding them for its lease to be renewed.
     let mut conn = c.members[l].conn().await;

@@ -905,19 +905,9 @@ pub async fn watch_role(w: Arc<Watch>) {
     loop {
         let (state, leader, term) = {
             let m = rx.borrow_and_update();
-            // The lease: when a majority last acknowledged this leader
-            // (the instant itself: an age would grow stale while these
-            // metrics wait to be read, and lengthen the lease by as much).
-            if let Some(at) = m.quorum_acked_at {
-                w.role.acknowledged(at);
-            }
-            let voters = m.membership_config.membership().voter_ids().count();
-            w.role.voters.store(voters.max(1), Ordering::Relaxed);
+            // The cap first: an acknowledgement counted below is never
+            // read with a lease longer than its voters allow.
             let at = m.membership_config.log_id();
-            if retired.0.as_ref() != at.as_ref() {
-                let removed = retired_ids(m.membership_config.membership().nodes()).contains(me);
-                retired = (*at, removed);
-            }
             if capped.0.as_ref() != at.as_ref() || capped.1 != w.peers.election_timeouts_version() {
                 let (smallest, version) = w
                     .peers
@@ -929,7 +919,7 @@ pub async fn watch_role(w: Arc<Watch>) {
                     warn!(
                         lease_ms = now,
                         smallest_election_timeout_ms = ?smallest,
-                        "a voter has a smaller election_timeout_ms than this node: a leader here serves on a majority's answers for {now} ms (four fifths of it), and heartbeats every third of that"
+                        "a voter has a smaller election_timeout_ms than this node: a leader here serves on a majority's answers for {now} ms (four fifths of it), and heartbeats every third of that if its own heartbeats are too far apart to keep it"
                     );
                 } else if w.role.lease() != was {
                     info!(
@@ -938,6 +928,18 @@ pub async fn watch_role(w: Arc<Watch>) {
                     );
                 }
                 capped = (*at, version);
+            }
+            // The lease: when a majority last acknowledged this leader
+            // (the instant itself: an age would grow stale while these
+            // metrics wait to be read, and lengthen the lease by as much).
+            if let Some(at) = m.quorum_acked_at {
+                w.role.acknowledged(at);
+            }
+            let voters = m.membership_config.membership().voter_ids().count();
+            w.role.voters.store(voters.max(1), Ordering::Relaxed);
+            if retired.0.as_ref() != at.as_ref() {
+                let removed = retired_ids(m.membership_config.membership().nodes()).contains(me);
+                retired = (*at, removed);
             }
             (m.state, m.current_leader, m.current_term)
         };
@@ -1045,7 +1047,11 @@ async fn heartbeat_capped_lease(raft: Raft<TypeConfig>, role: Arc<Role>) {
             continue;
         }
         tokio::time::sleep((lease / 3).max(Duration::from_millis(1))).await;
-        if role.serving() && raft.trigger().heartbeat().await.is_err() {
+        // While it leads, serving or not yet (a new leader applying the
+        // log of earlier terms must not leave its followers silent past
+        // their own timeout either).
+        let leads = raft.metrics().borrow().state == ServerState::Leader;
+        if leads && raft.trigger().heartbeat().await.is_err() {
             return;
         }
     }

@@ -20,12 +20,14 @@
 //!   HMAC-SHA256 over both nonces and both node ids, so a recorded
 //!   handshake cannot be replayed. Without it the MACs are zeros (allowed
 //!   only on loopback peer addresses, which the configuration checks).
-//! - The Welcome says the server's `election_timeout_ms` (unsigned: a
-//!   value there can only shorten the connecting leader's lease, never
-//!   lengthen it; a node of an earlier release says nothing): a leader
-//!   serves reads on a majority's answers for four fifths of the smallest
-//!   value among its voters, since a follower keeps its vote for the
-//!   leader it heard from for its own value only.
+//! - The Welcome says the server's `election_timeout_ms` (a node of an
+//!   earlier release says nothing): a leader serves reads on a majority's
+//!   answers for four fifths of the smallest value among the voters that
+//!   gave one (its own if none is smaller), since a follower keeps its
+//!   vote for the leader it heard from for its own value only. The value
+//!   is not covered by the MACs (earlier releases check those without
+//!   it): like the frames after the handshake, it is as safe as the
+//!   network between the peers (TLS: `tls_cluster`).
 //! - A client holds one connection per target and reuses it; a failed or
 //!   timed-out call drops it (the next call reconnects). Frames are capped
 //!   ([`MAX_FRAME`], and [`MAX_HANDSHAKE_FRAME`] before the handshake), and
@@ -1240,14 +1242,18 @@ impl Peers {
     /// value a node gives).
     fn learn_election_timeout(&self, id: NodeId, ms: u64) {
         if ms == 0 {
+            // None given (a node of an earlier build: rolled back, say):
+            // a value it gave before no longer holds.
+            if self.election_timeouts.lock().remove(&id).is_some() {
+                self.election_timeouts_changed
+                    .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+            }
             return;
         }
-        // Within what a node's configuration takes (a value outside came
-        // from no idemd).
-        let ms = ms.clamp(
-            *crate::config::ELECTION_TIMEOUT_MS.start(),
-            *crate::config::ELECTION_TIMEOUT_MS.end(),
-        );
+        // At most what a node's configuration takes (a value over it came
+        // from no idemd); a smaller one is taken as it is, since it can
+        // only shorten the lease.
+        let ms = ms.min(*crate::config::ELECTION_TIMEOUT_MS.end());
         let before = self.election_timeouts.lock().insert(id, ms);
         if before == Some(ms) {
             return;
