@@ -2776,6 +2776,9 @@ async fn clients_that_read_from_replicas_connect_and_still_reach_the_leader() {
         }
         // Each write the leader acknowledges is seen by the next read on
         // the follower (it applied up to the leader's read index first).
+        // A read the follower could not make current in time (a busy
+        // machine) is redirected instead: tried again, and counted.
+        let mut redirected = 0;
         for i in 0..30 {
             let k = format!("ro-{f}-{i}");
             let fence = writer.acquire(&["CLAIM", &k, "LEASE", "60000"]).await;
@@ -2784,7 +2787,12 @@ async fn clients_that_read_from_replicas_connect_and_still_reach_the_leader() {
                 writer.cmd(&["COMPLETE", &k, &fence.to_string(), &v]).await,
                 ok()
             );
-            let r = conn.cmd(&["INSPECT", &k]).await;
+            let mut r = conn.cmd(&["INSPECT", &k]).await;
+            while matches!(r, Frame::Error(_)) && redirected < 3 {
+                assert_eq!(moved(&r), (key_slot(k.as_bytes()), leader.clone()));
+                redirected += 1;
+                r = conn.cmd(&["INSPECT", &k]).await;
+            }
             let shown = format!("{r:?}");
             assert!(
                 shown.contains("completed") && shown.contains(&v),
@@ -2799,13 +2807,21 @@ async fn clients_that_read_from_replicas_connect_and_still_reach_the_leader() {
         // Each redirect is a refusal in the follower's statistics, as
         // Redis counts a -MOVED.
         let stats = bulk(&conn.cmd(&["INFO", "commandstats", "errorstats"]).await);
+        let inspect = stats
+            .lines()
+            .find(|l| l.starts_with("cmdstat_inspect:"))
+            .unwrap_or_default();
+        assert!(
+            inspect.starts_with("cmdstat_inspect:calls=31,")
+                && inspect.ends_with(&format!("rejected_calls={},failed_calls=0", 2 + redirected)),
+            "{inspect}"
+        );
         for line in [
-            "cmdstat_inspect:calls=31,",
-            "rejected_calls=2,failed_calls=0",
-            "cmdstat_claim:calls=0,usec=0,usec_per_call=0.00,rejected_calls=1,failed_calls=0",
-            "errorstat_MOVED:count=4",
+            "cmdstat_claim:calls=0,usec=0,usec_per_call=0.00,rejected_calls=1,failed_calls=0"
+                .to_owned(),
+            format!("errorstat_MOVED:count={}", 4 + redirected),
         ] {
-            assert!(stats.contains(line), "{line} missing from {stats}");
+            assert!(stats.contains(&line), "{line} missing from {stats}");
         }
     }
     // Reads from many connections at once share their requests to the
@@ -2827,9 +2843,19 @@ async fn clients_that_read_from_replicas_connect_and_still_reach_the_leader() {
             .map(async |conn| conn.cmd(&["INSPECT", &k]).await),
     )
     .await;
+    let mut answered = 0;
     for r in answers {
-        assert!(format!("{r:?}").contains("v29"), "{r:?}");
+        if matches!(r, Frame::Error(_)) {
+            assert_eq!(moved(&r), (key_slot(k.as_bytes()), leader.clone()));
+        } else {
+            assert!(format!("{r:?}").contains("v29"), "{r:?}");
+            answered += 1;
+        }
     }
+    assert!(
+        answered >= 36,
+        "{answered} of 40 reads at once answered by the follower"
+    );
     let (reads, rounds_after) = rounds(&c.members[f]).await;
     assert_eq!(reads - reads_before, 40);
     assert!(
@@ -2857,9 +2883,17 @@ async fn clients_that_read_from_replicas_connect_and_still_reach_the_leader() {
             .await,
         ok()
     );
-    let r = lc.cmd(&["INSPECT", "ro-l"]).await;
+    let mut r = lc.cmd(&["INSPECT", "ro-l"]).await;
+    for _ in 0..3 {
+        if !matches!(r, Frame::Error(_)) {
+            break;
+        }
+        r = lc.cmd(&["INSPECT", "ro-l"]).await;
+    }
     assert!(format!("{r:?}").contains("lv"), "the learner's read: {r:?}");
     learner.kill().await;
+    let removed = writer.cmd(&["CLUSTER", "REMOVE", "4"]).await;
+    assert_eq!(removed, ok(), "{removed:?}");
     let mut conn = c.members[l].conn().await;
     assert_eq!(conn.cmd(&["READONLY"]).await, ok());
     assert!(matches!(

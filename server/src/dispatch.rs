@@ -523,7 +523,8 @@ fn record_routed(node: &Node, session: &Session, cmd: Command, may_hold: bool) -
         }
         return Action::Reply(Reply::Error(e));
     }
-    // Only the serving leader answers record commands, reads included;
+    // Only the serving leader answers record commands, reads included
+    // (but a READONLY connection's reads: below);
     // elsewhere: -MOVED to the leader, -TRYAGAIN or -CLUSTERDOWN.
     if let Err(e) = node.engine().route(cmd.key().map(|k| &k[..])) {
         // A follower answers a READONLY connection's reads once it has
@@ -568,8 +569,20 @@ fn record_routed(node: &Node, session: &Session, cmd: Command, may_hold: bool) -
         return Action::Block(Box::pin(waiters.wait(cmd, wait)));
     }
     let engine = node.engine();
-    if let Some(reply) = local_read(node, session, &cmd, true) {
-        return Action::Reply(reply);
+    if reads_locally(&cmd) {
+        // A leader answers from what it applied: once that is what was
+        // committed (followers, applying on their own, may have shown a
+        // committed write to READONLY readers already).
+        if let Some(wait) = engine.leader_read_wait() {
+            let (node, session) = (node.clone(), session.clone());
+            return Action::Block(Box::pin(async move {
+                wait.await;
+                local_read(&node, &session, &cmd, true).unwrap_or_else(|| err("no reply"))
+            }));
+        }
+        if let Some(reply) = local_read(node, session, &cmd, true) {
+            return Action::Reply(reply);
+        }
     }
     let Some(op) = Op::from_command(cmd, &node.config().defaults) else {
         return Action::Reply(err("not a record command"));

@@ -234,6 +234,18 @@ impl Engine {
         }
     }
 
+    /// On a raft leader whose state machine lags what was committed: a
+    /// wait until it has caught up (see
+    /// [`raft::RaftEngine::leader_read_wait`]).
+    pub fn leader_read_wait(&self) -> Option<std::pin::Pin<Box<dyn Future<Output = ()> + Send>>> {
+        match &self.inner {
+            Inner::Memory(_) => None,
+            Inner::Raft { engine, .. } => engine
+                .leader_read_wait()
+                .map(|f| -> std::pin::Pin<Box<dyn Future<Output = ()> + Send>> { Box::pin(f) }),
+        }
+    }
+
     /// Whether this node serves records now: always for the memory engine;
     /// for the raft engine, while it leads (even in a lapse of its lease,
     /// which holds requests rather than refusing them). Once false in a

@@ -41,7 +41,7 @@ use std::collections::BTreeMap;
 use std::fs::{self, File};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 use std::time::Duration;
 
 use openraft::{Raft, SnapshotPolicy};
@@ -328,6 +328,8 @@ pub struct RaftEngine {
     proposal_timeout: Duration,
     /// Follower reads waiting for the leader's read index.
     read_rounds: Arc<ReadRounds>,
+    /// When this node last gave a follower a read index.
+    read_index_given: Arc<ReadIndexGiven>,
     /// Held while running: a second idemd on the directory is refused.
     _lock: File,
 }
@@ -341,6 +343,11 @@ pub struct RaftEngine {
 struct ReadRounds {
     /// The reads waiting, and whether a round runs.
     state: parking_lot::Mutex<(Vec<ReadIndexTx>, bool)>,
+    /// When a round last got no answer from the leader: for a second
+    /// after, reads do not ask (a leader of an earlier build cannot read
+    /// the request and closes the connection; each round would open
+    /// another).
+    unanswered_at: parking_lot::Mutex<Option<std::time::Instant>>,
     /// Reads that asked for an index, and the requests sent to the
     /// leader for them, since start.
     reads: AtomicU64,
@@ -355,6 +362,13 @@ impl ReadRounds {
         peers: &Arc<peer::Peers>,
     ) -> Result<u64, String> {
         self.reads.fetch_add(1, Ordering::Relaxed);
+        if self
+            .unanswered_at
+            .lock()
+            .is_some_and(|at| at.elapsed() < READ_INDEX_BACKOFF)
+        {
+            return Err("the leader did not answer the last request for a read index".into());
+        }
         let (tx, rx) = oneshot::channel();
         let start = {
             let mut s = self.state.lock();
@@ -362,7 +376,17 @@ impl ReadRounds {
             !std::mem::replace(&mut s.1, true)
         };
         if start {
-            tokio::spawn(Arc::clone(self).run(raft.clone(), Arc::clone(peers)));
+            let (rounds, raft, peers) = (Arc::clone(self), raft.clone(), Arc::clone(peers));
+            tokio::spawn(async move {
+                let run = std::panic::AssertUnwindSafe(Arc::clone(&rounds).run(raft, peers));
+                if futures_util::FutureExt::catch_unwind(run).await.is_err() {
+                    // Its reads are told (their senders dropped), and the
+                    // next read starts a round again.
+                    let mut s = rounds.state.lock();
+                    s.0.clear();
+                    s.1 = false;
+                }
+            });
         }
         rx.await.unwrap_or_else(|_| Err("stopped".into()))
     }
@@ -382,9 +406,18 @@ impl ReadRounds {
             let got = match leader_peer(&raft) {
                 Ok((leader, addr)) => {
                     let ttl = Duration::from_millis(raft.config().election_timeout_min);
-                    peer::PeerClient::new(Arc::clone(&peers), leader, addr)
+                    match peer::PeerClient::new(Arc::clone(&peers), leader, addr)
                         .read_index(ttl)
                         .await
+                    {
+                        Ok(index) => Ok(index),
+                        Err((answered, why)) => {
+                            if !answered {
+                                *self.unanswered_at.lock() = Some(std::time::Instant::now());
+                            }
+                            Err(why)
+                        }
+                    }
                 }
                 Err(why) => Err(why),
             };
@@ -394,6 +427,30 @@ impl ReadRounds {
         }
     }
 }
+
+/// Whether this leader has given a follower a read index since it
+/// started: from then on followers may show what was committed before
+/// this leader applied it, and its own reads wait for its apply to catch
+/// up with its commits ([`RaftEngine::leader_read_wait`]). A cluster
+/// whose clients never read from followers pays nothing for it.
+#[derive(Default)]
+struct ReadIndexGiven(AtomicBool);
+
+impl ReadIndexGiven {
+    fn now(&self) {
+        if !self.0.load(Ordering::Relaxed) {
+            self.0.store(true, Ordering::Relaxed);
+        }
+    }
+
+    fn ever(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// How long after a request for a read index got no answer follower reads
+/// do not ask again ([`ReadRounds`]).
+const READ_INDEX_BACKOFF: Duration = Duration::from_secs(1);
 
 /// Where a follower read waiting for a read index is told it.
 type ReadIndexTx = oneshot::Sender<Result<u64, String>>;
@@ -690,12 +747,15 @@ impl RaftEngine {
         // and applies up to it first: every write acknowledged here was
         // committed, at or below it; and only while the lease holds, so
         // that no other leader can have acknowledged one meanwhile.
+        let read_index_given = Arc::new(ReadIndexGiven::default());
         peers.set_read_index({
             let (role, raft, log) = (Arc::clone(&role), raft.clone(), log.clone());
+            let given = Arc::clone(&read_index_given);
             Box::new(move || {
                 if !role.serving() || !role.lease_holds() {
                     return Err("this node does not serve as leader now".into());
                 }
+                given.now();
                 let applied = raft.metrics().borrow().last_applied.map_or(0, |l| l.index);
                 Ok(log.committed_index().max(applied))
             })
@@ -831,6 +891,7 @@ impl RaftEngine {
             stats,
             proposal_timeout: Duration::from_millis(cfg.proposal_timeout_ms),
             read_rounds: Arc::default(),
+            read_index_given,
             _lock: lock,
         })
     }
@@ -988,13 +1049,46 @@ impl RaftEngine {
         // Not a follower of a known leader: not worth a round.
         leader_peer(&self.raft)?;
         let ttl = Duration::from_millis(self.raft.config().election_timeout_min);
-        let index = self.read_rounds.index(&self.raft, &self.peers).await?;
-        self.raft
-            .wait(Some(ttl))
-            .applied_index_at_least(Some(index), "a follower's read")
-            .await
-            .map(|_| ())
-            .map_err(|e| e.to_string())
+        // One deadline for all of it: a round already out, its own, and
+        // the apply.
+        tokio::time::timeout(ttl, async {
+            let index = self.read_rounds.index(&self.raft, &self.peers).await?;
+            self.raft
+                .wait(None)
+                .applied_index_at_least(Some(index), "a follower's read")
+                .await
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        })
+        .await
+        .unwrap_or_else(|_| Err("no read index applied within election_timeout_ms".into()))
+    }
+
+    /// On a leader whose state machine has not applied everything
+    /// committed yet: waits until it has (at most `election_timeout_ms`),
+    /// so that its reads never miss a write a follower, applying on its
+    /// own, may already have shown. `None` when nothing is to wait for.
+    pub fn leader_read_wait(&self) -> Option<impl std::future::Future<Output = ()> + use<>> {
+        if !self.read_index_given.ever() {
+            return None;
+        }
+        let committed = self.log.committed_index();
+        let applied = self
+            .raft
+            .metrics()
+            .borrow()
+            .last_applied
+            .map_or(0, |l| l.index);
+        (applied < committed).then(|| {
+            let raft = self.raft.clone();
+            let ttl = Duration::from_millis(raft.config().election_timeout_min);
+            async move {
+                let _ = raft
+                    .wait(Some(ttl))
+                    .applied_index_at_least(Some(committed), "a leader's read")
+                    .await;
+            }
+        })
     }
 
     /// Whether this node serves commands on `key`; otherwise where to go.

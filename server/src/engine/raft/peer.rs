@@ -2296,13 +2296,16 @@ impl PeerClient {
     }
 
     /// Asks this peer, the leader, for the index a linearizable read must
-    /// have applied ([`Request::ReadIndex`]), within `ttl`.
-    pub async fn read_index(&mut self, ttl: Duration) -> Result<u64, String> {
+    /// have applied ([`Request::ReadIndex`]), within `ttl`. `Err((true,
+    /// why))`: it answered, with a refusal; `Err((false, why))`: no answer
+    /// (it is unreachable, or of an earlier build that cannot read the
+    /// request and closes the connection).
+    pub async fn read_index(&mut self, ttl: Duration) -> Result<u64, (bool, String)> {
         match self.call(Request::ReadIndex, ttl).await {
-            Ok(Response::ReadIndex(r)) => r,
-            Ok(Response::Failed(why)) => Err(why),
-            Ok(_) => Err("unexpected answer".into()),
-            Err(CallError::Unreachable(e) | CallError::Network(e)) => Err(e.to_string()),
+            Ok(Response::ReadIndex(r)) => r.map_err(|why| (true, why)),
+            Ok(Response::Failed(why)) => Err((true, why)),
+            Ok(_) => Err((true, "unexpected answer".into())),
+            Err(CallError::Unreachable(e) | CallError::Network(e)) => Err((false, e.to_string())),
         }
     }
 
