@@ -752,12 +752,26 @@ impl RaftEngine {
             let (role, raft, log) = (Arc::clone(&role), raft.clone(), log.clone());
             let given = Arc::clone(&read_index_given);
             Box::new(move || {
-                if !role.serving() || !role.lease_holds() {
-                    return Err("this node does not serve as leader now".into());
-                }
-                given.now();
-                let applied = raft.metrics().borrow().last_applied.map_or(0, |l| l.index);
-                Ok(log.committed_index().max(applied))
+                let (role, raft, log, given) = (
+                    Arc::clone(&role),
+                    raft.clone(),
+                    log.clone(),
+                    Arc::clone(&given),
+                );
+                Box::pin(async move {
+                    // A lapse of the lease holds the request, as it holds
+                    // the leader's own (a redirect would send a replica
+                    // reader back to a replica).
+                    if let Some(until) = role.lease_hold_until() {
+                        role.lease_regained(until).await;
+                    }
+                    if !role.serving() || !role.lease_holds() {
+                        return Err("this node does not serve as leader now".into());
+                    }
+                    given.now();
+                    let applied = raft.metrics().borrow().last_applied.map_or(0, |l| l.index);
+                    Ok(log.committed_index().max(applied))
+                })
             })
         });
         let on_demoted: Arc<dyn Fn() + Send + Sync> = {

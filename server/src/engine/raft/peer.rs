@@ -557,7 +557,8 @@ impl tokio_util::codec::Encoder<Bytes> for PeerCodec {
 }
 
 /// How a leader answers a follower's [`Request::ReadIndex`].
-pub type ReadIndexFn = Box<dyn Fn() -> Result<u64, String> + Send + Sync>;
+pub type ReadIndexFn =
+    Box<dyn Fn() -> Pin<Box<dyn Future<Output = Result<u64, String>> + Send>> + Send + Sync>;
 
 /// This node's identity on the peer network, shared by the server, the
 /// clients and the cluster code.
@@ -1229,9 +1230,9 @@ impl Peers {
     /// every write this leader acknowledged is at or below it. Only a
     /// leader that serves and whose lease holds gives one (so no other
     /// leader can have acknowledged a write meanwhile).
-    fn read_index(&self) -> Result<u64, String> {
+    async fn read_index(&self) -> Result<u64, String> {
         match self.read_index.get() {
-            Some(f) => f(),
+            Some(f) => f().await,
             None => Err("starting".into()),
         }
     }
@@ -1764,7 +1765,7 @@ async fn serve_conn(
             continue;
         }
         if let Request::ReadIndex = req {
-            send(&mut conn, &Response::ReadIndex(peers.read_index())).await?;
+            send(&mut conn, &Response::ReadIndex(peers.read_index().await)).await?;
             continue;
         }
         let Some(raft) = raft else {
@@ -1796,7 +1797,7 @@ async fn serve_conn(
                 }
             }
             Request::Probe => Response::Probe(peers.probe_info(asker)),
-            Request::ReadIndex => Response::ReadIndex(peers.read_index()),
+            Request::ReadIndex => Response::ReadIndex(peers.read_index().await),
             // Handled as it was read.
             Request::KeptOut(_) => return Ok(()),
         };
