@@ -4060,9 +4060,13 @@ async fn a_learner_that_no_longer_hears_a_leader_says_the_cluster_is_down() {
     let f = c.followers().await[0];
     c.members[l].kill().await;
     c.members[f].kill().await;
-    eventually("the learner says the cluster is down", async || {
-        (four.info("cluster_state").await == "fail").then_some(())
-    })
+    // (About 3.4 s: four times its lease and election timeout; more on a
+    // loaded machine, where a CI run once took over 10 s.)
+    eventually_within(
+        Duration::from_secs(30),
+        "the learner says the cluster is down",
+        async || (four.info("cluster_state").await == "fail").then_some(()),
+    )
     .await;
     let e = lc.cmd(&["CLAIM", "k"]).await;
     assert!(
