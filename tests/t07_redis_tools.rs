@@ -370,6 +370,10 @@ async fn prometheus_scrapes_metrics_listen() {
     assert_eq!(v("idem_raft_is_leader"), 1.0);
     assert_eq!(v("idem_raft_has_leader"), 1.0);
     assert_eq!(v("idem_raft_leader_changes_seen_total"), 1.0);
+    // Four fifths of the default election_timeout_ms (300).
+    assert_eq!(v("idem_raft_lease_seconds"), 0.24);
+    assert_eq!(v("idem_raft_follower_reads_total"), 0.0);
+    assert_eq!(v("idem_raft_read_index_rounds_total"), 0.0);
     assert!(v("idem_wal_fsyncs_total") >= 6.0);
     assert!(v("process_resident_memory_bytes") > 1e6);
     // The latency histogram: cumulative, ending at the count.

@@ -540,7 +540,9 @@ fn record_routed(node: &Node, session: &Session, cmd: Command, may_hold: bool) -
                 match node.engine().follower_read_barrier().await {
                     Ok(()) => local_read(&node, &session, &cmd, false)
                         .unwrap_or_else(|| Reply::Error(e.to_server_error())),
-                    Err(_) => Reply::Error(e.to_server_error()),
+                    // Routed again: the leader may have changed meanwhile
+                    // (up to election_timeout_ms), or be this node now.
+                    Err(_) => reply_of_action(record_routed(&node, &session, cmd, false)).await,
                 }
             }));
         }

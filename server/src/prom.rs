@@ -517,6 +517,24 @@ pub fn render(node: &Node) -> String {
         );
         o.one("idem_raft_term", "gauge", "The current term.", r.term);
         o.one(
+            "idem_raft_lease_seconds",
+            "gauge",
+            "How long a leader here serves on a majority's answers: four fifths of election_timeout_ms, or of a voter's if smaller.",
+            r.lease_ms as f64 / 1000.0,
+        );
+        o.one(
+            "idem_raft_follower_reads_total",
+            "counter",
+            "Reads on this follower after READONLY that asked for the leader's read index.",
+            r.follower_reads,
+        );
+        o.one(
+            "idem_raft_read_index_rounds_total",
+            "counter",
+            "Requests for the leader's read index sent for them (one serves every read waiting).",
+            r.read_index_rounds,
+        );
+        o.one(
             "idem_raft_leader_changes_seen_total",
             "counter",
             "Times a leader became known that differs from the last one (the first included).",
