@@ -3477,6 +3477,26 @@ fn signal(m: &Member, sig: &str) {
     assert!(status.success(), "kill -{sig} {pid}");
 }
 
+/// The member other than `l` that leads and serves (answers a read), once
+/// one does.
+async fn serving_leader_among_the_others(c: &Cluster, l: usize, what: &str) -> usize {
+    let others: Vec<usize> = (0..c.members.len()).filter(|&i| i != l).collect();
+    eventually(what, async || {
+        for &i in &others {
+            if c.members[i].info("idem_role").await == "leader" {
+                let mut c2 = c.members[i].conn().await;
+                if let Some(Frame::Array(_) | Frame::Null) =
+                    c2.try_cmd(&["INSPECT", "probe-leader"]).await
+                {
+                    return Some(i);
+                }
+            }
+        }
+        None
+    })
+    .await
+}
+
 /// A leader paused (SIGSTOP, as a long GC pause or a frozen VM would)
 /// while the others elect a new leader and take writes, then resumed:
 /// the requests waiting in its sockets are the first thing it reads, with
@@ -3503,21 +3523,8 @@ async fn a_paused_leader_resumed_after_a_failover_answers_nothing_stale() {
     signal(&c.members[l], "STOP");
     // The others elect a leader among themselves (the paused node's
     // socket accepts but never answers: it is not asked).
-    let others: Vec<usize> = (0..c.members.len()).filter(|&i| i != l).collect();
-    let l2 = eventually("a new leader while the old one is paused", async || {
-        for &i in &others {
-            if c.members[i].info("idem_role").await == "leader" {
-                let mut c2 = c.members[i].conn().await;
-                if let Some(Frame::Array(_) | Frame::Null) =
-                    c2.try_cmd(&["INSPECT", "probe-leader"]).await
-                {
-                    return Some(i);
-                }
-            }
-        }
-        None
-    })
-    .await;
+    let l2 =
+        serving_leader_among_the_others(&c, l, "a new leader while the old one is paused").await;
     let mut conn2 = c.members[l2].conn().await;
     let f2 = conn2
         .acquire(&["CLAIM", "after-pause", "LEASE", "60000"])
@@ -3659,21 +3666,8 @@ async fn a_leader_serves_no_longer_than_its_followers_keep_their_votes() {
     let mut read = c.members[l].conn().await;
     let old = c.members[l].id;
     std::fs::write(faults.0.join(format!("isolate-{old}")), b"").unwrap();
-    let others: Vec<usize> = (0..c.members.len()).filter(|&i| i != l).collect();
-    let l2 = eventually("a new leader while the old one is cut off", async || {
-        for &i in &others {
-            if c.members[i].info("idem_role").await == "leader" {
-                let mut c2 = c.members[i].conn().await;
-                if let Some(Frame::Array(_) | Frame::Null) =
-                    c2.try_cmd(&["INSPECT", "probe-leader"]).await
-                {
-                    return Some(i);
-                }
-            }
-        }
-        None
-    })
-    .await;
+    let l2 =
+        serving_leader_among_the_others(&c, l, "a new leader while the old one is cut off").await;
     let mut conn2 = c.members[l2].conn().await;
     let fa = conn2.acquire(&["CLAIM", "after", "LEASE", "60000"]).await;
     assert_eq!(

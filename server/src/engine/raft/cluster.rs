@@ -908,8 +908,11 @@ pub async fn watch_role(w: Arc<Watch>) {
             // The cap first: an acknowledgement counted below is never
             // read with a lease longer than its voters allow.
             let at = m.membership_config.log_id();
-            if capped.0.as_ref() != at.as_ref() || capped.1 != w.peers.election_timeouts_version() {
-                let (smallest, version) = w
+            let version = w.peers.election_timeouts_version();
+            if capped.0.as_ref() != at.as_ref() || capped.1 != version {
+                // (A value given after the version was read moves it
+                // again: looked at on the next pass.)
+                let smallest = w
                     .peers
                     .election_timeouts(m.membership_config.membership().voter_ids());
                 let was = w.role.lease();

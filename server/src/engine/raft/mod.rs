@@ -328,7 +328,7 @@ pub struct RaftEngine {
     proposal_timeout: Duration,
     /// Follower reads waiting for the leader's read index.
     read_rounds: Arc<ReadRounds>,
-    /// When this node last gave a follower a read index.
+    /// Whether this node has given a follower a read index.
     read_index_given: Arc<ReadIndexGiven>,
     /// Held while running: a second idemd on the directory is refused.
     _lock: File,
@@ -405,7 +405,7 @@ impl ReadRounds {
             self.rounds.fetch_add(1, Ordering::Relaxed);
             let got = match leader_peer(&raft) {
                 Ok((leader, addr)) => {
-                    let ttl = Duration::from_millis(raft.config().election_timeout_min);
+                    let ttl = election_timeout(&raft);
                     match peer::PeerClient::new(Arc::clone(&peers), leader, addr)
                         .read_index(ttl)
                         .await
@@ -454,6 +454,17 @@ const READ_INDEX_BACKOFF: Duration = Duration::from_secs(1);
 
 /// Where a follower read waiting for a read index is told it.
 type ReadIndexTx = oneshot::Sender<Result<u64, String>>;
+
+/// `election_timeout_ms`: how long a follower read, or a leader's read
+/// waiting for its apply, waits at most.
+fn election_timeout(raft: &Raft<TypeConfig>) -> Duration {
+    Duration::from_millis(raft.config().election_timeout_min)
+}
+
+/// The index of the last entry this node's state machine applied.
+fn applied_index(raft: &Raft<TypeConfig>) -> u64 {
+    raft.metrics().borrow().last_applied.map_or(0, |l| l.index)
+}
 
 /// The leader this node follows and its peer address.
 fn leader_peer(raft: &Raft<TypeConfig>) -> Result<(NodeId, String), String> {
@@ -769,8 +780,7 @@ impl RaftEngine {
                         return Err("this node does not serve as leader now".into());
                     }
                     given.now();
-                    let applied = raft.metrics().borrow().last_applied.map_or(0, |l| l.index);
-                    Ok(log.committed_index().max(applied))
+                    Ok(log.committed_index().max(applied_index(&raft)))
                 })
             })
         });
@@ -1062,7 +1072,7 @@ impl RaftEngine {
     pub async fn follower_read_barrier(&self) -> Result<(), String> {
         // Not a follower of a known leader: not worth a round.
         leader_peer(&self.raft)?;
-        let ttl = Duration::from_millis(self.raft.config().election_timeout_min);
+        let ttl = election_timeout(&self.raft);
         // One deadline for all of it: a round already out, its own, and
         // the apply.
         tokio::time::timeout(ttl, async {
@@ -1087,15 +1097,9 @@ impl RaftEngine {
             return None;
         }
         let committed = self.log.committed_index();
-        let applied = self
-            .raft
-            .metrics()
-            .borrow()
-            .last_applied
-            .map_or(0, |l| l.index);
-        (applied < committed).then(|| {
+        (applied_index(&self.raft) < committed).then(|| {
             let raft = self.raft.clone();
-            let ttl = Duration::from_millis(raft.config().election_timeout_min);
+            let ttl = election_timeout(&raft);
             async move {
                 let _ = raft
                     .wait(Some(ttl))

@@ -262,7 +262,7 @@ enum Welcome {
 
 /// A [`Welcome`] as nodes of earlier releases send it: without the
 /// election timeout.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Serialize, Deserialize)]
 enum WelcomeBefore {
     Ok {
         cluster: Option<ClusterId>,
@@ -1282,18 +1282,12 @@ impl Peers {
     }
 
     /// The smallest `election_timeout_ms` the members `ids` gave in their
-    /// handshakes (those that gave one, this node excluded), and a count
-    /// that moves whenever one of the values given changes.
-    pub fn election_timeouts(&self, ids: impl Iterator<Item = NodeId>) -> (Option<u64>, u64) {
-        let changed = self
-            .election_timeouts_changed
-            .load(std::sync::atomic::Ordering::Acquire);
+    /// handshakes (those that gave one, this node excluded).
+    pub fn election_timeouts(&self, ids: impl Iterator<Item = NodeId>) -> Option<u64> {
         let given = self.election_timeouts.lock();
-        let min = ids
-            .filter(|id| *id != self.node_id)
+        ids.filter(|id| *id != self.node_id)
             .filter_map(|id| given.get(&id).copied())
-            .min();
-        (min, changed)
+            .min()
     }
 
     /// Records whether `id` answered; logs the changes.
@@ -1442,9 +1436,13 @@ async fn send<T: Serialize>(conn: &mut Conn, msg: &T) -> std::io::Result<()> {
 }
 
 async fn recv<T: for<'de> Deserialize<'de>>(conn: &mut Conn) -> std::io::Result<T> {
+    postcard::from_bytes(&recv_frame(conn).await?).map_err(std::io::Error::other)
+}
+
+/// The next frame on `conn`; an error once the peer closed it.
+async fn recv_frame(conn: &mut Conn) -> std::io::Result<bytes::BytesMut> {
     match conn.next().await {
-        Some(Ok(frame)) => postcard::from_bytes(&frame).map_err(std::io::Error::other),
-        Some(Err(e)) => Err(e),
+        Some(frame) => frame,
         None => Err(std::io::Error::new(
             std::io::ErrorKind::UnexpectedEof,
             "peer closed the connection",
@@ -2083,16 +2081,8 @@ impl PeerClient {
                 },
             )
             .await?;
-            let w = match conn.next().await {
-                Some(Ok(frame)) => Welcome::decode(&frame).map_err(std::io::Error::other)?,
-                Some(Err(e)) => return Err(e),
-                None => {
-                    return Err(std::io::Error::new(
-                        std::io::ErrorKind::UnexpectedEof,
-                        "peer closed the connection",
-                    ));
-                }
-            };
+            let w =
+                Welcome::decode(&recv_frame(&mut conn).await?).map_err(std::io::Error::other)?;
             Ok((w, ch.nonce, nonce_c))
         })
         .await
@@ -2664,18 +2654,7 @@ mod tests {
     /// field unread).
     #[test]
     fn a_welcome_says_the_election_timeout_and_earlier_releases_still_understand_each_other() {
-        #[derive(Serialize)]
-        enum Before {
-            Ok {
-                cluster: Option<ClusterId>,
-                node: NodeId,
-                client_addr: String,
-                incarnation: u64,
-                mac: [u8; 32],
-            },
-            Refused(String),
-            Removed(String),
-        }
+        use WelcomeBefore as Before;
         let cluster = Some([7u8; 16]);
         let old = postcard::to_allocvec(&Before::Ok {
             cluster,
