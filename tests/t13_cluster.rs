@@ -2110,6 +2110,64 @@ async fn a_leader_left_without_a_majority_answers_what_it_proposed_and_reports_t
     assert!(page.contains("\nidem_raft_is_leader 1\n"), "{page}");
 }
 
+/// A node restarted while its leader is down shows the slot map it knew
+/// (as a restarted Redis Cluster node shows the map it saved), at once
+/// and while it campaigns, and counts the failed leader's slots as Redis
+/// counts a failed master's: `cluster_slots_assigned` was 0 beside
+/// `cluster_slots_fail:16384`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_restarted_while_its_leader_is_down_still_shows_the_slot_map() {
+    let mut c = Cluster::start("restart-map", 3).await;
+    let l = c.leader().await;
+    let leader_port = i64::from(c.members[l].client.port());
+    let mut conn = c.members[l].conn().await;
+    conn.acquire(&["CLAIM", "before"]).await;
+    let f = c.followers().await[0];
+    // Applied on this follower: it has heard the leader in this term.
+    let applied = c.members[l].applied().await;
+    c.members[f]
+        .caught_up_as_follower(applied, "the follower caught up")
+        .await;
+    for m in &mut c.members {
+        m.kill().await;
+    }
+    // Alone: no leader can be elected while the test looks. It reports
+    // the cluster down once its election timeout passes (campaigning, its
+    // vote then names itself).
+    c.members[f].start(None, &[]).await;
+    let node = &c.members[f];
+    let first = node.conn().await.cmd(&["CLUSTER", "SLOTS"]).await;
+    assert!(
+        matches!(&first, Frame::Array(r) if r.len() == 1),
+        "at once after the start: {first:?}"
+    );
+    eventually("the lone node reports the cluster down", async || {
+        (node.info("cluster_state").await == "fail").then_some(())
+    })
+    .await;
+    let Frame::Array(ranges) = node.conn().await.cmd(&["CLUSTER", "SLOTS"]).await else {
+        panic!("CLUSTER SLOTS is an array")
+    };
+    assert_eq!(ranges.len(), 1, "one range, the last leader's: {ranges:?}");
+    let Frame::Array(r) = &ranges[0] else {
+        panic!("a range is an array")
+    };
+    assert_eq!((int(&r[0]), int(&r[1])), (0, 16383));
+    let Frame::Array(first) = &r[2] else { panic!() };
+    assert_eq!(int(&first[1]), leader_port, "the leader it last followed");
+    assert_eq!(node.info("cluster_slots_assigned").await, "16384");
+    assert_eq!(node.info("cluster_slots_ok").await, "0");
+    assert_eq!(node.info("cluster_slots_fail").await, "16384");
+    let nodes = bulk(&node.conn().await.cmd(&["CLUSTER", "NODES"]).await);
+    assert!(
+        nodes.lines().any(
+            |line| line.starts_with(&format!("{:040x}", c.members[l].id))
+                && line.ends_with("0-16383")
+        ),
+        "{nodes}"
+    );
+}
+
 /// Writes the leader proposed just before both followers' disks stalled
 /// waited out `proposal_timeout_ms` (10 s) for a commit; they are answered
 /// once the lease has lapsed and the hold after it passed, saying they may

@@ -278,6 +278,10 @@ pub fn info_text(v: &ClusterView, commit_index: u64) -> String {
         Some(m) => role_name(v, m),
         None => "none",
     };
+    // As Redis counts them: a slot is assigned while a node (here, the
+    // last leader known) holds it, ok unless that node failed; the
+    // cluster's size counts the masters holding slots, failed or not.
+    let assigned = me.is_some() && v.last_leader.is_some();
     let mut o = String::new();
     let _ = write!(
         o,
@@ -286,11 +290,11 @@ pub fn info_text(v: &ClusterView, commit_index: u64) -> String {
          idem_node_id:{}\r\nidem_role:{}\r\nidem_leader_id:{}\r\nidem_leader_host:{}\r\nidem_leader_port:{}\r\n\
          idem_commit_index:{}\r\nidem_applied_index:{}\r\nidem_last_log_index:{}\r\nidem_voters:{}\r\nidem_learners:{}\r\nidem_retired:{}\r\nidem_membership:{}\r\nidem_cluster_id:{}\r\n",
         if ok { "ok" } else { "fail" },
+        if assigned || ok { 16384 } else { 0 },
         if ok { 16384 } else { 0 },
-        if ok { 16384 } else { 0 },
-        if ok { 0 } else { 16384 },
+        if assigned && !ok { 16384 } else { 0 },
         v.members.len(),
-        u8::from(ok),
+        u8::from(assigned || ok),
         v.term,
         v.term,
         v.me,
@@ -576,5 +580,49 @@ mod tests {
             assert_eq!(sh.len(), 3);
             assert_eq!(sh[0], first, "CLUSTER SHARDS, leader {leader}: {sh:?}");
         }
+    }
+
+    /// `CLUSTER INFO`'s `field` as a number.
+    fn field(text: &str, name: &str) -> u64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+            .unwrap_or_else(|| panic!("no {name} in {text}"))
+            .trim()
+            .parse()
+            .unwrap()
+    }
+
+    /// Redis's arithmetic: failed slots are assigned slots; a cluster
+    /// whose leader failed still has its slots assigned (to that leader)
+    /// and its size; a node that never knew a leader has none assigned.
+    #[test]
+    fn cluster_info_counts_slots_as_redis_does() {
+        let counts = |v: &ClusterView| {
+            let t = info_text(v, 10);
+            [
+                "cluster_slots_assigned",
+                "cluster_slots_ok",
+                "cluster_slots_fail",
+                "cluster_size",
+            ]
+            .map(|f| field(&t, f))
+        };
+        assert_eq!(counts(&view(1)), [16384, 16384, 0, 1], "serving");
+
+        let mut down = view(1);
+        down.me = 2;
+        down.leader = None;
+        down.serving = false;
+        down.state = ServerState::Candidate;
+        assert!(info_text(&down, 10).contains("cluster_state:fail"));
+        assert_eq!(counts(&down), [16384, 0, 16384, 1], "leader lost");
+
+        let mut never = down.clone();
+        never.last_leader = None;
+        assert_eq!(counts(&never), [0, 0, 0, 0], "no leader ever known");
+
+        let mut removed = down;
+        removed.removed = true;
+        assert_eq!(counts(&removed), [0, 0, 0, 0], "removed");
     }
 }
