@@ -605,6 +605,12 @@ impl RaftEngine {
             cfg.cluster.peer_listen.is_none(),
         )
         .await?;
+        keep_earlier_votes(
+            &data_dir,
+            cfg.election_timeout_ms,
+            cfg.cluster.peer_listen.is_some(),
+        )
+        .await?;
         let stepped_down = step_down_at_restart(&log, &mut sm, cfg.node_id).await?;
         let peers = peer::Peers::new(
             cfg.node_id,
@@ -1795,6 +1801,56 @@ fn directory_of(
         path: dir.to_owned(),
         reason,
     })
+}
+
+/// The file in the data directory holding the `election_timeout_ms` the
+/// node last started with.
+const ELECTION_TIMEOUT_FILE: &str = "election-timeout-ms";
+
+/// Keeps the promise this node made before it stopped. A follower that
+/// answered its leader votes for no other candidate (and does not
+/// campaign) for its `election_timeout_ms` after that, and its leader
+/// serves on those answers for four fifths of it; after a restart
+/// openraft counts that time again from the start, with the value given
+/// now. Started with a smaller value than the one it last ran with (in a
+/// cluster), it could help elect another leader while its old leader, cut
+/// off, still served reads on what it answered before (a leader given
+/// 3000 ms whose followers came back with 300 answered reads with what a
+/// new leader had overwritten). So it first waits out the difference:
+/// from its restart, which came after its last answer, that makes the old
+/// value at least. Then it records the value it runs with. A larger value
+/// than before, a first start, or a single node (whose vote nobody
+/// waits for) starts at once.
+async fn keep_earlier_votes(dir: &Path, now_ms: u64, clustered: bool) -> Result<(), StartError> {
+    let path = dir.join(ELECTION_TIMEOUT_FILE);
+    let bad = |reason: String| StartError::DataDir {
+        path: path.clone(),
+        reason,
+    };
+    let before = match fs::read_to_string(&path) {
+        Ok(s) => Some(s.trim().parse::<u64>().map_err(|_| {
+            bad(format!(
+                "not a number of milliseconds ({s:?}); it holds the election_timeout_ms this node last ran with: write that value there, or a larger one"
+            ))
+        })?),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => return Err(bad(e.to_string())),
+    };
+    if let Some(before) = before.filter(|&b| clustered && b > now_ms) {
+        let wait = before - now_ms;
+        warn!(
+            before_ms = before,
+            now_ms,
+            wait_ms = wait,
+            "election_timeout_ms is smaller than this node last ran with: it joins its cluster only after the difference, while its earlier promise not to vote for another leader may still run"
+        );
+        tokio::time::sleep(Duration::from_millis(wait)).await;
+    }
+    if before != Some(now_ms) {
+        wal::replace_file(dir, ELECTION_TIMEOUT_FILE, format!("{now_ms}\n").as_bytes())
+            .map_err(|e| bad(e.to_string()))?;
+    }
+    Ok(())
 }
 
 async fn step_down_at_restart(

@@ -720,3 +720,36 @@ fn append_entries_stay_under_the_peer_frame_limit() {
         assert!(entries * largest < super::peer::MAX_FRAME as u64);
     }
 }
+
+/// A node started with a smaller `election_timeout_ms` than it last ran
+/// with waits out the difference (its vote may still be promised for
+/// that long) before it records the new value; a larger one, a first
+/// start or a single node starts at once; a damaged record is an error
+/// naming the file.
+#[tokio::test(start_paused = true)]
+async fn a_node_started_with_a_smaller_election_timeout_waits_out_the_difference() {
+    use super::{ELECTION_TIMEOUT_FILE, keep_earlier_votes};
+    use tokio::time::Instant;
+    let dir = TempDir::new("lowered");
+    let kept = || std::fs::read_to_string(dir.0.join(ELECTION_TIMEOUT_FILE)).unwrap();
+    let waited = async |now_ms: u64, clustered: bool| {
+        let t = Instant::now();
+        keep_earlier_votes(&dir.0, now_ms, clustered).await.unwrap();
+        t.elapsed().as_millis()
+    };
+    assert_eq!(waited(3000, true).await, 0, "a first start");
+    assert_eq!(kept(), "3000\n");
+    assert_eq!(waited(300, true).await, 2700, "3000 -> 300");
+    assert_eq!(kept(), "300\n");
+    assert_eq!(waited(330, true).await, 0, "raised");
+    assert_eq!(kept(), "330\n");
+    assert_eq!(waited(330, true).await, 0, "the same");
+    assert_eq!(waited(100, false).await, 0, "a single node");
+    assert_eq!(kept(), "100\n");
+    std::fs::write(dir.0.join(ELECTION_TIMEOUT_FILE), "3O0\n").unwrap();
+    let e = keep_earlier_votes(&dir.0, 300, true).await.unwrap_err();
+    assert!(
+        e.to_string().contains(ELECTION_TIMEOUT_FILE) && e.to_string().contains("not a number"),
+        "{e}"
+    );
+}
