@@ -580,6 +580,86 @@ async fn replies_waiting_behind_a_write_count_toward_the_client_budget() {
     drop(hogs);
 }
 
+/// Writes on their way through the log were counted nowhere once handed
+/// to it: connections that each pipelined a hundred `COMPLETE`s of a 1 MB
+/// value (with a fence no record has: refused, but only once applied) and
+/// never read took a node from 11 MB to 2.8 GB with `mem_clients_normal`
+/// at 0, and other clients waited seconds. Now a request counts toward
+/// `max_client_memory_bytes` until its reply is known (past the budget
+/// the clients holding the most are disconnected), and the writes queued
+/// for the log are held to `max_pending_proposal_bytes` (beyond it they
+/// wait with their connections, counted).
+#[tokio::test]
+async fn pipelined_writes_on_their_way_to_the_log_count_toward_the_client_budget() {
+    let dir = DataDir::new("queued-writes");
+    let budget: u64 = 16 << 20;
+    let s = Idemd::start_with(
+        &[
+            ("IDEM_MAX_CLIENT_MEMORY_BYTES", "16777216"),
+            // Writes queued for the log, and the log held in memory (four
+            // times this), are capped apart.
+            ("IDEM_MAX_PENDING_PROPOSAL_BYTES", "16777216"),
+            ("IDEM_SNAPSHOT_LOG_BYTES", "4194304"),
+        ],
+        &["--engine", "raft", "--data-dir", dir.arg()],
+    )
+    .await;
+    let mut c = s.conn().await;
+    assert_eq!(c.cmd(&["PING"]).await, Frame::simple("PONG"));
+    let before = s.rss();
+    let value = vec![b'v'; 512 << 10];
+    let mut write = Vec::new();
+    for i in 0..40 {
+        write.extend_from_slice(
+            format!(
+                "*4\r\n$8\r\nCOMPLETE\r\n$6\r\nk-{i:04}\r\n$1\r\n1\r\n${}\r\n",
+                value.len()
+            )
+            .as_bytes(),
+        );
+        write.extend_from_slice(&value);
+        write.extend_from_slice(b"\r\n");
+    }
+    // 20 MB each, 400 MB in all, none of it read back.
+    let mut hogs = Vec::new();
+    for _ in 0..20 {
+        hogs.push(s.conn().await);
+    }
+    let sends: Vec<_> = hogs
+        .into_iter()
+        .map(|mut h| {
+            let write = write.clone();
+            tokio::spawn(async move {
+                use tokio::io::AsyncWriteExt;
+                let _ = h.stream.write_all(&write).await;
+                h
+            })
+        })
+        .collect();
+    let mut most = 0;
+    for _ in 0..30 {
+        let owed = info_field(&mut c, "mem_clients_normal").await;
+        assert!(
+            owed <= budget,
+            "clients hold {owed} bytes, over the budget {budget}"
+        );
+        most = most.max(owed);
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let evicted = info_field(&mut c, "client_budget_disconnects").await;
+    assert!(evicted > 0, "nobody was disconnected (at most {most} held)");
+    let grew = s.peak_rss().saturating_sub(before);
+    // 93-121 MB here: the 16 MB budget, 16 MB of writes queued, the log
+    // held (16 MB) and entries in flight, the allocator; without the
+    // budget counting them the writes piled up past 2 GB in the helper's
+    // run of 100 MB a connection.
+    assert!(grew < 192 << 20, "the server grew by {grew} bytes");
+    assert_eq!(c.cmd(&["PING"]).await, Frame::simple("PONG"));
+    for send in sends {
+        drop(send.await.unwrap());
+    }
+}
+
 /// A client that owes replies and takes none of them for
 /// `client_write_timeout_ms` is disconnected (it was kept forever).
 #[tokio::test]

@@ -138,6 +138,8 @@ pub struct RawConfig {
     pub gather_idle_us: u64,
     /// Ops waiting to be proposed to the log, at most.
     pub max_pending_proposals: usize,
+    /// Bytes of ops waiting to be proposed to the log, at most.
+    pub max_pending_proposal_bytes: usize,
     /// Bytes of ops in one log entry, at most.
     pub max_batch_bytes: usize,
     /// A write not applied within this gets -TRYAGAIN, ms.
@@ -276,6 +278,7 @@ impl Default for RawConfig {
             leader_poll_us: crate::engine::raft::LEADER_POLL_US,
             gather_idle_us: crate::engine::raft::GATHER_IDLE_US,
             max_pending_proposals: 65_536,
+            max_pending_proposal_bytes: 64 << 20,
             max_batch_bytes: 8 << 20,
             proposal_timeout_ms: 10_000,
             snapshot_entries: 100_000,
@@ -544,6 +547,13 @@ pub const MAX_GATHER_IDLE_US: u64 = 1_000;
 /// any use, and small enough to add to a clock reading.
 pub const MAX_TIMEOUT_BOUND_MS: u64 = 30 * 24 * 3_600_000;
 
+/// The smallest `max_pending_proposal_bytes` (1 MiB).
+pub const MIN_PENDING_PROPOSAL_BYTES: usize = 1 << 20;
+
+/// The largest `max_pending_proposal_bytes` (4 GiB less a byte: what one
+/// wait for room can count).
+pub const MAX_PENDING_PROPOSAL_BYTES: usize = u32::MAX as usize;
+
 /// Calls `$m!` with every numeric key: the one list that setting from text
 /// and listing for `CONFIG GET` share.
 macro_rules! numeric_keys {
@@ -560,6 +570,7 @@ macro_rules! numeric_keys {
             leader_poll_us,
             gather_idle_us,
             max_pending_proposals,
+            max_pending_proposal_bytes,
             max_batch_bytes,
             proposal_timeout_ms,
             snapshot_entries,
@@ -1160,6 +1171,16 @@ impl RawConfig {
                 format!("must be from 0 (automatic) to {MAX_WORKER_THREADS}"),
             ));
         }
+        if !(MIN_PENDING_PROPOSAL_BYTES..=MAX_PENDING_PROPOSAL_BYTES)
+            .contains(&self.max_pending_proposal_bytes)
+        {
+            return Err(invalid(
+                "max_pending_proposal_bytes",
+                format!(
+                    "must be between {MIN_PENDING_PROPOSAL_BYTES} and {MAX_PENDING_PROPOSAL_BYTES}"
+                ),
+            ));
+        }
         if !(4096..=64 << 20).contains(&self.max_batch_bytes) {
             return Err(invalid(
                 "max_batch_bytes",
@@ -1378,6 +1399,7 @@ impl RawConfig {
                 cluster,
                 tls,
                 max_pending_proposals: self.max_pending_proposals,
+                max_pending_proposal_bytes: self.max_pending_proposal_bytes,
                 max_batch_bytes: self.max_batch_bytes,
                 max_request_bytes: self.max_frame_bytes.max(self.largest_expiry_op()),
                 proposal_timeout_ms: self.proposal_timeout_ms,
@@ -1654,6 +1676,16 @@ mod tests {
             ("max_inflight_appends", "17", "max_inflight_appends"),
             ("leader_poll_us", "100001", "leader_poll_us"),
             ("gather_idle_us", "1001", "gather_idle_us"),
+            (
+                "max_pending_proposal_bytes",
+                "1000",
+                "max_pending_proposal_bytes",
+            ),
+            (
+                "max_pending_proposal_bytes",
+                "4294967296",
+                "max_pending_proposal_bytes",
+            ),
             ("snapshot_turn_ms", "600001", "snapshot_turn_ms"),
             // Less than the largest frame a member may send.
             (

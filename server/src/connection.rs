@@ -146,10 +146,15 @@ struct Started {
 /// force when its request was read (a later HELLO does not change it).
 #[derive(Default)]
 struct Pending {
-    queue: VecDeque<(Owed, Version, Option<Started>)>,
+    /// Each with the size of its request while its reply is not known.
+    queue: VecDeque<(Owed, Version, Option<Started>, usize)>,
     /// The memory of the known replies waiting in `queue`
     /// ([`Reply::memory`]): counted as the client's, as its output is.
     ready_bytes: usize,
+    /// The size of the requests whose replies are not known yet (a write
+    /// on its way through the log holds its request, a value of up to
+    /// `max_value_bytes` included): counted as the client's too.
+    later_bytes: usize,
     /// A blocking request is in the queue.
     blocked: bool,
     /// Entries whose reply is not known yet (`Later` or `Blocking`).
@@ -172,13 +177,18 @@ impl Pending {
             out.push_reply(version, &reply);
         } else {
             self.ready_bytes += reply.memory();
-            self.queue.push_back((Owed::Ready(reply), version, None));
+            self.queue.push_back((Owed::Ready(reply), version, None, 0));
         }
     }
 
     /// The memory of the known replies waiting behind one not known yet.
     fn ready_bytes(&self) -> usize {
         self.ready_bytes
+    }
+
+    /// The size of the requests whose replies are not known yet.
+    fn later_bytes(&self) -> usize {
+        self.later_bytes
     }
 
     /// The reply at the front, once it is known (counted in `stats`).
@@ -189,27 +199,32 @@ impl Pending {
     ) -> Poll<(Reply, Version)> {
         let ready = match self.queue.front_mut() {
             None => return Poll::Pending,
-            Some((Owed::Ready(_), _, _)) => true,
-            Some((Owed::Later(f) | Owed::Blocking(f), v, started)) => match f.as_mut().poll(cx) {
-                Poll::Ready(r) => {
-                    let v = *v;
-                    if let Some(s) = started {
-                        stats.record(s.id, s.at.elapsed(), &r);
+            Some((Owed::Ready(_), _, _, _)) => true,
+            Some((Owed::Later(f) | Owed::Blocking(f), v, started, _)) => {
+                match f.as_mut().poll(cx) {
+                    Poll::Ready(r) => {
+                        let v = *v;
+                        if let Some(s) = started {
+                            stats.record(s.id, s.at.elapsed(), &r);
+                        }
+                        self.unknown -= 1;
+                        if let Some((owed, _, _, request)) = self.queue.pop_front() {
+                            self.later_bytes -= request;
+                            if matches!(owed, Owed::Blocking(_)) {
+                                self.blocked = false;
+                            }
+                        }
+                        return Poll::Ready((r, v));
                     }
-                    self.unknown -= 1;
-                    if matches!(self.queue.pop_front(), Some((Owed::Blocking(_), _, _))) {
-                        self.blocked = false;
-                    }
-                    return Poll::Ready((r, v));
+                    Poll::Pending => false,
                 }
-                Poll::Pending => false,
-            },
+            }
         };
         if !ready {
             return Poll::Pending;
         }
         match self.queue.pop_front() {
-            Some((Owed::Ready(r), v, _)) => {
+            Some((Owed::Ready(r), v, _, _)) => {
                 self.ready_bytes = self.ready_bytes.saturating_sub(r.memory());
                 Poll::Ready((r, v))
             }
@@ -240,20 +255,22 @@ impl Pending {
         self.unknown > 0
     }
 
-    /// Adds a reply that comes later, for a request dispatched as
-    /// `started` says.
-    fn later(&mut self, owed: Owed, version: Version, started: Option<Started>) {
+    /// Adds a reply that comes later, for a request of `request` bytes
+    /// dispatched as `started` says.
+    fn later(&mut self, owed: Owed, version: Version, started: Option<Started>, request: usize) {
         if matches!(owed, Owed::Blocking(_)) {
             self.blocked = true;
         }
         self.unknown += 1;
-        self.queue.push_back((owed, version, started));
+        self.later_bytes += request;
+        self.queue.push_back((owed, version, started, request));
     }
 
     /// Answers blocking requests with `reply` at once (shutdown).
     fn unblock_with(&mut self, reply: &Reply, stats: &CmdStats) {
-        for (owed, _, started) in &mut self.queue {
+        for (owed, _, started, request) in &mut self.queue {
             if matches!(owed, Owed::Blocking(_)) {
+                self.later_bytes -= std::mem::take(request);
                 self.ready_bytes += reply.memory();
                 *owed = Owed::Ready(reply.clone());
                 if let Some(s) = started.take() {
@@ -277,8 +294,15 @@ impl Pending {
     /// Withdraws blocking requests (the client left).
     fn withdraw_blocking(&mut self) {
         let before = self.queue.len();
-        self.queue
-            .retain(|(o, _, _)| !matches!(o, Owed::Blocking(_)));
+        let mut freed = 0;
+        self.queue.retain(|(o, _, _, request)| {
+            let keep = !matches!(o, Owed::Blocking(_));
+            if !keep {
+                freed += request;
+            }
+            keep
+        });
+        self.later_bytes -= freed;
         self.unknown -= before - self.queue.len();
         self.blocked = false;
     }
@@ -369,11 +393,14 @@ async fn charge(node: &Node, info: &ClientInfo, accounted: &mut u64, owed: u64) 
 }
 
 /// What a connection holds for its client, counted against the
-/// server-wide client budget: replies owed, and requests read but not run
+/// server-wide client budget: replies owed, requests read but not run
 /// yet (a partly received frame included: a client that sends most of a
-/// large frame and stops holds it).
+/// large frame and stops holds it), and requests whose replies are not
+/// known yet (writes on their way through the log: a client that
+/// pipelined large writes and never read held each until it was
+/// answered, past every byte limit).
 fn client_bytes(out: &OutBuf, inbuf: &BytesMut, pending: &Pending) -> u64 {
-    (out.memory() + inbuf.len() + pending.ready_bytes()) as u64
+    (out.memory() + inbuf.len() + pending.ready_bytes() + pending.later_bytes()) as u64
 }
 
 /// Bytes of an emptied read buffer a connection keeps for its next read,
@@ -728,6 +755,8 @@ async fn run(
             if info.killed.load(std::sync::atomic::Ordering::Relaxed) {
                 break;
             }
+            // The size of the request about to run, as read.
+            let buffered = inbuf.len();
             let cmd = match held.take() {
                 Some(cmd) => Ok(cmd),
                 // Until the connection logs in (where it must), frames are
@@ -819,10 +848,12 @@ async fn run(
                     pending.reply(&mut out, session.version, reply);
                 }
                 Action::Pending(later) => {
-                    pending.later(Owed::Later(later), session.version, started);
+                    let request = buffered.saturating_sub(inbuf.len());
+                    pending.later(Owed::Later(later), session.version, started, request);
                 }
                 Action::Block(later) => {
-                    pending.later(Owed::Blocking(later), session.version, started);
+                    let request = buffered.saturating_sub(inbuf.len());
+                    pending.later(Owed::Blocking(later), session.version, started, request);
                 }
                 Action::Close(reply) => {
                     record(stats, started, &reply);
@@ -1049,7 +1080,7 @@ mod tests {
         let mut senders = Vec::new();
         for _ in 0..1000 {
             let (tx, rx) = oneshot::channel();
-            p.later(Owed::Later(later(rx)), v, None);
+            p.later(Owed::Later(later(rx)), v, None, 0);
             senders.push(tx);
         }
         assert!(p.queue.capacity() >= 1000);
@@ -1071,7 +1102,7 @@ mod tests {
         );
         ready.clear();
         let (tx, rx) = oneshot::channel();
-        p.later(Owed::Later(later(rx)), v, None);
+        p.later(Owed::Later(later(rx)), v, None, 0);
         let _ = tx.send(int(1));
         poll_fn(|cx| p.poll_ready(cx, &mut ready, &CmdStats::new(1))).await;
         let room = p.queue.capacity();
@@ -1089,9 +1120,9 @@ mod tests {
         assert_eq!(out.to_vec(), b":1\r\n", "nothing owed before: straight out");
         let (tx2, rx2) = oneshot::channel();
         let (tx4, rx4) = oneshot::channel();
-        p.later(Owed::Later(later(rx2)), v, None);
+        p.later(Owed::Later(later(rx2)), v, None, 0);
         p.reply(&mut out, v, int(3));
-        p.later(Owed::Later(later(rx4)), Version::Resp3, None);
+        p.later(Owed::Later(later(rx4)), Version::Resp3, None, 0);
         p.reply(&mut out, v, int(5));
         assert_eq!(p.len(), 4);
         // The fourth is known first: nothing can go out yet.
@@ -1132,8 +1163,8 @@ mod tests {
                 at: std::time::Instant::now(),
             })
         };
-        p.later(Owed::Later(later(rx2)), v, started(CommandId::Inspect));
-        p.later(Owed::Blocking(later(rx)), v, started(CommandId::Claim));
+        p.later(Owed::Later(later(rx2)), v, started(CommandId::Inspect), 0);
+        p.later(Owed::Blocking(later(rx)), v, started(CommandId::Claim), 0);
         assert!(p.blocked);
         let stats = CmdStats::new(1);
         p.unblock_with(&int(-1), &stats);

@@ -98,6 +98,9 @@ pub struct RaftConfig {
     pub node_id: NodeId,
     /// Ops waiting to be proposed, at most.
     pub max_pending_proposals: usize,
+    /// Bytes of ops waiting to be proposed, at most (a single larger op
+    /// counts as that many).
+    pub max_pending_proposal_bytes: usize,
     /// Bytes of ops in one log entry, at most (a single larger op goes
     /// alone).
     pub max_batch_bytes: usize,
@@ -870,7 +873,10 @@ impl RaftEngine {
                 store.unsafe_rewind_fences(8);
             }
         }
-        let proposals = Arc::new(queue::Queue::new(cfg.max_pending_proposals));
+        let proposals = Arc::new(queue::Queue::new(
+            cfg.max_pending_proposals,
+            cfg.max_pending_proposal_bytes,
+        ));
         tokio::spawn(propose(
             Proposer {
                 raft: raft.clone(),
@@ -933,10 +939,11 @@ impl RaftEngine {
 
     /// Proposes `op`; resolves once it is applied (its entry fsynced).
     ///
-    /// When `max_pending_proposals` are already queued, the op waits for
-    /// room (its connection keeps at most `max_pending_per_connection`
-    /// requests in progress, then stops reading), within the proposal
-    /// timeout.
+    /// When `max_pending_proposals` ops, or `max_pending_proposal_bytes`
+    /// of them, are already queued, the op waits for room (its connection
+    /// keeps at most `max_pending_per_connection` requests in progress,
+    /// then stops reading, and its requests count toward
+    /// `max_client_memory_bytes` meanwhile), within the proposal timeout.
     pub fn submit(&self, op: Op) -> super::Submission {
         // Not the serving leader (or cut off from the majority): answered
         // at once, never proposed.

@@ -48,17 +48,29 @@ pub(super) struct Queue {
     /// Free places: a producer takes one before it queues, the taker gives
     /// back those it takes. Closed when the queue is.
     room: Semaphore,
+    /// Free bytes, the same way: a producer takes its proposal's size (all
+    /// of them for a proposal larger than that), so that large writes
+    /// queued faster than the log takes them wait with their connections
+    /// (whose requests count toward the client budget meanwhile) instead
+    /// of piling up here. Closed when the queue is.
+    bytes_room: Semaphore,
+    /// What `bytes_room` holds when the queue is empty.
+    bytes_cap: usize,
     /// Proposals queued since the queue was made ([`Queue::arrived`]).
     arrived: AtomicU64,
 }
 
 impl Queue {
-    /// A queue of at most `capacity` (at least one) proposals.
-    pub(super) fn new(capacity: usize) -> Self {
+    /// A queue of at most `capacity` (at least one) proposals, and at most
+    /// `bytes` (at least one) of them.
+    pub(super) fn new(capacity: usize, bytes: usize) -> Self {
+        let bytes_cap = bytes.clamp(1, u32::MAX as usize);
         Queue {
             items: Mutex::new(VecDeque::with_capacity(KEEP)),
             ready: Notify::new(),
             room: Semaphore::new(capacity.clamp(1, Semaphore::MAX_PERMITS)),
+            bytes_room: Semaphore::new(bytes_cap),
+            bytes_cap,
             arrived: AtomicU64::new(0),
         }
     }
@@ -73,12 +85,19 @@ impl Queue {
     /// queued when there is (as a channel's `try_send` does).
     #[allow(clippy::result_large_err)]
     pub(super) fn try_push(&self, p: Proposal) -> Result<(), Refused> {
-        match self.room.try_acquire() {
-            Ok(place) => {
+        let place = match self.room.try_acquire() {
+            Ok(place) => place,
+            Err(TryAcquireError::NoPermits) => return Err(Refused::Full(p)),
+            Err(TryAcquireError::Closed) => return Err(Refused::Closed),
+        };
+        match self.bytes_room.try_acquire_many(self.charge(&p)) {
+            Ok(bytes) => {
                 place.forget();
+                bytes.forget();
                 self.put(p);
                 Ok(())
             }
+            // (The place goes back.)
             Err(TryAcquireError::NoPermits) => Err(Refused::Full(p)),
             Err(TryAcquireError::Closed) => Err(Refused::Closed),
         }
@@ -86,14 +105,22 @@ impl Queue {
 
     /// Queues `p` once there is room; refused once the queue is closed.
     pub(super) async fn push(&self, p: Proposal) -> Result<(), Refused> {
-        match self.room.acquire().await {
-            Ok(place) => {
-                place.forget();
-                self.put(p);
-                Ok(())
-            }
-            Err(_) => Err(Refused::Closed),
-        }
+        let Ok(place) = self.room.acquire().await else {
+            return Err(Refused::Closed);
+        };
+        let Ok(bytes) = self.bytes_room.acquire_many(self.charge(&p)).await else {
+            return Err(Refused::Closed);
+        };
+        place.forget();
+        bytes.forget();
+        self.put(p);
+        Ok(())
+    }
+
+    /// The bytes `p` takes of the queue's: its size, at most all of them
+    /// (a larger one waits for an empty queue), at least one.
+    fn charge(&self, p: &Proposal) -> u32 {
+        p.bytes.clamp(1, self.bytes_cap) as u32
     }
 
     fn put(&self, p: Proposal) {
@@ -182,7 +209,7 @@ impl Queue {
     /// (never proposed). `None` once the queue is closed and empty.
     pub(super) async fn next_batch(&self, max_ops: usize, max_bytes: usize) -> Option<Batch> {
         loop {
-            let (batch, taken) = {
+            let (batch, taken, freed) = {
                 let mut items = self.items.lock();
                 let mut batch = Batch {
                     ops: Vec::new(),
@@ -190,6 +217,7 @@ impl Queue {
                     bytes: 0,
                 };
                 let mut taken = 0;
+                let mut freed = 0;
                 while let Some(p) = items.front() {
                     if !batch.ops.is_empty() && batch.bytes + p.bytes > max_bytes {
                         break;
@@ -198,6 +226,7 @@ impl Queue {
                         break;
                     };
                     taken += 1;
+                    freed += self.charge(&p) as usize;
                     if p.take() {
                         batch.bytes += p.bytes;
                         batch.ops.push(p.op);
@@ -207,9 +236,10 @@ impl Queue {
                         }
                     }
                 }
-                (batch, taken)
+                (batch, taken, freed)
             };
             self.room.add_permits(taken);
+            self.bytes_room.add_permits(freed);
             if !batch.ops.is_empty() {
                 return Some(batch);
             }
@@ -240,6 +270,7 @@ impl Queue {
     /// stops.
     pub(super) fn close(&self) {
         self.room.close();
+        self.bytes_room.close();
         self.ready.notify_one();
     }
 }
@@ -278,7 +309,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_full_queue_refuses_until_the_taker_frees_room() {
-        let q = Arc::new(Queue::new(2));
+        let q = Arc::new(Queue::new(2, 1 << 20));
         assert!(q.try_push(proposal(1, 10).0).is_ok());
         assert!(q.try_push(proposal(2, 10).0).is_ok());
         let Err(Refused::Full(third)) = q.try_push(proposal(3, 10).0) else {
@@ -297,9 +328,46 @@ mod tests {
         assert_eq!(batch.ops.iter().map(key).collect::<Vec<_>>(), [2, 3]);
     }
 
+    /// Large writes queued faster than the log takes them piled up here
+    /// (a count of proposals bounded them, not their size): now they
+    /// wait for room in bytes too, and one larger than the whole room
+    /// waits for an empty queue.
+    #[tokio::test]
+    async fn a_queue_holds_no_more_bytes_than_its_cap() {
+        let q = Arc::new(Queue::new(100, 100));
+        assert!(q.try_push(proposal(1, 60).0).is_ok());
+        let Err(Refused::Full(second)) = q.try_push(proposal(2, 60).0) else {
+            panic!("120 bytes queued in a room of 100");
+        };
+        assert!(q.try_push(proposal(3, 40).0).is_ok(), "40 more fit");
+        let pusher = tokio::spawn({
+            let q = Arc::clone(&q);
+            async move { q.push(second).await.is_ok() }
+        });
+        tokio::task::yield_now().await;
+        assert!(!pusher.is_finished(), "pushed past the byte cap");
+        let batch = q.next_batch(1, usize::MAX).await.unwrap();
+        assert_eq!(batch.ops.iter().map(key).collect::<Vec<_>>(), [1]);
+        assert!(
+            pusher.await.unwrap(),
+            "the waiting push got the freed bytes"
+        );
+        // Larger than the whole room: queued once the queue is empty.
+        let Err(Refused::Full(big)) = q.try_push(proposal(4, 500).0) else {
+            panic!("500 bytes queued beside 100");
+        };
+        let batch = q.next_batch(10, usize::MAX).await.unwrap();
+        assert_eq!(batch.ops.iter().map(key).collect::<Vec<_>>(), [3, 2]);
+        assert!(q.try_push(big).is_ok(), "alone, it fits");
+        assert!(
+            matches!(q.try_push(proposal(5, 1).0), Err(Refused::Full(_))),
+            "nothing fits beside it"
+        );
+    }
+
     #[tokio::test]
     async fn a_batch_keeps_to_its_caps_and_drops_the_withdrawn() {
-        let q = Queue::new(100);
+        let q = Queue::new(100, 1 << 20);
         let mut states = Vec::new();
         let mut receivers = Vec::new();
         for n in 0..6 {
@@ -329,7 +397,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_closed_queue_hands_over_what_it_holds_then_ends() {
-        let q = Queue::new(10);
+        let q = Queue::new(10, 1 << 20);
         q.try_push(proposal(7, 1).0).ok().unwrap();
         q.close();
         assert!(matches!(q.try_push(proposal(8, 1).0), Err(Refused::Closed)));
@@ -344,7 +412,7 @@ mod tests {
 
     #[tokio::test]
     async fn the_taker_wakes_for_a_proposal_queued_while_it_waits() {
-        let q = Arc::new(Queue::new(10));
+        let q = Arc::new(Queue::new(10, 1 << 20));
         let taker = tokio::spawn({
             let q = Arc::clone(&q);
             async move { q.next_batch(10, usize::MAX).await.map(|b| b.ops.len()) }
@@ -386,7 +454,7 @@ mod tests {
         let ms = Duration::from_millis;
         // Five expected, coming 2 ms apart: all five, however long that
         // takes within `max`.
-        let q = Arc::new(Queue::new(100));
+        let q = Arc::new(Queue::new(100, 1 << 20));
         let producer = spaced(&q, 5, ms(2));
         q.gather_expected(5, q.arrived(), ms(50), ms(5_000)).await;
         assert_eq!(q.items.lock().len(), 5);
@@ -429,7 +497,7 @@ mod tests {
         // back 2 ms apart. The wait is for the five, not for five in all:
         // counting the stragglers would take three of the five and leave
         // two for the round after, and the clients would stay split.
-        let q = Arc::new(Queue::new(100));
+        let q = Arc::new(Queue::new(100, 1 << 20));
         for k in 0..3 {
             q.try_push(proposal(100 + k, 1).0).ok().unwrap();
         }
@@ -458,7 +526,7 @@ mod tests {
 
     #[tokio::test]
     async fn gathering_waits_for_a_first_proposal_then_for_those_still_coming() {
-        let q = Arc::new(Queue::new(100));
+        let q = Arc::new(Queue::new(100, 1 << 20));
         assert!(
             tokio::time::timeout(std::time::Duration::from_millis(50), q.gather(8))
                 .await
@@ -483,7 +551,7 @@ mod tests {
     #[tokio::test]
     async fn gathering_stops_at_its_polls_or_at_a_poll_that_brings_nothing() {
         // At most `polls` turns: the first proposal and two more.
-        let q = Arc::new(Queue::new(100));
+        let q = Arc::new(Queue::new(100, 1 << 20));
         let producer = trickle(&q, 6);
         q.gather(2).await;
         assert_eq!(q.items.lock().len(), 3);
@@ -506,7 +574,7 @@ mod tests {
 
     #[tokio::test]
     async fn an_emptied_queue_lets_go_of_a_burst_s_room() {
-        let q = Queue::new(10_000);
+        let q = Queue::new(10_000, 1 << 20);
         for _ in 0..5_000 {
             q.try_push(proposal(0, 1).0).ok().unwrap();
         }

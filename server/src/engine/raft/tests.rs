@@ -73,6 +73,7 @@ fn cfg(dir: &TempDir) -> RaftConfig {
         data_dir: dir.0.clone(),
         node_id: 1,
         max_pending_proposals: 1024,
+        max_pending_proposal_bytes: 64 << 20,
         max_batch_bytes: 1 << 20,
         max_request_bytes: 2 << 20,
         proposal_timeout_ms: 10_000,
