@@ -171,6 +171,34 @@ async fn huge_array_header_is_refused_without_allocating() {
     assert!(c.closed().await);
 }
 
+/// An inline command line was split into as many arguments as it held
+/// (32K in a 64 KiB line): `COMMAND INFO` of ten thousand names in 60 KB
+/// was answered with 550 KB. It holds no more than an array does.
+#[tokio::test]
+async fn an_inline_command_holds_no_more_arguments_than_max_args() {
+    let s = Idemd::start().await;
+    let mut c = s.conn().await;
+    let mut line = b"COMMAND INFO".to_vec();
+    for _ in 0..2000 {
+        line.extend_from_slice(b" claim");
+    }
+    line.extend_from_slice(b"\r\n");
+    c.write_raw(&line).await;
+    let e = err(&c.reply().await);
+    assert!(
+        e.starts_with("TOOBIG array length of 2002") && e.ends_with("(max_args)"),
+        "{e}"
+    );
+    assert!(c.closed().await);
+    // Within the limit, as before.
+    let mut c = s.conn().await;
+    c.write_raw(b"COMMAND INFO claim settle\r\n").await;
+    let Frame::Array(info) = c.reply().await else {
+        panic!("COMMAND INFO answers an array")
+    };
+    assert_eq!(info.len(), 2);
+}
+
 /// A request with nothing in it (an empty or null array, an empty inline
 /// line) gets no reply and leaves the connection open, as with Redis: an
 /// error for it added a reply the client did not expect (every later
