@@ -118,6 +118,24 @@ async fn a_cluster_bootstraps_and_followers_redirect_like_redis_cluster() {
         .await;
     let e = err(&r);
     assert!(e.starts_with("ERR") && e.contains("cluster_secret"), "{e}");
+    // Nothing can be reached at port 0 or at an unspecified host (port 0
+    // was taken: a learner never reached).
+    for (peer, client) in [
+        ("127.0.0.1:0", "127.0.0.1:7304"),
+        ("127.0.0.1:17304", "127.0.0.1:0"),
+        ("127.0.0.1:17304", "0.0.0.0:7304"),
+    ] {
+        let r = leader
+            .conn()
+            .await
+            .cmd(&["CLUSTER", "ADD", "9", peer, client])
+            .await;
+        let e = err(&r);
+        assert!(
+            e.starts_with("ERR") && e.contains("can be reached"),
+            "{peer} {client}: {e}"
+        );
+    }
     assert_eq!(leader.info("cluster_known_nodes").await, "3");
 }
 

@@ -1749,12 +1749,22 @@ pub async fn add_member(
         ("client", Some(plain)),
         ("TLS client", tls),
     ] {
-        if let Some(a) = a
-            && a.parse::<SocketAddr>().is_err()
-        {
-            return Err(ChangeError::Refused(format!(
-                "'{a}' is not a {what} address (IP:PORT)"
-            )));
+        if let Some(a) = a {
+            match a.parse::<SocketAddr>() {
+                Err(_) => {
+                    return Err(ChangeError::Refused(format!(
+                        "'{a}' is not a {what} address (IP:PORT)"
+                    )));
+                }
+                // Nothing listens on port 0 (binding it picks a port):
+                // the learner would never be reached.
+                Ok(s) if s.port() == 0 || s.ip().is_unspecified() => {
+                    return Err(ChangeError::Refused(format!(
+                        "'{a}' is not a {what} address a node can be reached at (port 0, or an unspecified host such as 0.0.0.0, names none)"
+                    )));
+                }
+                Ok(_) => {}
+            }
         }
     }
     // Raft messages for the new member would reach another one (which
