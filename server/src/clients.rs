@@ -247,11 +247,16 @@ impl Clients {
             self.freeing.fetch_add(owed, Ordering::Relaxed);
             self.evictions.fetch_add(1, Ordering::Relaxed);
             c.evict.notify_one();
-            tracing::warn!(
-                client = c.id,
-                addr = %c.addr,
-                "client output over the server's max_client_memory_bytes: disconnecting the client owing the most"
-            );
+            // A flood evicts thousands a second: one line per 10 s.
+            static LOGGED: crate::metrics::LogEvery = crate::metrics::LogEvery::new();
+            if let Some(count) = LOGGED.due() {
+                tracing::warn!(
+                    client = c.id,
+                    addr = %c.addr,
+                    count,
+                    "clients over the server's max_client_memory_bytes: disconnecting the client holding the most (logged at most every 10 s; INFO client_budget_disconnects)"
+                );
+            }
         }
         any
     }
