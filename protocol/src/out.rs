@@ -10,9 +10,9 @@ use std::io::IoSlice;
 
 use bytes::{Buf, Bytes, BytesMut};
 
-use crate::Version;
-use crate::frame::{line_out, number_out};
+use crate::frame::{encode, line_out, number_out};
 use crate::reply::{ClaimReply, Reply, SettleReply};
+use crate::{Frame, Version};
 
 /// Bodies at least this long are referenced, not copied, into the output.
 pub const SHARE_MIN: usize = 4096;
@@ -115,7 +115,41 @@ impl OutBuf {
                 self.put(b"*2\r\n+ABANDONED\r\n");
                 self.push_bulk(journal);
             }
+            // INSPECT shows the value or journal too: a herd inspecting
+            // one large record held a copy per reply.
+            Reply::Inspect(Some(info))
+                if [&info.value, &info.journal]
+                    .iter()
+                    .any(|b| b.as_ref().is_some_and(|b| b.len() >= SHARE_MIN)) =>
+            {
+                self.push_frame(version, &info.to_frame());
+            }
             other => other.encode(version, &mut self.tail),
+        }
+    }
+
+    /// Appends `frame` as [`encode`] writes it, its bulk strings of
+    /// [`SHARE_MIN`] bytes or more referenced.
+    fn push_frame(&mut self, version: Version, frame: &Frame) {
+        match frame {
+            Frame::Bulk(body) if body.len() >= SHARE_MIN => self.push_bulk(body),
+            Frame::Array(items) => {
+                number_out(&mut self.tail, b'*', items.len() as i64);
+                for item in items {
+                    self.push_frame(version, item);
+                }
+            }
+            Frame::Map(pairs) => {
+                match version {
+                    Version::Resp2 => number_out(&mut self.tail, b'*', pairs.len() as i64 * 2),
+                    Version::Resp3 => number_out(&mut self.tail, b'%', pairs.len() as i64),
+                }
+                for (k, v) in pairs {
+                    self.push_frame(version, k);
+                    self.push_frame(version, v);
+                }
+            }
+            other => encode(other, version, &mut self.tail),
         }
     }
 
@@ -232,7 +266,8 @@ impl OutBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{Frame, Outcome};
+    use crate::Outcome;
+    use crate::reply::{RecordInfo, RecordState};
 
     fn replies(value: Bytes) -> Vec<Reply> {
         vec![
@@ -253,6 +288,29 @@ mod tests {
                 journal: value.clone(),
             }),
             Reply::Frame(Frame::Integer(3)),
+            Reply::Inspect(Some(Box::new(RecordInfo {
+                state: RecordState::Completed,
+                fence: 2,
+                lease_ms: None,
+                retain_ms: Some(5),
+                outcome: Some(Outcome::Ok),
+                value: Some(value.clone()),
+                fingerprint: Some(Bytes::from_static(b"fp")),
+                journal: None,
+                attempt: None,
+            }))),
+            Reply::Inspect(Some(Box::new(RecordInfo {
+                state: RecordState::InFlight,
+                fence: 3,
+                lease_ms: Some(9),
+                retain_ms: None,
+                outcome: None,
+                value: None,
+                fingerprint: None,
+                journal: Some(value.clone()),
+                attempt: Some(Bytes::from_static(b"a")),
+            }))),
+            Reply::Inspect(None),
         ]
     }
 
@@ -348,6 +406,30 @@ mod tests {
             .filter(|p| p.as_ptr() == value.as_ptr())
             .count();
         assert_eq!(shared, 30);
+    }
+
+    /// INSPECT's value or journal is referenced as a replay's is (a herd
+    /// inspecting one 1 MiB record held a copy per reply).
+    #[test]
+    fn an_inspected_large_body_is_shared_not_copied() {
+        let value = Bytes::from(vec![b'v'; 1 << 20]);
+        let mut out = OutBuf::new();
+        for r in replies(value.clone()).iter().skip(6).cycle().take(30) {
+            out.push_reply(Version::Resp3, r);
+        }
+        assert!(out.len() > 20 << 20);
+        assert!(
+            out.memory() < out.len() + 64 * 1024,
+            "{} held for {} owed",
+            out.memory(),
+            out.len()
+        );
+        let shared = out
+            .pieces
+            .iter()
+            .filter(|p| p.as_ptr() == value.as_ptr())
+            .count();
+        assert_eq!(shared, 20, "the value of ten, the journal of ten");
     }
 
     /// Writing in arbitrary cuts, through the slices, yields the same bytes
