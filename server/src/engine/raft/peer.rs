@@ -418,16 +418,21 @@ impl Default for PeerLimits {
 /// snapshot chunks are this small).
 const UNCOUNTED_FRAME: usize = 64 << 10;
 
+/// The most room a frame's buffer is given ahead of its bytes.
+const RECEIVE_STEP: usize = 1 << 20;
+
 /// The bytes of peer frames being received at once, over every peer
 /// connection of a node, and their bound (`max_peer_receive_bytes`).
 ///
 /// A frame's header announces its length, and the connection buffers the
 /// frame until it is whole: a peer announcing large frames and sending
 /// them slowly, on many connections, held that much memory for each
-/// (hundreds of MB per connection, without a bound). A frame longer than
-/// [`UNCOUNTED_FRAME`] now counts at its announced length from its header
-/// until it is whole (or its connection ends); one that would pass the
-/// bound ends its connection instead, and is logged at most every 10 s.
+/// (hundreds of MB per connection, without a bound). What is buffered of a
+/// frame longer than [`UNCOUNTED_FRAME`] counts until it is whole (or its
+/// connection ends), and the buffer grows as its bytes come, not to the
+/// announced length at once (a 4-byte header announcing 512 MiB took the
+/// whole bound for a minute); a frame whose bytes would pass the bound
+/// ends its connection instead, logged at most every 10 s.
 #[derive(Debug)]
 pub struct ReceiveBudget {
     limit: usize,
@@ -450,7 +455,8 @@ impl ReceiveBudget {
         self.used.load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    fn take(&self, n: usize) -> std::io::Result<()> {
+    /// Counts `n` more bytes of a frame of `frame` bytes.
+    fn take(&self, n: usize, frame: usize) -> std::io::Result<()> {
         use std::sync::atomic::Ordering;
         let taken = self
             .used
@@ -461,7 +467,7 @@ impl ReceiveBudget {
             Ok(_) => Ok(()),
             Err(used) => {
                 let why = format!(
-                    "a peer frame of {n} bytes would pass max_peer_receive_bytes ({}; {used} being received): connection closed",
+                    "a peer frame of {frame} bytes would pass max_peer_receive_bytes ({}; {used} being received): connection closed",
                     self.limit
                 );
                 if let Some(count) = self.refusals.due() {
@@ -484,8 +490,8 @@ impl ReceiveBudget {
 pub struct PeerCodec {
     inner: LengthDelimitedCodec,
     budget: Option<Arc<ReceiveBudget>>,
-    /// A frame's header was read and the frame is not whole yet.
-    in_frame: bool,
+    /// The length of the frame whose header was read, until it is whole.
+    want: Option<usize>,
     /// What that frame counts against the budget.
     held: usize,
 }
@@ -497,7 +503,7 @@ impl PeerCodec {
                 .max_frame_length(max)
                 .new_codec(),
             budget,
-            in_frame: false,
+            want: None,
             held: 0,
         }
     }
@@ -524,27 +530,45 @@ impl tokio_util::codec::Decoder for PeerCodec {
     type Error = std::io::Error;
 
     fn decode(&mut self, src: &mut bytes::BytesMut) -> std::io::Result<Option<bytes::BytesMut>> {
-        if !self.in_frame {
-            let Some(head) = src.get(..4) else {
-                return Ok(None);
-            };
-            let len = u32::from_be_bytes(head.try_into().expect("four bytes")) as usize;
-            // A frame over the frame limit is the inner codec's error.
-            if len > UNCOUNTED_FRAME
-                && len <= self.inner.max_frame_length()
-                && let Some(b) = &self.budget
-            {
-                b.take(len)?;
-                self.held = len;
+        use bytes::Buf;
+        let len = match self.want {
+            Some(len) => len,
+            None => {
+                let Some(head) = src.get(..4) else {
+                    return Ok(None);
+                };
+                let len = u32::from_be_bytes(head.try_into().expect("four bytes")) as usize;
+                let max = self.inner.max_frame_length();
+                if len > max {
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::InvalidData,
+                        format!("a peer frame of {len} bytes is over the limit of {max}"),
+                    ));
+                }
+                src.advance(4);
+                self.want = Some(len);
+                len
             }
-            self.in_frame = true;
+        };
+        if len > UNCOUNTED_FRAME
+            && let Some(b) = &self.budget
+        {
+            let have = src.len().min(len);
+            if have > self.held {
+                b.take(have - self.held, len)?;
+                self.held = have;
+            }
         }
-        let frame = self.inner.decode(src);
-        if !matches!(frame, Ok(None)) {
-            self.in_frame = false;
-            self.release();
+        if src.len() < len {
+            // Room for what comes next, a step at a time (the buffer then
+            // grows by doubling, as its bytes arrive).
+            src.reserve((len - src.len()).min(RECEIVE_STEP));
+            return Ok(None);
         }
-        frame
+        let frame = src.split_to(len);
+        self.want = None;
+        self.release();
+        Ok(Some(frame))
     }
 }
 
@@ -2648,6 +2672,45 @@ impl openraft::RaftNetworkFactory<TypeConfig> for PeerNetwork {
 mod tests {
     use super::*;
 
+    /// A header announcing 512 MiB took the whole `max_peer_receive_bytes`
+    /// at once, and held it until the idle timeout (a minute): the
+    /// members' own frames were refused meanwhile. What is buffered of a
+    /// frame counts, as its bytes arrive, and the buffer is not grown to
+    /// the announced length ahead of them.
+    #[test]
+    fn a_frame_counts_what_has_arrived_of_it() {
+        use tokio_util::codec::{Decoder, Encoder};
+        let budget = Arc::new(ReceiveBudget::new(1 << 20));
+        let mut codec = PeerCodec::new(MAX_FRAME, Some(Arc::clone(&budget)));
+        let mut src = bytes::BytesMut::new();
+        src.extend_from_slice(&(MAX_FRAME as u32).to_be_bytes());
+        assert!(codec.decode(&mut src).unwrap().is_none());
+        assert_eq!(budget.used(), 0, "a header alone holds nothing");
+        assert!(src.capacity() <= 2 * RECEIVE_STEP, "{}", src.capacity());
+        src.extend_from_slice(&[1; 300 << 10]);
+        assert!(codec.decode(&mut src).unwrap().is_none());
+        assert_eq!(budget.used(), 300 << 10);
+        // Another connection's frame fits beside it, and is whole.
+        let mut other = PeerCodec::new(MAX_FRAME, Some(Arc::clone(&budget)));
+        let mut wire = bytes::BytesMut::new();
+        other
+            .encode(Bytes::from(vec![2; 500 << 10]), &mut wire)
+            .unwrap();
+        let got = other.decode(&mut wire).unwrap().expect("whole");
+        assert_eq!(got.len(), 500 << 10);
+        assert_eq!(budget.used(), 300 << 10, "given back once whole");
+        // Past the bound: the connection ends.
+        src.extend_from_slice(&[1; 800 << 10]);
+        let e = codec.decode(&mut src).unwrap_err();
+        assert!(e.to_string().contains("max_peer_receive_bytes"), "{e}");
+        drop(codec);
+        assert_eq!(budget.used(), 0, "given back when the connection ends");
+        // Over the frame limit: refused at its header.
+        let mut small = PeerCodec::new(1000, None);
+        let mut src = bytes::BytesMut::from(&1001u32.to_be_bytes()[..]);
+        assert!(small.decode(&mut src).is_err());
+    }
+
     /// The Welcome says the server's election timeout; nodes of earlier
     /// releases, which send none, are still read (the value unknown), and
     /// they read this release's Welcome (postcard leaves the trailing
@@ -2739,10 +2802,11 @@ mod tests {
 
     /// A peer announcing long frames and sending them slowly, on many
     /// connections, made the node hold each (+307 MB per 300 MiB sent, 3.3
-    /// GB over eight connections): the frames being received now count
-    /// against one bound, and a frame that would pass it ends its
-    /// connection; what was counted is given back when a frame is whole
-    /// or its connection ends, and small frames are never refused.
+    /// GB over eight connections): what is received of frames now counts
+    /// against one bound (a header alone counts nothing), and a frame
+    /// whose bytes would pass it ends its connection; what was counted is
+    /// given back when a frame is whole or its connection ends, and small
+    /// frames are never refused.
     #[tokio::test]
     async fn frames_being_received_are_bounded_over_all_connections() {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -2756,13 +2820,13 @@ mod tests {
         let (p2, a2) = node_limited(&dir, 2, None, Some(c), limits).await;
         let me = member_of(&dir, "me", c);
         let client = PeerClient::new(Arc::clone(&me), 2, a2.clone());
-        // A frame of 700 KiB announced, 100 KiB of it sent.
-        let start = |mut conn: Conn| async move {
+        // A frame of 700 KiB announced, `sent` KiB of it sent.
+        let start = |mut conn: Conn, sent: usize| async move {
             let s = conn.get_mut();
             s.write_all(&(700 * KIB as u32).to_be_bytes())
                 .await
                 .unwrap();
-            s.write_all(&vec![0u8; 100 * KIB]).await.unwrap();
+            s.write_all(&vec![0u8; sent * KIB]).await.unwrap();
             conn
         };
         let counted = async |want: usize| {
@@ -2776,16 +2840,17 @@ mod tests {
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
         };
-        let first = start(client.connect().await.unwrap()).await;
-        counted(700 * KIB).await;
-        // Another would pass the bound: its connection ends.
-        let mut second = start(client.connect().await.unwrap()).await;
+        let _announced = start(client.connect().await.unwrap(), 0).await;
+        let first = start(client.connect().await.unwrap(), 600).await;
+        counted(600 * KIB).await;
+        // Another's bytes would pass the bound: its connection ends.
+        let mut second = start(client.connect().await.unwrap(), 500).await;
         let mut buf = [0u8; 64];
         let end = tokio::time::timeout(Duration::from_secs(5), second.get_mut().read(&mut buf))
             .await
             .expect("the connection over the bound was not closed");
         assert!(matches!(end, Ok(0) | Err(_)), "{end:?}");
-        counted(700 * KIB).await;
+        counted(600 * KIB).await;
         // Small frames still pass.
         assert!(
             PeerClient::new(Arc::clone(&me), 2, a2.clone())
@@ -2793,12 +2858,12 @@ mod tests {
                 .await
                 .is_ok()
         );
-        // The first connection ends: what it held is given back, and a
-        // frame of that length fits again.
+        // The first connection ends: what it held is given back, and as
+        // much fits again.
         drop(first);
         counted(0).await;
-        let _third = start(client.connect().await.unwrap()).await;
-        counted(700 * KIB).await;
+        let _third = start(client.connect().await.unwrap(), 600).await;
+        counted(600 * KIB).await;
     }
 
     #[tokio::test]
