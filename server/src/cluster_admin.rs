@@ -281,7 +281,9 @@ pub fn info_text(v: &ClusterView, commit_index: u64) -> String {
     // As Redis counts them: a slot is assigned while a node (here, the
     // last leader known) holds it, ok unless that node failed; the
     // cluster's size counts the masters holding slots, failed or not.
-    let assigned = me.is_some() && v.last_leader.is_some();
+    let assigned = me.is_some()
+        && v.last_leader
+            .is_some_and(|l| v.members.iter().any(|m| m.id == l));
     let mut o = String::new();
     let _ = write!(
         o,
@@ -620,6 +622,14 @@ mod tests {
         let mut never = down.clone();
         never.last_leader = None;
         assert_eq!(counts(&never), [0, 0, 0, 0], "no leader ever known");
+
+        let mut gone = down.clone();
+        gone.last_leader = Some(9);
+        assert_eq!(
+            counts(&gone),
+            [0, 0, 0, 0],
+            "a last leader no longer a member"
+        );
 
         let mut removed = down;
         removed.removed = true;

@@ -1711,6 +1711,14 @@ fn raft_err(
     }
 }
 
+/// Whether a node can be reached at `ip`: not an unspecified, multicast or
+/// broadcast address (IPv4-mapped ones included).
+fn reachable(ip: std::net::IpAddr) -> bool {
+    let ip = ip.to_canonical();
+    let broadcast = matches!(ip, std::net::IpAddr::V4(v4) if v4.is_broadcast());
+    !(ip.is_unspecified() || ip.is_multicast() || broadcast)
+}
+
 /// `CLUSTER ADD`: adds `id` as a learner at `addr`; returns once the change
 /// is committed (the learner then catches up, by snapshot if it is far
 /// behind).
@@ -1758,9 +1766,9 @@ pub async fn add_member(
                 }
                 // Nothing listens on port 0 (binding it picks a port):
                 // the learner would never be reached.
-                Ok(s) if s.port() == 0 || s.ip().is_unspecified() => {
+                Ok(s) if s.port() == 0 || !reachable(s.ip()) => {
                     return Err(ChangeError::Refused(format!(
-                        "'{a}' is not a {what} address a node can be reached at (port 0, or an unspecified host such as 0.0.0.0, names none)"
+                        "'{a}' is not a {what} address a node can be reached at (port 0, an unspecified host such as 0.0.0.0, a multicast or broadcast address name none)"
                     )));
                 }
                 Ok(_) => {}

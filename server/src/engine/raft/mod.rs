@@ -1826,8 +1826,11 @@ const ELECTION_TIMEOUT_FILE: &str = "election-timeout-ms";
 /// new leader had overwritten). So it first waits out the difference:
 /// from its restart, which came after its last answer, that makes the old
 /// value at least. Then it records the value it runs with. A larger value
-/// than before, a first start, or a single node (whose vote nobody
-/// waits for) starts at once.
+/// than before, or a first start, starts at once; so does a node started
+/// without a peer address (whose vote nobody waits for meanwhile), which
+/// never lowers the record: started in a cluster again, it still waits.
+/// A directory from a build before this record has none: such a node
+/// starts at once (the docs ask for the value to be kept on that restart).
 async fn keep_earlier_votes(dir: &Path, now_ms: u64, clustered: bool) -> Result<(), StartError> {
     let path = dir.join(ELECTION_TIMEOUT_FILE);
     let bad = |reason: String| StartError::DataDir {
@@ -1835,11 +1838,17 @@ async fn keep_earlier_votes(dir: &Path, now_ms: u64, clustered: bool) -> Result<
         reason,
     };
     let before = match fs::read_to_string(&path) {
-        Ok(s) => Some(s.trim().parse::<u64>().map_err(|_| {
-            bad(format!(
-                "not a number of milliseconds ({s:?}); it holds the election_timeout_ms this node last ran with: write that value there, or a larger one"
-            ))
-        })?),
+        // (A value past the largest taken waits no longer than that.)
+        Ok(s) => Some(
+            s.trim()
+                .parse::<u64>()
+                .map_err(|_| {
+                    bad(format!(
+                        "not a number of milliseconds ({s:?}); it holds the election_timeout_ms this node last ran with: write that value there, or a larger one"
+                    ))
+                })?
+                .min(*crate::config::ELECTION_TIMEOUT_MS.end()),
+        ),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
         Err(e) => return Err(bad(e.to_string())),
     };
@@ -1853,8 +1862,13 @@ async fn keep_earlier_votes(dir: &Path, now_ms: u64, clustered: bool) -> Result<
         );
         tokio::time::sleep(Duration::from_millis(wait)).await;
     }
-    if before != Some(now_ms) {
-        wal::replace_file(dir, ELECTION_TIMEOUT_FILE, format!("{now_ms}\n").as_bytes())
+    let record = if clustered {
+        now_ms
+    } else {
+        before.map_or(now_ms, |b| b.max(now_ms))
+    };
+    if before != Some(record) {
+        wal::replace_file(dir, ELECTION_TIMEOUT_FILE, format!("{record}\n").as_bytes())
             .map_err(|e| bad(e.to_string()))?;
     }
     Ok(())

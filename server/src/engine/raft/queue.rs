@@ -64,7 +64,7 @@ impl Queue {
     /// A queue of at most `capacity` (at least one) proposals, and at most
     /// `bytes` (at least one) of them.
     pub(super) fn new(capacity: usize, bytes: usize) -> Self {
-        let bytes_cap = bytes.clamp(1, u32::MAX as usize);
+        let bytes_cap = bytes.clamp(1, (u32::MAX as usize).min(Semaphore::MAX_PERMITS));
         Queue {
             items: Mutex::new(VecDeque::with_capacity(KEEP)),
             ready: Notify::new(),

@@ -745,8 +745,17 @@ async fn a_node_started_with_a_smaller_election_timeout_waits_out_the_difference
     assert_eq!(waited(330, true).await, 0, "raised");
     assert_eq!(kept(), "330\n");
     assert_eq!(waited(330, true).await, 0, "the same");
+    // Started without a peer address: at once, and the record is not
+    // lowered (its next start in the cluster still waits).
     assert_eq!(waited(100, false).await, 0, "a single node");
+    assert_eq!(kept(), "330\n");
+    assert_eq!(waited(100, true).await, 230, "back in the cluster");
     assert_eq!(kept(), "100\n");
+    assert_eq!(waited(500, false).await, 0);
+    assert_eq!(kept(), "500\n", "raised alone");
+    // A record past the largest value taken waits that long at most.
+    std::fs::write(dir.0.join(ELECTION_TIMEOUT_FILE), "99999999999\n").unwrap();
+    assert_eq!(waited(300, true).await, 60_000 - 300);
     std::fs::write(dir.0.join(ELECTION_TIMEOUT_FILE), "3O0\n").unwrap();
     let e = keep_earlier_votes(&dir.0, 300, true).await.unwrap_err();
     assert!(
