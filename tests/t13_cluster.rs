@@ -2941,6 +2941,44 @@ async fn clients_that_read_from_replicas_connect_and_still_reach_the_leader() {
         "40 reads at once asked the leader {} times",
         rounds_after - rounds_before
     );
+    // Reads pipelined on one connection share rounds too (each waited for
+    // a round of its own: 32 reads asked the leader 32 times), and their
+    // replies keep the requests' order, a write's redirect among them.
+    let mut piped = c.members[f].conn().await;
+    assert_eq!(piped.cmd(&["READONLY"]).await, ok());
+    let (reads_before, rounds_before) = rounds(&c.members[f]).await;
+    for i in 0..32 {
+        if i == 16 {
+            piped.write(&["CLAIM", "ro-piped", "LEASE", "5000"]).await;
+        }
+        piped
+            .write(&["INSPECT", &format!("ro-{f}-{}", i % 30)])
+            .await;
+    }
+    let mut answered = 0;
+    for i in 0..32 {
+        if i == 16 {
+            let r = piped.reply().await;
+            assert_eq!(moved(&r), (key_slot(b"ro-piped"), leader.clone()));
+        }
+        let r = piped.reply().await;
+        let k = format!("ro-{f}-{}", i % 30);
+        if matches!(r, Frame::Error(_)) {
+            assert_eq!(moved(&r), (key_slot(k.as_bytes()), leader.clone()));
+        } else {
+            let v = format!("v{}", i % 30);
+            assert!(format!("{r:?}").contains(&v), "{k}: {r:?}");
+            answered += 1;
+        }
+    }
+    assert!(answered >= 28, "{answered} of 32 pipelined reads answered");
+    let (reads, rounds_after) = rounds(&c.members[f]).await;
+    assert_eq!(reads - reads_before, 32);
+    assert!(
+        rounds_after - rounds_before <= 8,
+        "32 pipelined reads asked the leader {} times",
+        rounds_after - rounds_before
+    );
     // A learner applies the same log, and reads the same way.
     let mut learner = Member::new("readonly", 4);
     learner.start(None, &[]).await;

@@ -240,7 +240,9 @@ async fn serve_client(
             let reply = match Command::from_frame(frame) {
                 Ok(cmd) => match dispatch(&node, &mut session, cmd) {
                     Action::Reply(r) | Action::Close(r) => r,
-                    Action::Pending(later) | Action::Block(later) => later.await,
+                    Action::Pending(later) | Action::Block(later) | Action::Read(later) => {
+                        later.await
+                    }
                 },
                 Err(e) => Reply::Error(ServerError::owned(ErrorCode::Err, e.to_string())),
             };

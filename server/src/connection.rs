@@ -132,6 +132,9 @@ enum Owed {
     Later(Later),
     /// A request that may WAIT: later requests run after it.
     Blocking(Later),
+    /// A read not known yet (a follower's linearizable read): later
+    /// requests run meanwhile, and later reads are not held behind it.
+    Read(Later),
 }
 
 /// When a request whose reply comes later was dispatched, and which
@@ -157,8 +160,11 @@ struct Pending {
     later_bytes: usize,
     /// A blocking request is in the queue.
     blocked: bool,
-    /// Entries whose reply is not known yet (`Later` or `Blocking`).
+    /// Entries whose reply is not known yet (`Later`, `Blocking` or
+    /// `Read`).
     unknown: usize,
+    /// Of those, the reads.
+    unknown_reads: usize,
 }
 
 impl Pending {
@@ -200,7 +206,7 @@ impl Pending {
         let ready = match self.queue.front_mut() {
             None => return Poll::Pending,
             Some((Owed::Ready(_), _, _, _)) => true,
-            Some((Owed::Later(f) | Owed::Blocking(f), v, started, _)) => {
+            Some((Owed::Later(f) | Owed::Blocking(f) | Owed::Read(f), v, started, _)) => {
                 match f.as_mut().poll(cx) {
                     Poll::Ready(r) => {
                         let v = *v;
@@ -210,8 +216,10 @@ impl Pending {
                         self.unknown -= 1;
                         if let Some((owed, _, _, request)) = self.queue.pop_front() {
                             self.later_bytes -= request;
-                            if matches!(owed, Owed::Blocking(_)) {
-                                self.blocked = false;
+                            match owed {
+                                Owed::Blocking(_) => self.blocked = false,
+                                Owed::Read(_) => self.unknown_reads -= 1,
+                                _ => {}
                             }
                         }
                         return Poll::Ready((r, v));
@@ -252,14 +260,16 @@ impl Pending {
 
     /// Whether a reply not yet known is owed (a write still in the log).
     fn awaits_write(&self) -> bool {
-        self.unknown > 0
+        self.unknown > self.unknown_reads
     }
 
     /// Adds a reply that comes later, for a request of `request` bytes
     /// dispatched as `started` says.
     fn later(&mut self, owed: Owed, version: Version, started: Option<Started>, request: usize) {
-        if matches!(owed, Owed::Blocking(_)) {
-            self.blocked = true;
+        match owed {
+            Owed::Blocking(_) => self.blocked = true,
+            Owed::Read(_) => self.unknown_reads += 1,
+            _ => {}
         }
         self.unknown += 1;
         self.later_bytes += request;
@@ -865,6 +875,10 @@ async fn run(
                 Action::Block(later) => {
                     let request = buffered.saturating_sub(inbuf.len());
                     pending.later(Owed::Blocking(later), session.version, started, request);
+                }
+                Action::Read(later) => {
+                    let request = buffered.saturating_sub(inbuf.len());
+                    pending.later(Owed::Read(later), session.version, started, request);
                 }
                 Action::Close(reply) => {
                     record(stats, started, &reply);

@@ -34,6 +34,10 @@ pub enum Action {
     /// lease has lapsed): later commands on the connection run only after
     /// it is answered, as with Redis blocking commands.
     Block(Later),
+    /// A read whose reply comes later (a follower's linearizable read):
+    /// later commands may run meanwhile, and later reads are not held
+    /// behind it as they are behind a write.
+    Read(Later),
     /// Send this reply, then close.
     Close(Reply),
 }
@@ -212,6 +216,7 @@ fn redirects_for(action: Action, tls: bool) -> Action {
         Action::Close(r) => Action::Close(for_client(r, tls)),
         Action::Pending(f) => Action::Pending(Box::pin(async move { for_client(f.await, tls) })),
         Action::Block(f) => Action::Block(Box::pin(async move { for_client(f.await, tls) })),
+        Action::Read(f) => Action::Read(Box::pin(async move { for_client(f.await, tls) })),
     }
 }
 
@@ -462,7 +467,7 @@ fn auth_answer(node: &Node, reply: Reply, source: std::net::IpAddr) -> Action {
 async fn reply_of_action(action: Action) -> Reply {
     match action {
         Action::Reply(r) | Action::Close(r) => r,
-        Action::Pending(later) | Action::Block(later) => later.await,
+        Action::Pending(later) | Action::Block(later) | Action::Read(later) => later.await,
     }
 }
 
@@ -536,8 +541,9 @@ fn record_routed(node: &Node, session: &Session, cmd: Command, may_hold: bool) -
             && reads_locally(&cmd)
         {
             let (node, session) = (node.clone(), session.clone());
-            return Action::Block(Box::pin(async move {
-                match node.engine().follower_read_barrier().await {
+            let barrier = node.engine().follower_read_barrier();
+            return Action::Read(Box::pin(async move {
+                match barrier.await {
                     Ok(()) => local_read(&node, &session, &cmd, false)
                         .unwrap_or_else(|| Reply::Error(e.to_server_error())),
                     // Routed again: the leader may have changed meanwhile

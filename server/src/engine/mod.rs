@@ -227,10 +227,13 @@ impl Engine {
     /// Makes this follower's store current for a linearizable read (see
     /// [`raft::RaftEngine::follower_read_barrier`]); an error for the
     /// memory engine, which has no leader to ask.
-    pub async fn follower_read_barrier(&self) -> Result<(), String> {
+    /// The read joins a round of asking the leader at this call.
+    pub fn follower_read_barrier(
+        &self,
+    ) -> std::pin::Pin<Box<dyn Future<Output = Result<(), String>> + Send>> {
         match &self.inner {
-            Inner::Memory(_) => Err("not a cluster".into()),
-            Inner::Raft { engine, .. } => engine.follower_read_barrier().await,
+            Inner::Memory(_) => Box::pin(std::future::ready(Err("not a cluster".into()))),
+            Inner::Raft { engine, .. } => Box::pin(engine.follower_read_barrier()),
         }
     }
 

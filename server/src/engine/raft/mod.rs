@@ -358,12 +358,15 @@ struct ReadRounds {
 }
 
 impl ReadRounds {
-    /// The leader's read index, asked for after this call began.
-    async fn index(
+    /// Joins the next round: its answer, the leader's read index asked for
+    /// after this call, comes on the receiver. At once, so that reads
+    /// pipelined on one connection join the same round, though each is
+    /// awaited only once the one before it is answered.
+    fn enroll(
         self: &Arc<Self>,
         raft: &Raft<TypeConfig>,
         peers: &Arc<peer::Peers>,
-    ) -> Result<u64, String> {
+    ) -> Result<oneshot::Receiver<Result<u64, String>>, String> {
         self.reads.fetch_add(1, Ordering::Relaxed);
         if self
             .unanswered_at
@@ -391,7 +394,7 @@ impl ReadRounds {
                 }
             });
         }
-        rx.await.unwrap_or_else(|_| Err("stopped".into()))
+        Ok(rx)
     }
 
     /// Asks the leader once for every read waiting, until none is.
@@ -1082,23 +1085,34 @@ impl RaftEngine {
     /// not serve or cannot be reached, this node is not a follower, or it
     /// did not apply in time) says only that the read must go to the
     /// leader.
-    pub async fn follower_read_barrier(&self) -> Result<(), String> {
-        // Not a follower of a known leader: not worth a round.
-        leader_peer(&self.raft)?;
-        let ttl = election_timeout(&self.raft);
+    ///
+    /// The read joins a round of asking the leader when this is called,
+    /// not when the future is first polled: a connection awaits its
+    /// pipelined reads one after the other, and they share rounds this way
+    /// (each took a round of its own).
+    pub fn follower_read_barrier(
+        &self,
+    ) -> impl std::future::Future<Output = Result<(), String>> + Send + 'static + use<> {
+        let raft = self.raft.clone();
+        let ttl = election_timeout(&raft);
         // One deadline for all of it: a round already out, its own, and
         // the apply.
-        tokio::time::timeout(ttl, async {
-            let index = self.read_rounds.index(&self.raft, &self.peers).await?;
-            self.raft
-                .wait(None)
-                .applied_index_at_least(Some(index), "a follower's read")
-                .await
-                .map(|_| ())
-                .map_err(|e| e.to_string())
-        })
-        .await
-        .unwrap_or_else(|_| Err("no read index applied within election_timeout_ms".into()))
+        let deadline = tokio::time::Instant::now() + ttl;
+        // Not a follower of a known leader: not worth a round.
+        let enrolled = leader_peer(&raft).and_then(|_| self.read_rounds.enroll(&raft, &self.peers));
+        async move {
+            let rx = enrolled?;
+            tokio::time::timeout_at(deadline, async {
+                let index = rx.await.unwrap_or_else(|_| Err("stopped".into()))?;
+                raft.wait(None)
+                    .applied_index_at_least(Some(index), "a follower's read")
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| e.to_string())
+            })
+            .await
+            .unwrap_or_else(|_| Err("no read index applied within election_timeout_ms".into()))
+        }
     }
 
     /// On a leader whose state machine has not applied everything
