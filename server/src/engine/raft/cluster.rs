@@ -597,9 +597,12 @@ impl Role {
     /// naming a dead leader, `cluster_state:ok`, for as long as the voters
     /// could not elect another). Four, since a learner hears nothing while
     /// the leader prepares a snapshot for it, or while its own disk is
-    /// slow to take the last entries.
+    /// slow to take the last entries. A learner that has not heard from
+    /// it since it started counts from its start: one that heard it only
+    /// before it knew its members (its first entries), or that was
+    /// restarted while the leader was down, named a dead leader for good.
     pub fn leader_lost(&self, heard: Option<Duration>) -> bool {
-        heard.is_some_and(|d| d >= (self.lease + self.election_timeout) * 4)
+        heard.unwrap_or_else(|| self.base.elapsed()) >= (self.lease + self.election_timeout) * 4
     }
 
     /// Notes that the role watcher looks now (see `ticked_us`).
@@ -2019,6 +2022,26 @@ mod tests {
         );
         role.voters.store(3, Ordering::Relaxed);
         role
+    }
+
+    /// A learner that has not heard from its leader since it started
+    /// (restarted while the leader was down, or it heard it only before it
+    /// knew its members) counts from its start: it named a dead leader,
+    /// `cluster_state:ok`, for good.
+    #[test]
+    fn a_learner_that_never_heard_its_leader_counts_from_its_start() {
+        let role = Role::new(
+            Clock::starting_at(0),
+            Duration::from_millis(10),
+            Duration::from_millis(8),
+            Duration::from_millis(10),
+        );
+        assert!(!role.leader_lost(None), "just started");
+        assert!(!role.leader_lost(Some(Duration::from_millis(10))));
+        assert!(role.leader_lost(Some(Duration::from_millis(80))));
+        std::thread::sleep(Duration::from_millis(80));
+        assert!(role.leader_lost(None), "never heard since its start");
+        assert!(!role.leader_lost(Some(Duration::from_millis(10))));
     }
 
     /// A leader elected while no majority could answer it (one voter

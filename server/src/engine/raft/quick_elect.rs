@@ -58,15 +58,16 @@ impl LeaderWatch {
             return;
         }
         // The first from `from`: kept for a member only, so that a peer
-        // claiming id after id in its handshakes cannot grow the map.
-        let member = raft
-            .metrics()
-            .borrow()
-            .membership_config
-            .membership()
-            .get_node(&from)
-            .is_some();
-        if member {
+        // claiming id after id in its handshakes cannot grow the map, or
+        // for the leader this node follows (a new learner's first entries
+        // come before it knows any member).
+        let known = {
+            let m = raft.metrics();
+            let m = m.borrow();
+            m.current_leader == Some(from)
+                || m.membership_config.membership().get_node(&from).is_some()
+        };
+        if known {
             heard.insert(from, now);
         }
     }
