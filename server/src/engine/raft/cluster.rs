@@ -898,6 +898,9 @@ pub async fn watch_role(w: Arc<Watch>) {
     // Whether this node's own log removed it, by the membership entry it
     // was read from: parsed once an entry, not at every pass of the core.
     let mut retired: (Option<openraft::LogId<NodeId>>, bool) = (None, false);
+    // The leader this node followed when the membership recorded it as
+    // removed (read when the membership changes).
+    let mut leader_retired: Option<NodeId> = None;
     // The voters' election timeouts the lease was last capped by: looked
     // at again when the membership or a value given changes.
     let mut capped: (Option<openraft::LogId<NodeId>>, u64) = (None, u64::MAX);
@@ -944,11 +947,19 @@ pub async fn watch_role(w: Arc<Watch>) {
             let voters = m.membership_config.membership().voter_ids().count();
             w.role.voters.store(voters.max(1), Ordering::Relaxed);
             if retired.0.as_ref() != at.as_ref() {
-                let removed = retired_ids(m.membership_config.membership().nodes()).contains(me);
-                retired = (*at, removed);
+                let ids = retired_ids(m.membership_config.membership().nodes());
+                retired = (*at, ids.contains(me));
+                leader_retired = m.current_leader.filter(|&l| l != me && ids.contains(l));
             }
             (m.state, m.current_leader, m.current_term)
         };
+        // The leader it follows removed itself: campaign as soon as it
+        // has been silent for its lease.
+        if let Some(l) =
+            leader_retired.filter(|&l| state == ServerState::Follower && leader == Some(l))
+        {
+            w.peers.leader_removed(&w.raft, l);
+        }
         (w.on_follower)(state == ServerState::Follower && leader.is_some_and(|l| l != me));
         let leads = state == ServerState::Leader && leader == Some(me);
         let demoted = {

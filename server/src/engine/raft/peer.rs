@@ -1224,6 +1224,13 @@ impl Peers {
             .collect()
     }
 
+    /// The leader this node follows is recorded as removed: campaign once
+    /// nothing comes from it for its lease (see
+    /// [`LeaderWatch::leader_removed`](super::quick_elect::LeaderWatch::leader_removed)).
+    pub fn leader_removed(&self, raft: &Raft<TypeConfig>, leader: NodeId) {
+        self.watch.leader_removed(raft, leader);
+    }
+
     /// How long ago member `id` last sent this node an AppendEntries
     /// (`None`: never, since this node started).
     pub fn heard_ago(&self, id: NodeId) -> Option<std::time::Duration> {

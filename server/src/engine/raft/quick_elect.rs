@@ -10,7 +10,10 @@
 //! follower refuses other candidates while the lease runs), so the dead
 //! leader can no longer be serving. The followers go in turns, by node id
 //! ([`STAGGER`] apart), so they do not split the vote; a campaign that
-//! fails leaves the ordinary timers to elect, as before.
+//! fails leaves the ordinary timers to elect, as before. A leader that
+//! removed itself (the membership says so) is treated the same way once
+//! nothing has come from it for the lease, whether or not its connections
+//! have closed.
 //!
 //! Nothing here bears on safety: an election may start at any time and
 //! votes decide it. It only moves the first campaign earlier when the
@@ -45,6 +48,9 @@ pub(super) struct LeaderWatch {
     armed: Mutex<Option<(NodeId, u64, Instant)>>,
     /// Quick campaigns started, since start.
     campaigns: AtomicU64,
+    /// The removed leader and term a campaign is waiting on
+    /// ([`LeaderWatch::leader_removed`]).
+    removed: Mutex<Option<(NodeId, u64)>>,
 }
 
 impl LeaderWatch {
@@ -145,6 +151,75 @@ impl LeaderWatch {
             watch
                 .campaign_if_still_gone(&raft, from, term, closed)
                 .await;
+        });
+    }
+
+    /// The leader this node follows as a voter is recorded as removed in
+    /// its membership (it removed itself): campaign once nothing has come
+    /// from it for the lease and a tenth (and this node's turn), as after
+    /// its connection closes. Its connections close when it lets go of
+    /// its peers, but one its replication still held stayed open after its
+    /// last heartbeat, and the followers waited for their own timers (766
+    /// ms here, under load).
+    pub(super) fn leader_removed(self: &Arc<Self>, raft: &Raft<TypeConfig>, from: NodeId) {
+        let (rank, term) = {
+            let m = raft.metrics();
+            let m = m.borrow();
+            if m.state != ServerState::Follower || m.current_leader != Some(from) {
+                return;
+            }
+            let mut voters: Vec<NodeId> = m
+                .membership_config
+                .membership()
+                .voter_ids()
+                .filter(|id| *id != from)
+                .collect();
+            voters.sort_unstable();
+            let Some(rank) = voters.iter().position(|id| *id == m.id) else {
+                return;
+            };
+            (rank, m.current_term)
+        };
+        {
+            let mut removed = self.removed.lock();
+            if *removed == Some((from, term)) {
+                return;
+            }
+            *removed = Some((from, term));
+        }
+        let lease = Duration::from_millis(raft.config().leader_lease);
+        let wait = lease + lease / 10 + STAGGER * rank as u32;
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (watch, raft) = (Arc::clone(self), raft.clone());
+        let armed = Instant::now();
+        rt.spawn(async move {
+            let last = loop {
+                let last = watch.heard.lock().get(&from).copied().unwrap_or(armed);
+                tokio::time::sleep_until(last + wait).await;
+                if watch.heard.lock().get(&from).is_none_or(|t| *t <= last) {
+                    break last;
+                }
+            };
+            let still = {
+                let m = raft.metrics();
+                let m = m.borrow();
+                m.state == ServerState::Follower
+                    && m.current_leader == Some(from)
+                    && m.current_term == term
+            };
+            if !still {
+                return;
+            }
+            watch.campaigns.fetch_add(1, Ordering::Relaxed);
+            info!(
+                leader = from,
+                term,
+                silent_ms = last.elapsed().as_millis() as u64,
+                "the leader removed itself and nothing came from it for its lease: campaigning now"
+            );
+            let _ = raft.trigger().elect().await;
         });
     }
 
