@@ -374,6 +374,7 @@ async fn prometheus_scrapes_metrics_listen() {
     assert_eq!(v("idem_raft_lease_seconds"), 0.24);
     assert_eq!(v("idem_raft_follower_reads_total"), 0.0);
     assert_eq!(v("idem_raft_read_index_rounds_total"), 0.0);
+    assert_eq!(v("idem_raft_follower_reads_redirected_total"), 0.0);
     assert!(v("idem_wal_fsyncs_total") >= 6.0);
     assert!(v("process_resident_memory_bytes") > 1e6);
     // The latency histogram: cumulative, ending at the count.

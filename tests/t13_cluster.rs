@@ -2914,6 +2914,12 @@ async fn clients_that_read_from_replicas_connect_and_still_reach_the_leader() {
     let rounds =
         async |m: &Member| info_pair(m, "raft_follower_reads", "raft_read_index_rounds").await;
     let (reads_before, rounds_before) = rounds(&c.members[f]).await;
+    let redirected = async |m: &Member| {
+        info_pair(m, "raft_follower_reads_redirected", "raft_follower_reads")
+            .await
+            .0
+    };
+    let redirected_before = redirected(&c.members[f]).await;
     let k = format!("ro-{f}-29");
     let answers = futures_util::future::join_all(
         readers
@@ -2936,6 +2942,11 @@ async fn clients_that_read_from_replicas_connect_and_still_reach_the_leader() {
     );
     let (reads, rounds_after) = rounds(&c.members[f]).await;
     assert_eq!(reads - reads_before, 40);
+    assert_eq!(
+        redirected(&c.members[f]).await - redirected_before,
+        40 - answered,
+        "INFO raft_follower_reads_redirected counts the reads sent to the leader"
+    );
     assert!(
         rounds_after - rounds_before < 40,
         "40 reads at once asked the leader {} times",

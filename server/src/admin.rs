@@ -604,7 +604,7 @@ pub fn info_text(node: &Node, wanted: &[String], tls: bool) -> String {
                  raft_leader_polls:{}\r\nraft_leader_polls_answered:{}\r\n\
                  raft_gathers_expecting:{}\r\nraft_gathers_expecting_met:{}\r\nraft_snapshot_turn_waits:{}\r\n\
                  raft_lease_lapses:{}\r\nraft_lease_held:{}\r\nraft_lease_held_failed:{}\r\nraft_leader_changes:{}\r\nraft_lease_ms:{}\r\n\
-                 raft_follower_reads:{}\r\nraft_read_index_rounds:{}\r\n",
+                 raft_follower_reads:{}\r\nraft_read_index_rounds:{}\r\nraft_follower_reads_redirected:{}\r\n",
                 r.term,
                 u8::from(r.leader),
                 r.last_log_index,
@@ -633,7 +633,8 @@ pub fn info_text(node: &Node, wanted: &[String], tls: bool) -> String {
                 r.leader_changes,
                 r.lease_ms,
                 r.follower_reads,
-                r.read_index_rounds
+                r.read_index_rounds,
+                r.follower_reads_redirected
             );
         }
     });

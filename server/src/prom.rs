@@ -535,6 +535,12 @@ pub fn render(node: &Node) -> String {
             r.read_index_rounds,
         );
         o.one(
+            "idem_raft_follower_reads_redirected_total",
+            "counter",
+            "Follower reads that went to the leader after all (no read index came, or it was not applied in time).",
+            r.follower_reads_redirected,
+        );
+        o.one(
             "idem_raft_leader_changes_seen_total",
             "counter",
             "Times a leader became known that differs from the last one (the first included).",

@@ -355,6 +355,10 @@ struct ReadRounds {
     /// leader for them, since start.
     reads: AtomicU64,
     rounds: AtomicU64,
+    /// Of the reads, those that could not be made current here (no read
+    /// index came, or it was not applied in time): they went to the
+    /// leader instead.
+    redirected: AtomicU64,
 }
 
 impl ReadRounds {
@@ -1100,9 +1104,10 @@ impl RaftEngine {
         let deadline = tokio::time::Instant::now() + ttl;
         // Not a follower of a known leader: not worth a round.
         let enrolled = leader_peer(&raft).and_then(|_| self.read_rounds.enroll(&raft, &self.peers));
+        let rounds = Arc::clone(&self.read_rounds);
         async move {
             let rx = enrolled?;
-            tokio::time::timeout_at(deadline, async {
+            let current = tokio::time::timeout_at(deadline, async {
                 let index = rx.await.unwrap_or_else(|_| Err("stopped".into()))?;
                 raft.wait(None)
                     .applied_index_at_least(Some(index), "a follower's read")
@@ -1111,7 +1116,11 @@ impl RaftEngine {
                     .map_err(|e| e.to_string())
             })
             .await
-            .unwrap_or_else(|_| Err("no read index applied within election_timeout_ms".into()))
+            .unwrap_or_else(|_| Err("no read index applied within election_timeout_ms".into()));
+            if current.is_err() {
+                rounds.redirected.fetch_add(1, Ordering::Relaxed);
+            }
+            current
         }
     }
 
@@ -1350,6 +1359,7 @@ impl RaftEngine {
             lease_ms: self.role.lease().as_millis() as u64,
             follower_reads: self.read_rounds.reads.load(Ordering::Relaxed),
             read_index_rounds: self.read_rounds.rounds.load(Ordering::Relaxed),
+            follower_reads_redirected: self.read_rounds.redirected.load(Ordering::Relaxed),
         }
     }
 
@@ -1517,6 +1527,10 @@ pub struct RaftInfo {
     /// Requests for the leader's read index sent for them (one serves
     /// every read waiting when it is sent), since start.
     pub read_index_rounds: u64,
+    /// Of the follower reads, those that went to the leader after all (no
+    /// read index came, or it was not applied within
+    /// `election_timeout_ms`), since start.
+    pub follower_reads_redirected: u64,
 }
 
 fn op_size(op: &Op) -> usize {
