@@ -418,8 +418,9 @@ impl Default for PeerLimits {
 /// snapshot chunks are this small).
 const UNCOUNTED_FRAME: usize = 64 << 10;
 
-/// The most room a frame's buffer is given ahead of its bytes.
-const RECEIVE_STEP: usize = 1 << 20;
+/// The most room a frame's buffer is given ahead of its bytes (it then
+/// grows by doubling as they arrive).
+const RECEIVE_STEP: usize = 64 << 10;
 
 /// The bytes of peer frames being received at once, over every peer
 /// connection of a node, and their bound (`max_peer_receive_bytes`).
