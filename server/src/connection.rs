@@ -263,6 +263,19 @@ impl Pending {
         self.unknown > self.unknown_reads
     }
 
+    /// Whether `cmd` must wait before it runs: a plain read for this
+    /// connection's earlier writes (so it sees them), anything else for
+    /// its earlier follower reads (so it does not overtake them: a write
+    /// sent after a read on a follower that had since become the leader
+    /// was applied before the read, which then showed it).
+    fn must_wait(&self, cmd: &Command) -> bool {
+        if is_plain_read(cmd) {
+            self.awaits_write()
+        } else {
+            self.unknown_reads > 0
+        }
+    }
+
     /// Adds a reply that comes later, for a request of `request` bytes
     /// dispatched as `started` says.
     fn later(&mut self, owed: Owed, version: Version, started: Option<Started>, request: usize) {
@@ -768,7 +781,7 @@ async fn run(
         // starts then (one clock read a command, not two).
         let mut mark: Option<std::time::Instant> = None;
         while !pending.blocked && (!closing || held.is_some()) && pending.len() < max_pending {
-            if held.is_some() && pending.awaits_write() {
+            if held.as_ref().is_some_and(|c| pending.must_wait(c)) {
                 break;
             }
             // Killed (by itself, or by another connection meanwhile): no
@@ -818,8 +831,7 @@ async fn run(
                 },
             };
             if let Ok(c) = &cmd
-                && pending.awaits_write()
-                && is_plain_read(c)
+                && pending.must_wait(c)
             {
                 held = cmd.ok();
                 break;
@@ -1224,5 +1236,27 @@ mod tests {
             read_buffer_bytes(&grown),
             grown.capacity() - KEEP_READ_BUFFER
         );
+    }
+
+    /// Later requests run while a follower read waits, but only reads:
+    /// anything else waits for it (a write sent after the read, on a
+    /// follower that had become the leader meanwhile, was applied before
+    /// the read and shown by it); a read waits for earlier writes only.
+    #[test]
+    fn only_reads_run_ahead_of_an_earlier_follower_read() {
+        let cmd = |args: &[&'static str]| {
+            idem_protocol::Command::from_frame(Frame::command(args.iter().copied())).unwrap()
+        };
+        let (claim, inspect) = (cmd(&["CLAIM", "k"]), cmd(&["INSPECT", "k"]));
+        let v = idem_protocol::Version::Resp2;
+        let mut p = Pending::default();
+        assert!(!p.must_wait(&claim) && !p.must_wait(&inspect));
+        let (_tx, rx) = oneshot::channel();
+        p.later(Owed::Read(later(rx)), v, None, 0);
+        assert!(p.must_wait(&claim), "a write behind a follower read");
+        assert!(!p.must_wait(&inspect), "a read behind a follower read");
+        let (_tx2, rx2) = oneshot::channel();
+        p.later(Owed::Later(later(rx2)), v, None, 0);
+        assert!(p.must_wait(&inspect), "a read behind a write");
     }
 }

@@ -377,6 +377,7 @@ impl ReadRounds {
             .lock()
             .is_some_and(|at| at.elapsed() < READ_INDEX_BACKOFF)
         {
+            self.redirected.fetch_add(1, Ordering::Relaxed);
             return Err("the leader did not answer the last request for a read index".into());
         }
         let (tx, rx) = oneshot::channel();

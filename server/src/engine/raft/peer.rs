@@ -590,6 +590,9 @@ impl tokio_util::codec::Decoder for PeerCodec {
         body.extend_from_slice(&src[..take]);
         src.advance(take);
         if body.len() < len {
+            // Room to read the next bytes into (the emptied read buffer
+            // went back to its first few KiB: each read then took 8 KiB).
+            src.reserve((len - body.len()).min(RECEIVE_STEP));
             return Ok(None);
         }
         let frame = self.body.take();
@@ -2727,6 +2730,11 @@ mod tests {
         // What is counted is what is allocated for it.
         assert_eq!(codec.body.as_ref().unwrap().capacity(), 300 << 10);
         assert!(src.is_empty(), "moved out of the read buffer");
+        assert!(
+            src.capacity() >= RECEIVE_STEP,
+            "room to read the next bytes into: {}",
+            src.capacity()
+        );
         // Another connection's frame fits beside it, and is whole.
         let mut other = PeerCodec::new(MAX_FRAME, Some(Arc::clone(&budget)));
         let mut wire = bytes::BytesMut::new();
