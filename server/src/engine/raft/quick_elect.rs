@@ -51,6 +51,21 @@ pub(super) struct LeaderWatch {
     /// The removed leader and term a campaign is waiting on
     /// ([`LeaderWatch::leader_removed`]).
     removed: Mutex<Option<(NodeId, u64)>>,
+    /// The leader and term of the last quick campaign: one per leader
+    /// gone, whichever way it was noticed (both at once campaigned twice).
+    campaigned: Mutex<Option<(NodeId, u64)>>,
+}
+
+impl LeaderWatch {
+    /// Whether to campaign now for `from` gone in `term` (once).
+    fn first_campaign(&self, from: NodeId, term: u64) -> bool {
+        let mut c = self.campaigned.lock();
+        if *c == Some((from, term)) {
+            return false;
+        }
+        *c = Some((from, term));
+        true
+    }
 }
 
 impl LeaderWatch {
@@ -209,7 +224,7 @@ impl LeaderWatch {
                     && m.current_leader == Some(from)
                     && m.current_term == term
             };
-            if !still {
+            if !still || !watch.first_campaign(from, term) {
                 return;
             }
             watch.campaigns.fetch_add(1, Ordering::Relaxed);
@@ -244,7 +259,7 @@ impl LeaderWatch {
                 && m.current_term == term
         };
         let heard_since = self.heard.lock().get(&from).is_some_and(|t| *t > closed);
-        if !still || heard_since {
+        if !still || heard_since || !self.first_campaign(from, term) {
             return;
         }
         self.campaigns.fetch_add(1, Ordering::Relaxed);
