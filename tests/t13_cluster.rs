@@ -3714,6 +3714,36 @@ async fn a_paused_leader_resumed_after_a_failover_answers_nothing_stale() {
     c.members[l].kill().await;
 }
 
+/// The environment of a node with `election_timeout_ms` set to `ms`, cut
+/// off from its peers while `faults` holds its isolate file.
+#[cfg(debug_assertions)]
+fn timeout_env<'a>(faults: &'a DataDir, ms: &'a str) -> [(&'a str, &'a str); 2] {
+    [
+        ("IDEM_ELECTION_TIMEOUT_MS", ms),
+        ("IDEMD_TEST_ISOLATE_DIR", faults.arg()),
+    ]
+}
+
+/// `INSPECT key` on a cut-off leader (through `read`), after a new leader
+/// completed `key` with `new`: redirected, refused, or the new state;
+/// never the old one (`stale` says so).
+#[cfg(debug_assertions)]
+async fn cut_off_read_is_not_stale(read: &mut Conn, key: &str, stale: &str) {
+    let r = tokio::time::timeout(Duration::from_secs(10), read.cmd(&["INSPECT", key]))
+        .await
+        .expect("the cut-off leader answers");
+    match &r {
+        Frame::Error(_) => {
+            let e = err(&r);
+            assert!(
+                e.starts_with("TRYAGAIN") || e.starts_with("MOVED"),
+                "INSPECT on the cut-off leader: {e}"
+            );
+        }
+        _ => assert!(format!("{r:?}").contains("new"), "{stale}: {r:?}"),
+    }
+}
+
 /// `election_timeout_ms` set larger on the leader than on its followers
 /// (raised on one node and not the others): each follower keeps its vote
 /// for the leader it heard from for its own value only, yet the leader
@@ -3730,14 +3760,7 @@ async fn a_paused_leader_resumed_after_a_failover_answers_nothing_stale() {
 async fn a_leader_serves_no_longer_than_its_followers_keep_their_votes() {
     let faults = DataDir::new("lease-cap-faults");
     std::fs::create_dir_all(&faults.0).unwrap();
-    let long = [
-        ("IDEM_ELECTION_TIMEOUT_MS", "3000"),
-        ("IDEMD_TEST_ISOLATE_DIR", faults.arg()),
-    ];
-    let short = [
-        ("IDEM_ELECTION_TIMEOUT_MS", "300"),
-        ("IDEMD_TEST_ISOLATE_DIR", faults.arg()),
-    ];
+    let (long, short) = (timeout_env(&faults, "3000"), timeout_env(&faults, "300"));
     let mut c = Cluster::start_with("lease-cap", 3, &long).await;
     let l = c.leader().await;
     let lease = async |m: &Member| info_field(&mut m.conn().await, "raft_lease_ms").await;
@@ -3803,22 +3826,12 @@ async fn a_leader_serves_no_longer_than_its_followers_keep_their_votes() {
             .await,
         ok()
     );
-    let r = tokio::time::timeout(Duration::from_secs(10), read.cmd(&["INSPECT", "after"]))
-        .await
-        .expect("the cut-off leader answers");
-    match &r {
-        Frame::Error(_) => {
-            let e = err(&r);
-            assert!(
-                e.starts_with("TRYAGAIN") || e.starts_with("MOVED"),
-                "INSPECT on the cut-off leader: {e}"
-            );
-        }
-        _ => assert!(
-            format!("{r:?}").contains("new"),
-            "the cut-off leader served the old state: {r:?}"
-        ),
-    }
+    cut_off_read_is_not_stale(
+        &mut read,
+        "after",
+        "the cut-off leader served the old state",
+    )
+    .await;
     std::fs::remove_file(faults.0.join(format!("isolate-{old}"))).unwrap();
     c.members[l].kill().await;
 }
@@ -3836,14 +3849,7 @@ async fn a_leader_serves_no_longer_than_its_followers_keep_their_votes() {
 async fn followers_restarted_with_a_smaller_election_timeout_keep_their_earlier_votes() {
     let faults = DataDir::new("lowered-faults");
     std::fs::create_dir_all(&faults.0).unwrap();
-    let long = [
-        ("IDEM_ELECTION_TIMEOUT_MS", "3000"),
-        ("IDEMD_TEST_ISOLATE_DIR", faults.arg()),
-    ];
-    let short = [
-        ("IDEM_ELECTION_TIMEOUT_MS", "300"),
-        ("IDEMD_TEST_ISOLATE_DIR", faults.arg()),
-    ];
+    let (long, short) = (timeout_env(&faults, "3000"), timeout_env(&faults, "300"));
     let mut c = Cluster::start_with("lowered", 3, &long).await;
     let l = c.leader().await;
     let old = c.members[l].id;
@@ -3873,22 +3879,12 @@ async fn followers_restarted_with_a_smaller_election_timeout_keep_their_earlier_
         conn2.cmd(&["COMPLETE", "k2", &f2.to_string(), "new"]).await,
         ok()
     );
-    let r = tokio::time::timeout(Duration::from_secs(10), read.cmd(&["INSPECT", "k2"]))
-        .await
-        .expect("the cut-off leader answers");
-    match &r {
-        Frame::Error(_) => {
-            let e = err(&r);
-            assert!(
-                e.starts_with("TRYAGAIN") || e.starts_with("MOVED"),
-                "INSPECT on the cut-off leader: {e}"
-            );
-        }
-        _ => assert!(
-            format!("{r:?}").contains("new"),
-            "the cut-off leader served what was overwritten: {r:?}"
-        ),
-    }
+    cut_off_read_is_not_stale(
+        &mut read,
+        "k2",
+        "the cut-off leader served what was overwritten",
+    )
+    .await;
     for &i in &followers {
         let kept = std::fs::read_to_string(c.members[i].dir.0.join("election-timeout-ms")).unwrap();
         assert_eq!(kept.trim(), "300", "the value it runs with, recorded");

@@ -269,11 +269,13 @@ impl Pending {
     /// sent after a read on a follower that had since become the leader
     /// was applied before the read, which then showed it).
     fn must_wait(&self, cmd: &Command) -> bool {
-        if is_plain_read(cmd) {
-            self.awaits_write()
-        } else {
-            self.unknown_reads > 0
-        }
+        // Nothing owed (most commands): the command table is not read.
+        self.unknown > 0
+            && if is_plain_read(cmd) {
+                self.awaits_write()
+            } else {
+                self.unknown_reads > 0
+            }
     }
 
     /// Adds a reply that comes later, for a request of `request` bytes
@@ -789,7 +791,8 @@ async fn run(
             if info.killed.load(std::sync::atomic::Ordering::Relaxed) {
                 break;
             }
-            // The size of the request about to run, as read.
+            // The size of the request about to run, as read (none for a
+            // held one: it was read in an earlier pass).
             let buffered = inbuf.len();
             let cmd = match held.take() {
                 Some(cmd) => Ok(cmd),
@@ -875,21 +878,19 @@ async fn run(
                     }
                 }
             };
+            let request = buffered.saturating_sub(inbuf.len());
             match action {
                 Action::Reply(reply) => {
                     mark = record(stats, started, &reply);
                     pending.reply(&mut out, session.version, reply);
                 }
                 Action::Pending(later) => {
-                    let request = buffered.saturating_sub(inbuf.len());
                     pending.later(Owed::Later(later), session.version, started, request);
                 }
                 Action::Block(later) => {
-                    let request = buffered.saturating_sub(inbuf.len());
                     pending.later(Owed::Blocking(later), session.version, started, request);
                 }
                 Action::Read(later) => {
-                    let request = buffered.saturating_sub(inbuf.len());
                     pending.later(Owed::Read(later), session.version, started, request);
                 }
                 Action::Close(reply) => {

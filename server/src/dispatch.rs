@@ -471,14 +471,12 @@ async fn reply_of_action(action: Action) -> Reply {
     }
 }
 
-/// The reply to `cmd` from the local store, if it is a read (the command
-/// table says which commands only read: they are answered from the store,
-/// never through the log; one that waits is not). `expire`: a deadline the
-/// read saw pass is applied through the engine (a leader's reads).
+/// The reply to `cmd` from the local store, if it is a read (callers ask
+/// [`reads_locally`] first). `expire`: a deadline the read saw pass is
+/// applied through the engine (a leader's reads).
 fn local_read(node: &Node, session: &Session, cmd: &Command, expire: bool) -> Option<Reply> {
     let engine = node.engine();
     let seen = match cmd {
-        _ if !reads_locally(cmd) => return None,
         Command::Settle(s) => engine.read(Read::Settle(&s.key)),
         Command::Inspect(i) => engine.read(Read::Inspect(&i.key)),
         _ => return None,
@@ -504,7 +502,9 @@ fn local_read(node: &Node, session: &Session, cmd: &Command, expire: bool) -> Op
     Some(reply)
 }
 
-/// Whether `cmd` is answered from the local store ([`local_read`]).
+/// Whether `cmd` is answered from the local store ([`local_read`]): the
+/// command table says which commands only read (answered from the store,
+/// never through the log); one that waits is not.
 fn reads_locally(cmd: &Command) -> bool {
     cmd.spec().flags.contains(Flags::READ)
         && match cmd {

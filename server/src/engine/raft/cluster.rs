@@ -923,14 +923,15 @@ pub async fn watch_role(w: Arc<Watch>) {
                     .election_timeouts(m.membership_config.membership().voter_ids());
                 let was = w.role.lease();
                 let shortened = w.role.cap_lease(smallest.map(Duration::from_millis));
-                let now = w.role.lease().as_millis() as u64;
-                if w.role.lease() != was && shortened {
+                let lease = w.role.lease();
+                let now = lease.as_millis() as u64;
+                if lease != was && shortened {
                     warn!(
                         lease_ms = now,
                         smallest_election_timeout_ms = ?smallest,
                         "a voter has a smaller election_timeout_ms than this node: a leader here serves on a majority's answers for {now} ms (four fifths of it), and heartbeats every third of that if its own heartbeats are too far apart to keep it"
                     );
-                } else if w.role.lease() != was {
+                } else if lease != was {
                     info!(
                         lease_ms = now,
                         "no voter has a smaller election_timeout_ms than this node any more: its lease is its own again"

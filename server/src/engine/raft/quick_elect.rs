@@ -37,6 +37,40 @@ use super::types::{NodeId, TypeConfig};
 /// How far apart the followers' quick campaigns start, in node id order.
 pub(super) const STAGGER: Duration = Duration::from_millis(50);
 
+/// This node's turn among the voters other than `from` (by node id) and
+/// the term, if it follows `from` as a voter.
+fn turn(raft: &Raft<TypeConfig>, from: NodeId) -> Option<(usize, u64)> {
+    let m = raft.metrics();
+    let m = m.borrow();
+    if m.state != ServerState::Follower || m.current_leader != Some(from) {
+        return None;
+    }
+    let mut others: Vec<NodeId> = m
+        .membership_config
+        .membership()
+        .voter_ids()
+        .filter(|id| *id != from)
+        .collect();
+    others.sort_unstable();
+    let rank = others.iter().position(|id| *id == m.id)?;
+    Some((rank, m.current_term))
+}
+
+/// How long after the leader's last word the follower at `rank` campaigns:
+/// the lease it granted, a tenth more (another follower's clock may run a
+/// little behind this one's), and its turn.
+fn campaign_wait(raft: &Raft<TypeConfig>, rank: usize) -> Duration {
+    let lease = Duration::from_millis(raft.config().leader_lease);
+    lease + lease / 10 + STAGGER * rank as u32
+}
+
+/// Whether this node still follows `from` in `term`.
+fn still_follows(raft: &Raft<TypeConfig>, from: NodeId, term: u64) -> bool {
+    let m = raft.metrics();
+    let m = m.borrow();
+    m.state == ServerState::Follower && m.current_leader == Some(from) && m.current_term == term
+}
+
 /// What a node heard from its peers, and the quick campaigns it made.
 #[derive(Debug, Default)]
 pub(super) struct LeaderWatch {
@@ -109,23 +143,8 @@ impl LeaderWatch {
     /// something comes from it (or from another leader) before then.
     pub(super) fn connection_closed(self: &Arc<Self>, raft: &Raft<TypeConfig>, from: NodeId) {
         let closed = Instant::now();
-        let (rank, term) = {
-            let m = raft.metrics();
-            let m = m.borrow();
-            if m.state != ServerState::Follower || m.current_leader != Some(from) {
-                return;
-            }
-            let mut others: Vec<NodeId> = m
-                .membership_config
-                .membership()
-                .voter_ids()
-                .filter(|id| *id != from)
-                .collect();
-            others.sort_unstable();
-            let Some(rank) = others.iter().position(|id| *id == m.id) else {
-                return;
-            };
-            (rank, m.current_term)
+        let Some((rank, term)) = turn(raft, from) else {
+            return;
         };
         {
             let mut armed = self.armed.lock();
@@ -139,11 +158,9 @@ impl LeaderWatch {
             }
             *armed = Some((from, term, closed));
         }
-        let lease = Duration::from_millis(raft.config().leader_lease);
         // The lease runs from the last word from the leader, which came
-        // before the connection closed; a tenth more covers another
-        // follower's clock running a little behind this one's.
-        let wait = lease + lease / 10 + STAGGER * rank as u32;
+        // before the connection closed.
+        let wait = campaign_wait(raft, rank);
         // A connection dropped while the runtime shuts down has nowhere to
         // campaign from.
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
@@ -177,23 +194,8 @@ impl LeaderWatch {
     /// last heartbeat, and the followers waited for their own timers (766
     /// ms here, under load).
     pub(super) fn leader_removed(self: &Arc<Self>, raft: &Raft<TypeConfig>, from: NodeId) {
-        let (rank, term) = {
-            let m = raft.metrics();
-            let m = m.borrow();
-            if m.state != ServerState::Follower || m.current_leader != Some(from) {
-                return;
-            }
-            let mut voters: Vec<NodeId> = m
-                .membership_config
-                .membership()
-                .voter_ids()
-                .filter(|id| *id != from)
-                .collect();
-            voters.sort_unstable();
-            let Some(rank) = voters.iter().position(|id| *id == m.id) else {
-                return;
-            };
-            (rank, m.current_term)
+        let Some((rank, term)) = turn(raft, from) else {
+            return;
         };
         {
             let mut removed = self.removed.lock();
@@ -202,8 +204,7 @@ impl LeaderWatch {
             }
             *removed = Some((from, term));
         }
-        let lease = Duration::from_millis(raft.config().leader_lease);
-        let wait = lease + lease / 10 + STAGGER * rank as u32;
+        let wait = campaign_wait(raft, rank);
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
             return;
         };
@@ -217,14 +218,7 @@ impl LeaderWatch {
                     break last;
                 }
             };
-            let still = {
-                let m = raft.metrics();
-                let m = m.borrow();
-                m.state == ServerState::Follower
-                    && m.current_leader == Some(from)
-                    && m.current_term == term
-            };
-            if !still || !watch.first_campaign(from, term) {
+            if !still_follows(&raft, from, term) || !watch.first_campaign(from, term) {
                 return;
             }
             watch.campaigns.fetch_add(1, Ordering::Relaxed);
@@ -251,15 +245,8 @@ impl LeaderWatch {
                 *armed = None;
             }
         }
-        let still = {
-            let m = raft.metrics();
-            let m = m.borrow();
-            m.state == ServerState::Follower
-                && m.current_leader == Some(from)
-                && m.current_term == term
-        };
         let heard_since = self.heard.lock().get(&from).is_some_and(|t| *t > closed);
-        if !still || heard_since || !self.first_campaign(from, term) {
+        if !still_follows(raft, from, term) || heard_since || !self.first_campaign(from, term) {
             return;
         }
         self.campaigns.fetch_add(1, Ordering::Relaxed);
