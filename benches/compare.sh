@@ -356,13 +356,16 @@ for round in 1 2 3; do
   SURVIVORS=""
   for i in 1 2 3; do [ "$i" != "$DEAD" ] && SURVIVORS="$SURVIVORS ${CPORT[$i]}"; done
   echo "round $round: kill -9 node $DEAD at $(date -u +%H:%M:%S.%N)" > "$WORK/failover.trace"
+  # In a group whose errors go to the trace: the shell's notice of the
+  # killed job ("Killed ...") goes there too, not between the results.
+  {
   kill -9 "${CLUSTER_PIDS[$DEAD]}"
   # Exits 3 when the failover took over SLOW_FAILOVER_MS (default 2000),
   # 4 when no write was acknowledged within FAILOVER_GIVE_UP_S (default
   # 60): the nodes' logs and what each try got are then kept under
   # target/ (and the section stops after a 4).
   TOOK=0
-  python3 - "${SLOW_FAILOVER_MS:-2000}" "${FAILOVER_GIVE_UP_S:-60}" $SURVIVORS 2>> "$WORK/failover.trace" <<'PY' || TOOK=$?
+  python3 - "${SLOW_FAILOVER_MS:-2000}" "${FAILOVER_GIVE_UP_S:-60}" $SURVIVORS <<'PY' || TOOK=$?
 import re, socket, sys, time
 t0 = time.monotonic()
 n = 0
@@ -393,6 +396,7 @@ while True:
             last[port] = seen
     time.sleep(0.005)
 PY
+  } 2>> "$WORK/failover.trace"
   if [ "$TOOK" = 3 ] || [ "$TOOK" = 4 ]; then
     KEEP="target/compare-slow-failover-$(date -u +%Y%m%dT%H%M%S)"
     mkdir -p "$KEEP" && cp "$WORK"/cluster-n*.log "$WORK/failover.trace" "$KEEP/"
