@@ -2188,6 +2188,53 @@ async fn a_node_restarted_while_its_leader_is_down_still_shows_the_slot_map() {
     );
 }
 
+/// A leader restarted while the others are down shows itself in the slot
+/// map, as a restarted Redis Cluster master does until it learns of its
+/// replacement: it rejoins as a follower and its saved vote no longer
+/// names a leader, so its `CLUSTER SLOTS` was empty (a cluster client
+/// seeded with it alone could not start: no slot covered), for as long as
+/// it heard of no leader.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_restarted_alone_still_shows_the_slot_map() {
+    let mut c = Cluster::start("restart-leader-map", 3).await;
+    let l = c.leader().await;
+    let port = i64::from(c.members[l].client.port());
+    c.members[l]
+        .conn()
+        .await
+        .acquire(&["CLAIM", "before"])
+        .await;
+    for m in &mut c.members {
+        m.kill().await;
+    }
+    c.members[l].start(None, &[]).await;
+    let node = &c.members[l];
+    let check = async |when: &str| {
+        let Frame::Array(ranges) = node.conn().await.cmd(&["CLUSTER", "SLOTS"]).await else {
+            panic!("CLUSTER SLOTS is an array")
+        };
+        assert_eq!(ranges.len(), 1, "{when}: one range, its own: {ranges:?}");
+        let Frame::Array(r) = &ranges[0] else {
+            panic!("a range is an array")
+        };
+        assert_eq!((int(&r[0]), int(&r[1])), (0, 16383), "{when}");
+        let Frame::Array(first) = &r[2] else { panic!() };
+        assert_eq!(int(&first[1]), port, "{when}: the leader it was");
+        assert_eq!(node.info("cluster_slots_assigned").await, "16384", "{when}");
+    };
+    check("at once after the start").await;
+    assert_eq!(node.info("idem_role").await, "follower");
+    // Still so once its election timeout has passed (it then campaigns,
+    // alone, with no one to answer).
+    eventually("the lone node reports the cluster down", async || {
+        (node.info("cluster_state").await == "fail").then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    check("while it campaigns").await;
+    assert_eq!(node.info("cluster_slots_fail").await, "16384");
+}
+
 /// Writes the leader proposed just before both followers' disks stalled
 /// waited out `proposal_timeout_ms` (10 s) for a commit; they are answered
 /// once the lease has lapsed and the hold after it passed, saying they may

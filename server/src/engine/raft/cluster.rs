@@ -744,6 +744,18 @@ impl Role {
     pub fn last_leader(&self) -> Option<NodeId> {
         self.inner.read().last_leader
     }
+
+    /// Records `id` as the last leader known, unless one is: a node that
+    /// led when it stopped (and rejoins as a follower) shows itself in
+    /// the slot map until it hears of a leader, as a restarted Redis
+    /// Cluster master shows the slots its saved configuration gives it.
+    /// (A follower's saved vote names its leader already.)
+    pub fn recall_leader(&self, id: NodeId) {
+        let mut r = self.inner.write();
+        if r.last_leader.is_none() {
+            r.last_leader = Some(id);
+        }
+    }
 }
 
 /// Whether node `me`'s removal is half done in `membership`: recorded as

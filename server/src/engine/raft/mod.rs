@@ -771,6 +771,9 @@ impl RaftEngine {
             // Requests wait out a lapse of the lease this long.
             Duration::from_millis(cfg.election_timeout_ms),
         );
+        if stepped_down {
+            role.recall_leader(cfg.node_id);
+        }
         // A follower's linearizable read asks the leader for this index
         // and applies up to it first: every write acknowledged here was
         // committed, at or below it; and only while the lease holds, so
