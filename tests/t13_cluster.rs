@@ -3437,6 +3437,168 @@ async fn half_open_peer_connections_from_the_members_address_do_not_stop_a_failo
     );
 }
 
+/// postcard's varint of `v`.
+fn varint(out: &mut Vec<u8>, mut v: u64) {
+    while v >= 0x80 {
+        out.push((v as u8) | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
+}
+
+/// A peer connection to `peer` (node `to` of the cluster whose id is
+/// `cluster`, in hex) that has passed the handshake as node `from`, no
+/// secret set: what any local process can open on a loopback cluster
+/// without `cluster_secret`.
+async fn fake_peer(
+    peer: std::net::SocketAddr,
+    to: u64,
+    from: u64,
+    cluster: &str,
+) -> tokio::net::TcpStream {
+    use tokio::io::AsyncWriteExt;
+    let mut s = tokio::net::TcpStream::connect(peer).await.unwrap();
+    let challenge = read_peer_frame(&mut s).await.expect("the node's challenge");
+    assert!(!challenge.is_empty());
+    // Hello: protocol 2, the cluster id, from, to, a client address, an
+    // incarnation, a nonce and a MAC of zeros (no secret).
+    let mut hello = vec![2, 1];
+    hello.extend((0..16).map(|i| u8::from_str_radix(&cluster[2 * i..2 * i + 2], 16).unwrap()));
+    varint(&mut hello, from);
+    varint(&mut hello, to);
+    hello.push(11);
+    hello.extend_from_slice(b"127.0.0.1:1");
+    hello.push(1);
+    hello.extend_from_slice(&[b'N'; 16]);
+    hello.extend_from_slice(&[0; 32]);
+    s.write_all(&(hello.len() as u32).to_be_bytes())
+        .await
+        .unwrap();
+    s.write_all(&hello).await.unwrap();
+    let welcome = read_peer_frame(&mut s).await.expect("the node's welcome");
+    assert_eq!(welcome.first(), Some(&0), "welcomed: {welcome:?}");
+    s
+}
+
+/// The next length-delimited frame on a peer connection (`None` once it
+/// closed or after 5 s).
+async fn read_peer_frame(s: &mut tokio::net::TcpStream) -> Option<Vec<u8>> {
+    use tokio::io::AsyncReadExt;
+    tokio::time::timeout(Duration::from_secs(5), async {
+        let mut len = [0u8; 4];
+        s.read_exact(&mut len).await.ok()?;
+        let mut body = vec![0u8; u32::from_be_bytes(len) as usize];
+        s.read_exact(&mut body).await.ok()?;
+        Some(body)
+    })
+    .await
+    .ok()
+    .flatten()
+}
+
+/// AppendEntries that no leader's log holds, sent by a process that passed
+/// the peer handshake (on loopback without `cluster_secret`, any local
+/// one; the node id it gave, 9, is no member's). A batch whose body does
+/// not decode was appended, committed and applied, and applying it
+/// stopped the node ("malformed entry: cut short"; restarted, it kept the
+/// entry, and once elected stopped the others with it); entries that skip
+/// an index or go back stopped it too ("append of index 8 where 4 was
+/// expected"), or panicked in the log store. They are refused now, before
+/// Raft sees them, and the node serves on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forged_entries_on_the_peer_port_do_not_stop_a_node() {
+    let mut c = Cluster::start("forged-entries", 3).await;
+    let l = c.leader().await;
+    let mut conn = c.members[l].conn().await;
+    conn.acquire(&["CLAIM", "before"]).await;
+    let f = c.followers().await[0];
+    let applied = c.members[l].applied().await;
+    c.members[f]
+        .caught_up_as_follower(applied, "the follower caught up")
+        .await;
+    let node = &c.members[f];
+    let cluster = node.info("idem_cluster_id").await;
+    let term: u64 = node.info("cluster_current_epoch").await.parse().unwrap();
+    let last: u64 = node.info("idem_last_log_index").await.parse().unwrap();
+    let leader = c.members[l].id;
+    // An AppendEntries from node 9 in the next term, after the follower's
+    // last entry, carrying `entries` (index, batch or blank).
+    let forged = |entries: &[(u64, Option<&[u8]>)]| {
+        let mut m = vec![0];
+        for v in [term + 1, 9, 1, 1, term, leader, last] {
+            varint(&mut m, v);
+        }
+        varint(&mut m, entries.len() as u64);
+        for (index, batch) in entries {
+            for v in [term + 1, 9, *index] {
+                varint(&mut m, v);
+            }
+            match batch {
+                Some(b) => {
+                    m.push(1);
+                    varint(&mut m, b.len() as u64);
+                    m.extend_from_slice(b);
+                }
+                None => m.push(0),
+            }
+        }
+        let top = entries.last().map_or(last, |e| e.0);
+        for v in [1, term + 1, 9, top] {
+            varint(&mut m, v);
+        }
+        m
+    };
+    // Format 1, state machine version 1, then a stamp cut short.
+    let cut: &[u8] = &[1, 1, 0, 0xff, 0xff, 0xff, 0xff, 0xff];
+    let cases = [
+        ("a batch cut short", forged(&[(last + 1, Some(cut))])),
+        ("an index skipped", forged(&[(last + 5, None)])),
+        (
+            "indexes going back",
+            forged(&[(last + 1, None), (last + 17, None), (last + 12, None)]),
+        ),
+    ];
+    for (what, message) in cases {
+        use tokio::io::AsyncWriteExt;
+        let mut s = fake_peer(node.peer, node.id, 9, &cluster).await;
+        s.write_all(&(message.len() as u32).to_be_bytes())
+            .await
+            .unwrap();
+        s.write_all(&message).await.unwrap();
+        let answer = read_peer_frame(&mut s).await.unwrap_or_default();
+        // Response::Failed, saying why.
+        assert_eq!(
+            answer.first(),
+            Some(&4),
+            "{what}: refused, not handed to Raft: {answer:?}"
+        );
+        let why = String::from_utf8_lossy(&answer);
+        assert!(why.contains("entry"), "{what}: {why}");
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let proc = c.members[f].proc.as_mut().unwrap();
+    assert!(
+        proc.child.try_wait().unwrap().is_none(),
+        "the follower stopped: {:?}",
+        proc.logs
+            .lock()
+            .unwrap()
+            .iter()
+            .rev()
+            .take(5)
+            .collect::<Vec<_>>()
+    );
+    // The cluster writes on, the follower applying what the leader commits
+    // under the leader it had.
+    let l2 = c.leader().await;
+    assert_eq!(l2, l, "the forged term deposed no one");
+    conn.acquire(&["CLAIM", "after"]).await;
+    let applied = c.members[l].applied().await;
+    c.members[f]
+        .caught_up_as_follower(applied, "the follower applies the leader's entries")
+        .await;
+}
+
 /// Field `name` of member `id` in `CLUSTER MEMBERS` (as text; empty if
 /// absent).
 async fn member_field(conn: &mut Conn, id: &str, name: &str) -> String {

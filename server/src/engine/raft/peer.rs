@@ -1931,8 +1931,9 @@ async fn from_leader_meanwhile<T>(
 }
 
 /// Why a request from node `asker` is not one a member sends, if it is
-/// not: a term at or past [`MAX_TERM`], a vote in another node's name, or
-/// log ids of a later term than the sender's vote.
+/// not: a term at or past [`MAX_TERM`], a vote in another node's name,
+/// log ids of a later term than the sender's vote, or entries that do not
+/// follow each other (see [`unfit_entries`]).
 fn implausible(req: &Request, asker: NodeId) -> Option<String> {
     let vote = match req {
         Request::Append(r) => &r.vote,
@@ -1967,10 +1968,43 @@ fn implausible(req: &Request, asker: NodeId) -> Option<String> {
         Request::Snapshot(r) => logged.extend(r.meta.last_log_id.iter()),
         Request::Probe | Request::KeptOut(_) | Request::ReadIndex => {}
     }
-    logged
-        .into_iter()
-        .find(|l| l.leader_id.term > term)
-        .map(|l| format!("log id {l} is of a later term than the sender's vote ({term})"))
+    if let Some(later) = logged.into_iter().find(|l| l.leader_id.term > term) {
+        return Some(format!(
+            "log id {later} is of a later term than the sender's vote ({term})"
+        ));
+    }
+    match req {
+        Request::Append(r) => unfit_entries(r),
+        _ => None,
+    }
+}
+
+/// Why an AppendEntries' entries could not have come from a leader's log,
+/// if they could not: each follows the one before it (the first, the entry
+/// they are sent after) at the next index and in no earlier term, and each
+/// batch decodes as this node will apply it. A log takes such entries as
+/// they come, and applying one that does not decode stops the node (and
+/// every node it would later replicate it to).
+fn unfit_entries(r: &AppendEntriesRequest<TypeConfig>) -> Option<String> {
+    let mut prev = r.prev_log_id;
+    for e in &r.entries {
+        let next = prev.map_or(0, |p| p.index.saturating_add(1));
+        if e.log_id.index != next {
+            return Some(format!("entry {} where index {next} comes next", e.log_id));
+        }
+        if let Some(p) = prev
+            && e.log_id.leader_id.term < p.leader_id.term
+        {
+            return Some(format!("entry {} follows {p}, of a later term", e.log_id));
+        }
+        if let openraft::EntryPayload::Normal(batch) = &e.payload
+            && let Err(err) = batch.entry()
+        {
+            return Some(format!("entry {}: {err}", e.log_id));
+        }
+        prev = Some(e.log_id);
+    }
+    None
 }
 
 /// Whether an answer's vote, if it carries one, has a term below
@@ -3251,7 +3285,7 @@ mod tests {
                 .map(|(i, t)| openraft::Entry {
                     log_id: openraft::LogId::new(
                         openraft::CommittedLeaderId::new(*t, leader),
-                        i as u64 + 1,
+                        i as u64,
                     ),
                     payload: openraft::EntryPayload::Blank,
                 })
@@ -3276,6 +3310,63 @@ mod tests {
         );
         let later = implausible(&append(5, 2, &[5, 6]), 2).unwrap();
         assert!(later.contains("later term"), "{later}");
+        // Entries that do not follow each other, or do not decode.
+        let entries = |prev: Option<(u64, u64)>, ids: &[(u64, u64)], batch: Option<Vec<u8>>| {
+            let id = |(t, i): (u64, u64)| {
+                openraft::LogId::new(openraft::CommittedLeaderId::new(t, 2), i)
+            };
+            implausible(
+                &Request::Append(AppendEntriesRequest {
+                    vote: openraft::Vote::new_committed(5, 2),
+                    prev_log_id: prev.map(id),
+                    entries: ids
+                        .iter()
+                        .map(|&l| openraft::Entry {
+                            log_id: id(l),
+                            payload: match &batch {
+                                Some(b) => openraft::EntryPayload::Normal(
+                                    // (postcard writes bytes as it writes a
+                                    // sequence of u8.)
+                                    decode_sharing(&Bytes::from(postcard::to_allocvec(b).unwrap()))
+                                        .unwrap(),
+                                ),
+                                None => openraft::EntryPayload::Blank,
+                            },
+                        })
+                        .collect(),
+                    leader_commit: None,
+                }),
+                2,
+            )
+        };
+        assert_eq!(entries(Some((1, 3)), &[(2, 4), (2, 5), (5, 6)], None), None);
+        assert_eq!(entries(None, &[(1, 0), (1, 1)], None), None);
+        let gap = entries(Some((1, 3)), &[(2, 8)], None).unwrap();
+        assert!(gap.contains("where index 4 comes next"), "{gap}");
+        let back = entries(Some((1, 3)), &[(2, 4), (2, 20), (2, 15)], None).unwrap();
+        assert!(back.contains("where index 5 comes next"), "{back}");
+        assert!(entries(None, &[(1, 1)], None).is_some());
+        let earlier = entries(Some((3, 3)), &[(2, 4)], None).unwrap();
+        assert!(earlier.contains("of a later term"), "{earlier}");
+        let earlier = entries(Some((1, 3)), &[(3, 4), (2, 5)], None).unwrap();
+        assert!(earlier.contains("of a later term"), "{earlier}");
+        let mut good = Vec::new();
+        crate::store::codec::encode_entry(
+            &crate::store::Entry {
+                stamp_ms: 1,
+                ops: vec![],
+            },
+            &mut good,
+        );
+        assert_eq!(entries(Some((1, 3)), &[(2, 4)], Some(good.clone())), None);
+        // A header this build reads, and a body cut short.
+        let mut bad = good.clone();
+        bad.truncate(good.len() - 1);
+        let cut = entries(Some((1, 3)), &[(2, 4)], Some(bad)).unwrap();
+        assert!(cut.contains("malformed entry"), "{cut}");
+        let mut bad = good;
+        bad.extend_from_slice(&[1, 1, 0, 0xff, 0xff, 0xff, 0xff, 0xff]);
+        assert!(entries(Some((1, 3)), &[(2, 4)], Some(bad)).is_some());
         let Request::Append(mut r) = append(5, 2, &[]) else {
             unreachable!()
         };
