@@ -3503,10 +3503,12 @@ async fn read_peer_frame(s: &mut tokio::net::TcpStream) -> Option<Vec<u8>> {
 /// stopped the node ("malformed entry: cut short"; restarted, it kept the
 /// entry, and once elected stopped the others with it); entries that skip
 /// an index or go back stopped it too ("append of index 8 where 4 was
-/// expected"), or panicked in the log store. They are refused now, before
-/// Raft sees them, and the node serves on.
+/// expected"), or panicked in the log store; and a snapshot that was not
+/// one stopped it when installed ("bad magic"). They are refused now,
+/// entries before Raft sees them and a snapshot once received, and the
+/// node serves on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn forged_entries_on_the_peer_port_do_not_stop_a_node() {
+async fn forged_entries_and_snapshots_on_the_peer_port_do_not_stop_a_node() {
     let mut c = Cluster::start("forged-entries", 3).await;
     let l = c.leader().await;
     let mut conn = c.members[l].conn().await;
@@ -3575,6 +3577,39 @@ async fn forged_entries_on_the_peer_port_do_not_stop_a_node() {
         let why = String::from_utf8_lossy(&answer);
         assert!(why.contains("entry"), "{what}: {why}");
     }
+    // Their term was never taken: the leader leads on.
+    conn.acquire(&["CLAIM", "between"]).await;
+    assert_eq!(
+        c.leader().await,
+        l,
+        "the forged entries' term deposed no one"
+    );
+    assert_eq!(node.info("cluster_current_epoch").await, term.to_string());
+    // A snapshot that is not one: its install failed, and a failed install
+    // stopped the node ("not an Idem snapshot (bad magic)").
+    {
+        use tokio::io::AsyncWriteExt;
+        let mut m = vec![2];
+        for v in [term + 1, 9, 1, 1, term + 1, 9, last + 100] {
+            varint(&mut m, v);
+        }
+        // Its membership: no log id, no configs, no nodes; its id.
+        m.extend_from_slice(&[0, 0, 0, 6]);
+        m.extend_from_slice(b"forged");
+        // Offset 0, eight bytes of data, done.
+        m.extend_from_slice(&[0, 8]);
+        m.extend_from_slice(b"garbage!");
+        m.push(1);
+        let mut s = fake_peer(node.peer, node.id, 9, &cluster).await;
+        s.write_all(&(m.len() as u32).to_be_bytes()).await.unwrap();
+        s.write_all(&m).await.unwrap();
+        let answer = read_peer_frame(&mut s).await.unwrap_or_default();
+        let why = String::from_utf8_lossy(&answer);
+        assert!(
+            why.contains("would not load"),
+            "the snapshot refused: {why}"
+        );
+    }
     tokio::time::sleep(Duration::from_millis(500)).await;
     let proc = c.members[f].proc.as_mut().unwrap();
     assert!(
@@ -3588,15 +3623,21 @@ async fn forged_entries_on_the_peer_port_do_not_stop_a_node() {
             .take(5)
             .collect::<Vec<_>>()
     );
-    // The cluster writes on, the follower applying what the leader commits
-    // under the leader it had.
+    // The cluster writes on, and the follower applies what its leader
+    // commits. (A snapshot's sender is heard as a leader while the chunk
+    // is taken, so its higher term may have called an election.)
     let l2 = c.leader().await;
-    assert_eq!(l2, l, "the forged term deposed no one");
-    conn.acquire(&["CLAIM", "after"]).await;
-    let applied = c.members[l].applied().await;
-    c.members[f]
-        .caught_up_as_follower(applied, "the follower applies the leader's entries")
+    c.members[l2]
+        .conn()
+        .await
+        .acquire(&["CLAIM", "after"])
         .await;
+    let applied = c.members[l2].applied().await;
+    if l2 != f {
+        c.members[f]
+            .caught_up_as_follower(applied, "the follower applies the leader's entries")
+            .await;
+    }
 }
 
 /// Field `name` of member `id` in `CLUSTER MEMBERS` (as text; empty if

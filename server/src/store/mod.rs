@@ -59,7 +59,7 @@ use record::State;
 use rules::Ctx;
 pub use shard::ShardStats;
 use shard::{Shard, Slab, state_index};
-pub use snapshot::{SNAPSHOT_VERSION, SnapshotCopy, SnapshotError};
+pub use snapshot::{SNAPSHOT_VERSION, SnapshotCopy, SnapshotError, check_snapshot_from};
 
 /// Records a scan looks at under one hold of a shard's lock (some tens of
 /// µs): applies wait no longer than that for a scan.

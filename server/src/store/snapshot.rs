@@ -401,37 +401,7 @@ impl Store {
     ) -> Result<(), SnapshotError> {
         let io = |e: std::io::Error| SnapshotError::Io(e.to_string());
         // Every record checked first, none kept.
-        let mut r = Stream::new(open().map_err(io)?, len)?;
-        let header = r.header()?;
-        let mut last: Vec<u8> = Vec::new();
-        let mut records = || {
-            for i in 0..header.count {
-                let rec = r.record()?;
-                if i > 0 && last.as_slice() >= rec.key {
-                    return Err(SnapshotError::Malformed("records out of key order"));
-                }
-                if rec.key.is_empty() || rec.key.len() > u16::MAX as usize {
-                    return Err(SnapshotError::Malformed("key length"));
-                }
-                if rec.fingerprint.is_some_and(|f| f.len() > u16::MAX as usize) {
-                    return Err(SnapshotError::Malformed("fingerprint length"));
-                }
-                last.clear();
-                last.extend_from_slice(rec.key);
-            }
-            Ok(())
-        };
-        match records() {
-            Ok(()) => r.end()?,
-            // A damaged snapshot is called so, whatever it looked like.
-            Err(SnapshotError::Malformed(why)) => {
-                return Err(match r.end() {
-                    Err(e @ (SnapshotError::Checksum | SnapshotError::Io(_))) => e,
-                    _ => SnapshotError::Malformed(why),
-                });
-            }
-            Err(e) => return Err(e),
-        }
+        check_snapshot_from(open().map_err(io)?, len)?;
         // Then read again, as checked, into shards of its own with no lock
         // held: millions of records take seconds to load, and whatever
         // looks at the store meanwhile (INFO, a client, a node's check
@@ -735,5 +705,44 @@ impl<'a> Reader<'a> {
             attempt,
             body,
         })
+    }
+}
+
+/// Checks the snapshot `reader` holds (`len` bytes) as a load does before
+/// it touches the store: its header, every record and the checksum.
+///
+/// # Errors
+///
+/// Why it would not load; [`SnapshotError::Checksum`] for a damaged one,
+/// whatever else it looked like.
+pub fn check_snapshot_from<R: Read>(reader: R, len: u64) -> Result<(), SnapshotError> {
+    let mut r = Stream::new(reader, len)?;
+    let header = r.header()?;
+    let mut last: Vec<u8> = Vec::new();
+    let mut records = || {
+        for i in 0..header.count {
+            let rec = r.record()?;
+            if i > 0 && last.as_slice() >= rec.key {
+                return Err(SnapshotError::Malformed("records out of key order"));
+            }
+            if rec.key.is_empty() || rec.key.len() > u16::MAX as usize {
+                return Err(SnapshotError::Malformed("key length"));
+            }
+            if rec.fingerprint.is_some_and(|f| f.len() > u16::MAX as usize) {
+                return Err(SnapshotError::Malformed("fingerprint length"));
+            }
+            last.clear();
+            last.extend_from_slice(rec.key);
+        }
+        Ok(())
+    };
+    match records() {
+        Ok(()) => r.end(),
+        // A damaged snapshot is called so, whatever it looked like.
+        Err(SnapshotError::Malformed(why)) => Err(match r.end() {
+            Err(e @ (SnapshotError::Checksum | SnapshotError::Io(_))) => e,
+            _ => SnapshotError::Malformed(why),
+        }),
+        Err(e) => Err(e),
     }
 }

@@ -7,6 +7,7 @@
 //! asks the state machine for the snapshot on the task that applies
 //! entries, so that read held every apply back.
 
+use std::future::Future;
 use std::io::{self, Cursor, SeekFrom};
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
@@ -33,6 +34,10 @@ pub struct Incoming {
     file: tokio::fs::File,
     path: std::path::PathBuf,
     taken: bool,
+    /// The check of what was received, under way ([`Incoming::poll_check`]).
+    check: Option<tokio::task::JoinHandle<Result<(), String>>>,
+    /// What was received loads.
+    checked: bool,
 }
 
 impl Incoming {
@@ -42,6 +47,47 @@ impl Incoming {
         std::mem::take(&mut self.path)
     }
 }
+
+impl Incoming {
+    /// Checks what was received as a load will, off the runtime thread (a
+    /// large snapshot takes seconds to read): its header, every record and
+    /// its checksum. A snapshot that would not load is refused here, where
+    /// the reception ends, and its sender is answered with the error;
+    /// handed to openraft, its failed install would stop this node (a
+    /// failed install is a storage failure to openraft).
+    fn poll_check(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        if self.checked {
+            return Poll::Ready(Ok(()));
+        }
+        let path = self.path.clone();
+        let check = self.check.get_or_insert_with(|| {
+            tokio::task::spawn_blocking(move || {
+                let file = std::fs::File::open(&path).map_err(|e| e.to_string())?;
+                let len = file.metadata().map_err(|e| e.to_string())?.len();
+                crate::store::check_snapshot_from(
+                    std::io::BufReader::with_capacity(CHECK_READ, file),
+                    len,
+                )
+                .map_err(|e| e.to_string())
+            })
+        });
+        let checked = ready!(Pin::new(check).poll(cx));
+        self.check = None;
+        match checked {
+            Ok(Ok(())) => {
+                self.checked = true;
+                Poll::Ready(Ok(()))
+            }
+            Ok(Err(why)) => Poll::Ready(Err(io::Error::other(format!(
+                "the snapshot received would not load: {why}"
+            )))),
+            Err(e) => Poll::Ready(Err(io::Error::other(e))),
+        }
+    }
+}
+
+/// The read buffer of [`Incoming::poll_check`].
+const CHECK_READ: usize = 1 << 20;
 
 impl Drop for Incoming {
     fn drop(&mut self) {
@@ -195,6 +241,8 @@ impl SnapshotData {
             file: tokio::fs::File::from_std(file),
             path,
             taken: false,
+            check: None,
+            checked: false,
         }))
     }
 
@@ -333,7 +381,10 @@ impl AsyncWrite for SnapshotData {
         match self.get_mut() {
             SnapshotData::Mem(c) => Pin::new(c).poll_shutdown(cx),
             SnapshotData::File(_) => Poll::Ready(Ok(())),
-            SnapshotData::Incoming(i) => Pin::new(&mut i.file).poll_shutdown(cx),
+            SnapshotData::Incoming(i) => {
+                ready!(Pin::new(&mut i.file).poll_shutdown(cx))?;
+                i.poll_check(cx)
+            }
         }
     }
 }

@@ -462,13 +462,32 @@ async fn a_snapshot_is_received_into_a_file_of_its_own_and_installed_from_it() {
     assert!(incoming(&dir).is_empty(), "{:?}", incoming(&dir));
     let (applied, _) = follower.applied_state().await.unwrap();
     assert_eq!(applied, sent.meta.last_log_id);
-    // One that cannot be installed (damaged on the way) leaves no file.
+    // One damaged on the way is refused as its reception ends, before
+    // openraft could install it (a failed install stops the node), and
+    // leaves no file.
     let mut damaged = bytes.clone();
     let at = damaged.len() / 2;
     damaged[at] ^= 0x40;
     let mut received = follower.begin_receiving_snapshot().await.unwrap();
     received.write_all(&damaged).await.unwrap();
+    let e = received.shutdown().await.unwrap_err();
+    assert!(e.to_string().contains("checksum"), "{e}");
+    drop(received);
+    assert!(incoming(&dir).is_empty(), "{:?}", incoming(&dir));
+    // Nor one that is not a snapshot at all.
+    let mut received = follower.begin_receiving_snapshot().await.unwrap();
+    received.write_all(b"garbage!").await.unwrap();
+    let e = received.shutdown().await.unwrap_err();
+    assert!(e.to_string().contains("would not load"), "{e}");
+    drop(received);
+    assert!(incoming(&dir).is_empty(), "{:?}", incoming(&dir));
+    // A file damaged after its check still fails its install, and leaves
+    // no file either.
+    let mut received = follower.begin_receiving_snapshot().await.unwrap();
+    received.write_all(&bytes).await.unwrap();
     received.shutdown().await.unwrap();
+    let name = incoming(&dir).pop().unwrap();
+    std::fs::write(dir.0.join(name), &damaged).unwrap();
     let e = follower
         .install_snapshot(&sent.meta, received)
         .await
