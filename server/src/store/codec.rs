@@ -306,6 +306,128 @@ pub fn decode_entry(buf: Bytes) -> Result<Entry, CodecError> {
     Ok(Entry { stamp_ms, ops })
 }
 
+/// Checks that [`decode_entry`] decodes `buf`, without building the entry
+/// (what a node checks of each entry a peer sends it before its log takes
+/// it: one that does not decode would stop the node that applies it).
+///
+/// # Errors
+///
+/// The error [`decode_entry`] gives.
+pub fn check_entry(buf: &[u8]) -> Result<(), CodecError> {
+    check_entry_header(buf)?;
+    let mut r = Skip(buf);
+    r.skip(3)?;
+    r.skip(8)?;
+    let n = r.u32()? as usize;
+    r.need(n)?;
+    for _ in 0..n {
+        r.op()?;
+    }
+    if !r.0.is_empty() {
+        return Err(CodecError::Malformed("bytes after the last op"));
+    }
+    Ok(())
+}
+
+/// [`Reader`]'s walk over an entry, keeping nothing ([`check_entry`]).
+struct Skip<'a>(&'a [u8]);
+
+impl Skip<'_> {
+    fn need(&self, n: usize) -> Result<(), CodecError> {
+        if self.0.len() < n {
+            Err(CodecError::Malformed("cut short"))
+        } else {
+            Ok(())
+        }
+    }
+
+    fn skip(&mut self, n: usize) -> Result<(), CodecError> {
+        self.need(n)?;
+        self.0 = &self.0[n..];
+        Ok(())
+    }
+
+    fn u8(&mut self) -> Result<u8, CodecError> {
+        self.need(1)?;
+        let b = self.0[0];
+        self.0 = &self.0[1..];
+        Ok(b)
+    }
+
+    fn u32(&mut self) -> Result<u32, CodecError> {
+        self.need(4)?;
+        let v = u32::from_le_bytes([self.0[0], self.0[1], self.0[2], self.0[3]]);
+        self.0 = &self.0[4..];
+        Ok(v)
+    }
+
+    fn flag(&mut self) -> Result<bool, CodecError> {
+        match self.u8()? {
+            0 => Ok(false),
+            1 => Ok(true),
+            _ => Err(CodecError::Malformed("flag byte")),
+        }
+    }
+
+    fn bytes(&mut self) -> Result<(), CodecError> {
+        let n = self.u32()? as usize;
+        self.skip(n)
+    }
+
+    fn opt_bytes(&mut self) -> Result<(), CodecError> {
+        if self.flag()? {
+            self.bytes()?;
+        }
+        Ok(())
+    }
+
+    /// As [`Reader::op`] reads them, field by field.
+    fn op(&mut self) -> Result<(), CodecError> {
+        match self.u8()? {
+            1 => {
+                self.bytes()?;
+                self.skip(16)?;
+                self.opt_bytes()?;
+                self.flag()?;
+                self.opt_bytes()
+            }
+            2 => {
+                self.bytes()?;
+                self.skip(8)?;
+                self.bytes()?;
+                if self.flag()? {
+                    self.skip(8)?;
+                }
+                self.flag().map(drop)
+            }
+            3 => {
+                self.bytes()?;
+                self.skip(16)
+            }
+            4 => {
+                self.bytes()?;
+                self.skip(8)?;
+                self.bytes()
+            }
+            5 | 6 => {
+                self.bytes()?;
+                self.skip(8)
+            }
+            7 => self.bytes(),
+            8 => {
+                let n = self.u32()? as usize;
+                self.need(n.saturating_mul(4))?;
+                for _ in 0..n {
+                    self.bytes()?;
+                }
+                Ok(())
+            }
+            9 => self.skip(16),
+            _ => Err(CodecError::Malformed("unknown op tag")),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -402,6 +524,23 @@ mod tests {
         // Every cut short is refused, never misread.
         for cut in 0..out.len() {
             assert!(decode_entry(Bytes::copy_from_slice(&out[..cut])).is_err());
+            assert_eq!(
+                check_entry(&out[..cut]),
+                decode_entry(Bytes::copy_from_slice(&out[..cut])).map(drop)
+            );
+        }
+        assert_eq!(check_entry(&out), Ok(()));
+        // Whatever a byte is changed to, the check says what decoding does.
+        for at in 0..out.len() {
+            for v in [0u8, 1, 2, 9, 10, 0x7f, 0xff] {
+                let mut changed = out.clone();
+                changed[at] = v;
+                assert_eq!(
+                    check_entry(&changed),
+                    decode_entry(Bytes::from(changed.clone())).map(drop),
+                    "byte {at} set to {v}"
+                );
+            }
         }
     }
 

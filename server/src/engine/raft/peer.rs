@@ -1998,7 +1998,7 @@ fn unfit_entries(r: &AppendEntriesRequest<TypeConfig>) -> Option<String> {
             return Some(format!("entry {} follows {p}, of a later term", e.log_id));
         }
         if let openraft::EntryPayload::Normal(batch) = &e.payload
-            && let Err(err) = batch.entry()
+            && let Err(err) = batch.check()
         {
             return Some(format!("entry {}: {err}", e.log_id));
         }

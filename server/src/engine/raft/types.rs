@@ -7,7 +7,9 @@ use bytes::Bytes;
 use serde::de::{self, Deserializer, Visitor};
 use serde::{Deserialize, Serialize, Serializer};
 
-use crate::store::codec::{CodecError, check_entry_header, decode_entry, encode_entry};
+use crate::store::codec::{
+    CodecError, check_entry, check_entry_header, decode_entry, encode_entry,
+};
 use crate::store::{Applied, Entry};
 
 /// A batch of ops stamped by the leader: the application data of one Raft
@@ -40,6 +42,15 @@ impl Batch {
     /// damaged or wrongly built entry fails here).
     pub fn entry(&self) -> Result<Entry, CodecError> {
         decode_entry(self.0.clone())
+    }
+
+    /// Whether [`Batch::entry`] decodes it, without decoding it.
+    ///
+    /// # Errors
+    ///
+    /// The error [`Batch::entry`] gives.
+    pub fn check(&self) -> Result<(), CodecError> {
+        check_entry(&self.0)
     }
 
     /// How many commands the batch holds (read from its header; 0 if the
