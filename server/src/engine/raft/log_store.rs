@@ -707,6 +707,16 @@ impl RaftLogReader<TypeConfig> for LogStore {
         &mut self,
         range: RB,
     ) -> Result<Vec<LogEntry>, StorageError> {
+        // An empty range that ends before it starts has no entries
+        // (`BTreeMap::range` panics on it).
+        use std::ops::Bound::{Excluded, Included};
+        match (range.start_bound(), range.end_bound()) {
+            (Included(s) | Excluded(s), Included(e) | Excluded(e)) if s > e => {
+                return Ok(Vec::new());
+            }
+            (Excluded(s), Excluded(e)) if s == e => return Ok(Vec::new()),
+            _ => {}
+        }
         // Copied out under the lock (cheap: reference counts), decoded
         // outside it; the batches share the held bytes (nothing is copied
         // or decoded to replicate an entry).
@@ -1171,6 +1181,28 @@ mod tests {
         assert_eq!(store.held_between(Some(12), 20), (0, 0));
         assert_eq!(store.held_between(Some(7), 6), (0, 0));
         assert_eq!(store.held_between(None, 3), (0, 0));
+        // Ranges that end before they start hold nothing (and do not
+        // panic).
+        let mut reader = store.clone();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let (start, end) = (std::hint::black_box(8u64), std::hint::black_box(6u64));
+            assert_eq!(
+                reader.try_get_log_entries(start..end).await.unwrap().len(),
+                0
+            );
+            assert_eq!(
+                reader.try_get_log_entries(start..=end).await.unwrap().len(),
+                0
+            );
+            let open = (
+                std::ops::Bound::Excluded(7u64),
+                std::ops::Bound::Excluded(7u64),
+            );
+            assert_eq!(reader.try_get_log_entries(open).await.unwrap().len(), 0);
+        });
         // After a purge the rest still count the same.
         store.state.lock().drop_upto(6);
         assert_eq!(store.held_between(Some(6), 9), (3, 240));
