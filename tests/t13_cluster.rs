@@ -2235,6 +2235,65 @@ async fn a_leader_restarted_alone_still_shows_the_slot_map() {
     assert_eq!(node.info("cluster_slots_fail").await, "16384");
 }
 
+/// A leader killed, removed by the others meanwhile, and restarted does
+/// not show itself in the slot map once it knows it was removed: as the
+/// leader it was when it stopped it would have shown itself for good
+/// (no leader ever calls a removed node), sending the clients that asked
+/// it to a node that will never serve.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_removed_leader_restarted_does_not_show_itself_in_the_slot_map() {
+    let mut c = Cluster::start("removed-leader-map", 3).await;
+    let l = c.leader().await;
+    let port = i64::from(c.members[l].client.port());
+    c.members[l]
+        .conn()
+        .await
+        .acquire(&["CLAIM", "before"])
+        .await;
+    c.members[l].kill().await;
+    let l2 = c.leader().await;
+    let id = c.members[l].id.to_string();
+    let mut conn = c.members[l2].conn().await;
+    let removed = eventually("the dead leader is removed", async || {
+        let r = conn.cmd(&["CLUSTER", "REMOVE", &id]).await;
+        (r == ok()).then_some(r)
+    })
+    .await;
+    assert_eq!(removed, ok());
+    c.members[l].start(None, &[]).await;
+    let node = &c.members[l];
+    let mut gone = node.conn().await;
+    eventually_within(
+        Duration::from_secs(30),
+        "the restarted node knows it was removed",
+        async || {
+            matches!(&gone.cmd(&["CLAIM", "k"]).await,
+                Frame::Error(e) if e.starts_with(b"CLUSTERDOWN this node was removed"))
+            .then_some(())
+        },
+    )
+    .await;
+    let Frame::Array(ranges) = gone.cmd(&["CLUSTER", "SLOTS"]).await else {
+        panic!("CLUSTER SLOTS is an array")
+    };
+    for range in &ranges {
+        let Frame::Array(r) = range else {
+            panic!("a range is an array")
+        };
+        let Frame::Array(master) = &r[2] else {
+            panic!()
+        };
+        assert_ne!(int(&master[1]), port, "it shows itself: {ranges:?}");
+    }
+    let nodes = bulk(&gone.cmd(&["CLUSTER", "NODES"]).await);
+    assert!(
+        !nodes
+            .lines()
+            .any(|line| line.contains("myself") && line.ends_with("0-16383")),
+        "{nodes}"
+    );
+}
+
 /// Writes the leader proposed just before both followers' disks stalled
 /// waited out `proposal_timeout_ms` (10 s) for a commit; they are answered
 /// once the lease has lapsed and the hold after it passed, saying they may

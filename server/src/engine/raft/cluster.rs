@@ -1661,22 +1661,28 @@ impl ClusterView {
             })
             .collect();
         members.sort_by_key(|v| v.id);
+        let removed = removed(
+            peers,
+            &retired,
+            m.current_leader,
+            half_removed(m.membership_config.membership(), &retired, m.id),
+        );
         ClusterView {
             me: m.id,
             leader: m.current_leader,
-            last_leader: m.current_leader.or(role.last_leader()),
+            // A removed node that led when it stopped does not show itself
+            // as the leader it was: it will never hear of another.
+            last_leader: m
+                .current_leader
+                .or(role.last_leader())
+                .filter(|l| !(removed && *l == m.id)),
             serving: role.serving(),
             state: m.state,
             term: m.current_term,
             cluster_id: peers.cluster().map(|c| cluster_hex(&c)),
             last_log_index: m.last_log_index.unwrap_or(0),
             applied_index: m.last_applied.map_or(0, |l| l.index),
-            removed: removed(
-                peers,
-                &retired,
-                m.current_leader,
-                half_removed(m.membership_config.membership(), &retired, m.id),
-            ),
+            removed,
             quorum_lost: role.quorum_lost(),
             leader_heard: m
                 .current_leader

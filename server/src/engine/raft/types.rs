@@ -20,9 +20,10 @@ use crate::store::{Applied, Entry};
 /// leader encodes it once, as it proposes it, and every node decodes it
 /// once, as it applies it ([`Batch::entry`]). Reading entries back from the
 /// log to replicate them, and receiving them, shares the bytes they were
-/// read from ([`decode_sharing`]) instead of copying them. Only the header
-/// (format and state-machine version) is checked on the way in: a peer's
-/// entry this build cannot apply is refused before it is appended.
+/// read from ([`decode_sharing`]) instead of copying them. Decoding one
+/// checks only its header (format and state-machine version); the peer
+/// connection also walks every batch a peer sends ([`Batch::check`]), so
+/// an entry this build cannot apply is refused before it is appended.
 #[derive(Clone, PartialEq, Eq)]
 pub struct Batch(Bytes);
 
@@ -329,10 +330,11 @@ mod tests {
         assert!(!within(batch_of(&again).encoded(), &encoded));
     }
 
-    /// Only the header is checked as a batch comes in (from a peer or the
-    /// log): a batch for rules this build does not have is refused there,
-    /// before it is appended; one that is damaged past the header is
-    /// refused by [`Batch::entry`] as it is applied.
+    /// Only the header is checked as a batch is decoded (from a peer or
+    /// the log): a batch for rules this build does not have is refused
+    /// there; one that is damaged past the header is refused by
+    /// [`Batch::check`] (which the peer connection runs on what a peer
+    /// sends) and by [`Batch::entry`] as it is applied.
     #[test]
     fn a_batch_this_build_cannot_apply_is_refused_as_it_comes_in() {
         let good = Batch::new(&entry(&["k"]));
