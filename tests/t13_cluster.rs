@@ -2165,16 +2165,11 @@ async fn a_node_restarted_while_its_leader_is_down_still_shows_the_slot_map() {
         (node.info("cluster_state").await == "fail").then_some(())
     })
     .await;
-    let Frame::Array(ranges) = node.conn().await.cmd(&["CLUSTER", "SLOTS"]).await else {
-        panic!("CLUSTER SLOTS is an array")
-    };
-    assert_eq!(ranges.len(), 1, "one range, the last leader's: {ranges:?}");
-    let Frame::Array(r) = &ranges[0] else {
-        panic!("a range is an array")
-    };
-    assert_eq!((int(&r[0]), int(&r[1])), (0, 16383));
-    let Frame::Array(first) = &r[2] else { panic!() };
-    assert_eq!(int(&first[1]), leader_port, "the leader it last followed");
+    assert_eq!(
+        slot_ranges(&mut node.conn().await).await,
+        [(0, 16383, leader_port)],
+        "one range, the last leader's"
+    );
     assert_eq!(node.info("cluster_slots_assigned").await, "16384");
     assert_eq!(node.info("cluster_slots_ok").await, "0");
     assert_eq!(node.info("cluster_slots_fail").await, "16384");
@@ -2186,6 +2181,26 @@ async fn a_node_restarted_while_its_leader_is_down_still_shows_the_slot_map() {
         ),
         "{nodes}"
     );
+}
+
+/// `CLUSTER SLOTS` as (first slot, last slot, the master's port), a range
+/// each.
+async fn slot_ranges(conn: &mut Conn) -> Vec<(i64, i64, i64)> {
+    let Frame::Array(ranges) = conn.cmd(&["CLUSTER", "SLOTS"]).await else {
+        panic!("CLUSTER SLOTS is an array")
+    };
+    ranges
+        .iter()
+        .map(|range| {
+            let Frame::Array(r) = range else {
+                panic!("a range is an array: {range:?}")
+            };
+            let Frame::Array(master) = &r[2] else {
+                panic!("a range's master is an array: {range:?}")
+            };
+            (int(&r[0]), int(&r[1]), int(&master[1]))
+        })
+        .collect()
 }
 
 /// A leader restarted while the others are down shows itself in the slot
@@ -2210,16 +2225,11 @@ async fn a_leader_restarted_alone_still_shows_the_slot_map() {
     c.members[l].start(None, &[]).await;
     let node = &c.members[l];
     let check = async |when: &str| {
-        let Frame::Array(ranges) = node.conn().await.cmd(&["CLUSTER", "SLOTS"]).await else {
-            panic!("CLUSTER SLOTS is an array")
-        };
-        assert_eq!(ranges.len(), 1, "{when}: one range, its own: {ranges:?}");
-        let Frame::Array(r) = &ranges[0] else {
-            panic!("a range is an array")
-        };
-        assert_eq!((int(&r[0]), int(&r[1])), (0, 16383), "{when}");
-        let Frame::Array(first) = &r[2] else { panic!() };
-        assert_eq!(int(&first[1]), port, "{when}: the leader it was");
+        assert_eq!(
+            slot_ranges(&mut node.conn().await).await,
+            [(0, 16383, port)],
+            "{when}: one range, its own (the leader it was)"
+        );
         assert_eq!(node.info("cluster_slots_assigned").await, "16384", "{when}");
     };
     check("at once after the start").await;
@@ -2273,18 +2283,11 @@ async fn a_removed_leader_restarted_does_not_show_itself_in_the_slot_map() {
         },
     )
     .await;
-    let Frame::Array(ranges) = gone.cmd(&["CLUSTER", "SLOTS"]).await else {
-        panic!("CLUSTER SLOTS is an array")
-    };
-    for range in &ranges {
-        let Frame::Array(r) = range else {
-            panic!("a range is an array")
-        };
-        let Frame::Array(master) = &r[2] else {
-            panic!()
-        };
-        assert_ne!(int(&master[1]), port, "it shows itself: {ranges:?}");
-    }
+    let ranges = slot_ranges(&mut gone).await;
+    assert!(
+        ranges.iter().all(|&(_, _, master)| master != port),
+        "it shows itself: {ranges:?}"
+    );
     let nodes = bulk(&gone.cmd(&["CLUSTER", "NODES"]).await);
     assert!(
         !nodes

@@ -167,11 +167,13 @@ fn encode_op(op: &Op, out: &mut Vec<u8>) {
     }
 }
 
-struct Reader {
-    buf: Bytes,
+/// Reads an entry from `buf`: decoding from [`Bytes`] (keys and values
+/// share it), or only walking through a slice ([`check_entry`]).
+struct Reader<B> {
+    buf: B,
 }
 
-impl Reader {
+impl<B: Buf> Reader<B> {
     fn need(&self, n: usize) -> Result<(), CodecError> {
         if self.buf.remaining() < n {
             Err(CodecError::Malformed("cut short"))
@@ -208,6 +210,14 @@ impl Reader {
         }
     }
 
+    fn skip(&mut self, n: usize) -> Result<(), CodecError> {
+        self.need(n)?;
+        self.buf.advance(n);
+        Ok(())
+    }
+}
+
+impl Reader<Bytes> {
     fn bytes(&mut self) -> Result<Bytes, CodecError> {
         let n = self.u32()? as usize;
         self.need(n)?;
@@ -315,110 +325,71 @@ pub fn decode_entry(buf: Bytes) -> Result<Entry, CodecError> {
 /// The error [`decode_entry`] gives.
 pub fn check_entry(buf: &[u8]) -> Result<(), CodecError> {
     check_entry_header(buf)?;
-    let mut r = Skip(buf);
+    let mut r = Reader { buf };
     r.skip(3)?;
     r.skip(8)?;
     let n = r.u32()? as usize;
     r.need(n)?;
     for _ in 0..n {
-        r.op()?;
+        r.skip_op()?;
     }
-    if !r.0.is_empty() {
+    if !r.buf.is_empty() {
         return Err(CodecError::Malformed("bytes after the last op"));
     }
     Ok(())
 }
 
-/// [`Reader`]'s walk over an entry, keeping nothing ([`check_entry`]).
-struct Skip<'a>(&'a [u8]);
-
-impl Skip<'_> {
-    fn need(&self, n: usize) -> Result<(), CodecError> {
-        if self.0.len() < n {
-            Err(CodecError::Malformed("cut short"))
-        } else {
-            Ok(())
-        }
-    }
-
-    fn skip(&mut self, n: usize) -> Result<(), CodecError> {
-        self.need(n)?;
-        self.0 = &self.0[n..];
-        Ok(())
-    }
-
-    fn u8(&mut self) -> Result<u8, CodecError> {
-        self.need(1)?;
-        let b = self.0[0];
-        self.0 = &self.0[1..];
-        Ok(b)
-    }
-
-    fn u32(&mut self) -> Result<u32, CodecError> {
-        self.need(4)?;
-        let v = u32::from_le_bytes([self.0[0], self.0[1], self.0[2], self.0[3]]);
-        self.0 = &self.0[4..];
-        Ok(v)
-    }
-
-    fn flag(&mut self) -> Result<bool, CodecError> {
-        match self.u8()? {
-            0 => Ok(false),
-            1 => Ok(true),
-            _ => Err(CodecError::Malformed("flag byte")),
-        }
-    }
-
-    fn bytes(&mut self) -> Result<(), CodecError> {
+impl Reader<&[u8]> {
+    fn skip_bytes(&mut self) -> Result<(), CodecError> {
         let n = self.u32()? as usize;
         self.skip(n)
     }
 
-    fn opt_bytes(&mut self) -> Result<(), CodecError> {
+    fn skip_opt_bytes(&mut self) -> Result<(), CodecError> {
         if self.flag()? {
-            self.bytes()?;
+            self.skip_bytes()?;
         }
         Ok(())
     }
 
-    /// As [`Reader::op`] reads them, field by field.
-    fn op(&mut self) -> Result<(), CodecError> {
+    /// Past an op, its fields taken as [`Reader::op`] reads them.
+    fn skip_op(&mut self) -> Result<(), CodecError> {
         match self.u8()? {
             1 => {
-                self.bytes()?;
+                self.skip_bytes()?;
                 self.skip(16)?;
-                self.opt_bytes()?;
+                self.skip_opt_bytes()?;
                 self.flag()?;
-                self.opt_bytes()
+                self.skip_opt_bytes()
             }
             2 => {
-                self.bytes()?;
+                self.skip_bytes()?;
                 self.skip(8)?;
-                self.bytes()?;
+                self.skip_bytes()?;
                 if self.flag()? {
                     self.skip(8)?;
                 }
                 self.flag().map(drop)
             }
             3 => {
-                self.bytes()?;
+                self.skip_bytes()?;
                 self.skip(16)
             }
             4 => {
-                self.bytes()?;
+                self.skip_bytes()?;
                 self.skip(8)?;
-                self.bytes()
+                self.skip_bytes()
             }
             5 | 6 => {
-                self.bytes()?;
+                self.skip_bytes()?;
                 self.skip(8)
             }
-            7 => self.bytes(),
+            7 => self.skip_bytes(),
             8 => {
                 let n = self.u32()? as usize;
                 self.need(n.saturating_mul(4))?;
                 for _ in 0..n {
-                    self.bytes()?;
+                    self.skip_bytes()?;
                 }
                 Ok(())
             }

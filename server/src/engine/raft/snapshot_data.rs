@@ -65,7 +65,7 @@ impl Incoming {
                 let file = std::fs::File::open(&path).map_err(|e| e.to_string())?;
                 let len = file.metadata().map_err(|e| e.to_string())?.len();
                 crate::store::check_snapshot_from(
-                    std::io::BufReader::with_capacity(CHECK_READ, file),
+                    std::io::BufReader::with_capacity(super::state_machine::READ_PART, file),
                     len,
                 )
                 .map_err(|e| e.to_string())
@@ -85,9 +85,6 @@ impl Incoming {
         }
     }
 }
-
-/// The read buffer of [`Incoming::poll_check`].
-const CHECK_READ: usize = 1 << 20;
 
 impl Drop for Incoming {
     fn drop(&mut self) {

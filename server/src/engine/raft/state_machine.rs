@@ -280,7 +280,7 @@ fn load_file(store: &Store, path: &Path) -> Result<Option<SnapshotMeta>, Snapsho
 const APPLY_SLICE: std::time::Duration = std::time::Duration::from_millis(2);
 
 /// How much of a snapshot file is read at a time.
-const READ_PART: usize = 1 << 20;
+pub(super) const READ_PART: usize = 1 << 20;
 
 /// Files snapshots are received into are named this, then a number.
 const INCOMING_PREFIX: &str = "snapshot.incoming-";
